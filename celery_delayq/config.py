@@ -1,0 +1,139 @@
+"""Every ``delayq_*`` setting: its default, its meaning, and how it is read.
+
+Settings live in the Celery app's configuration (``app.conf.delayq_url = ...``,
+or ``CELERY_DELAYQ_URL`` with Django's ``CELERY`` namespace) and are read once
+per app into a typed, validated :class:`DelayQConfig`.
+
+>>> from celery import Celery
+>>> app = Celery(broker="redis://127.0.0.1:6390/0")
+>>> cfg = DelayQConfig.from_app(app)
+>>> cfg.url, cfg.prefix, cfg.shards
+('redis://127.0.0.1:6390/0', 'delayq', 16)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .exceptions import ConfigurationError
+
+__all__ = ["DEFAULTS", "DelayQConfig"]
+
+#: Setting name -> (default, one-line meaning). ``docs/settings.md`` has one
+#: section per entry and a test checks that its defaults are these.
+DEFAULTS: dict[str, tuple[Any, str]] = {
+    "delayq_url": (
+        None,
+        "Redis URL of the job store; None means the broker URL when that is redis:// or rediss://.",
+    ),
+    "delayq_prefix": ("delayq", "Prefix of every key; two apps with different prefixes never meet."),
+    "delayq_shards": (16, "Number of shards; must be the same for every producer and beat."),
+    "delayq_reclaim_ttl": (
+        30.0,
+        "Seconds a beat holds claimed jobs before another beat may claim them again.",
+    ),
+    "delayq_batch_size": (500, "Most jobs one claim takes from one shard."),
+    "delayq_max_sleep": (
+        20.0,
+        "Longest a beat sleeps without looking at every shard (the safety poll), in seconds.",
+    ),
+    "delayq_intercept_eta": (
+        False,
+        "Route apply_async(eta=/countdown=) and retry(countdown=) of DelayedTask tasks via delayq.",
+    ),
+    "delayq_dead_letter_unknown": (
+        True,
+        "Dead-letter a due job whose task is not registered in the beat's app.",
+    ),
+    "delayq_max_payload": (
+        1_048_576,
+        "Largest stored envelope in bytes; a larger job is refused at apply_at.",
+    ),
+}
+
+
+def _conf_get(app: Any, name: str) -> Any:
+    conf = app.conf
+    try:
+        return conf[name]
+    except KeyError:
+        return DEFAULTS[name][0]
+
+
+def _positive(name: str, value: Any, kind: type) -> Any:
+    try:
+        number = kind(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{name} must be a {kind.__name__}, got {value!r}") from exc
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ConfigurationError(f"{name} must be finite, got {value!r}")
+    if number <= 0:
+        raise ConfigurationError(f"{name} must be > 0, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class DelayQConfig:
+    """The validated ``delayq_*`` settings of one app."""
+
+    url: str
+    prefix: str
+    shards: int
+    reclaim_ttl: float
+    batch_size: int
+    max_sleep: float
+    intercept_eta: bool
+    dead_letter_unknown: bool
+    max_payload: int
+
+    @classmethod
+    def from_app(cls, app: Any) -> DelayQConfig:
+        """Read and validate the settings of ``app`` (cached on the app)."""
+        cached = app.__dict__.get("_delayq_config")
+        if isinstance(cached, cls):
+            return cached
+        config = cls.from_mapping({name: _conf_get(app, name) for name in DEFAULTS}, app=app)
+        app.__dict__["_delayq_config"] = config
+        return config
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], app: Any = None) -> DelayQConfig:
+        """Build from ``{"delayq_url": ..., ...}``; missing names take their default."""
+        get = {name: values.get(name, default) for name, (default, _) in DEFAULTS.items()}
+        url = get["delayq_url"]
+        if not url and app is not None:
+            broker = app.conf.broker_write_url or app.conf.broker_url or ""
+            if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
+                url = broker.split(";", 1)[0]
+        if not url or not isinstance(url, str):
+            raise ConfigurationError(
+                "delayq_url is not set and the broker is not Redis: "
+                "set app.conf.delayq_url = 'redis://host:6379/0'"
+            )
+        if url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+            raise ConfigurationError(f"delayq_url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        prefix = get["delayq_prefix"]
+        if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} "):
+            raise ConfigurationError(
+                f"delayq_prefix must be a non-empty string without braces or spaces, got {prefix!r}"
+            )
+        batch = _positive("delayq_batch_size", get["delayq_batch_size"], int)
+        if batch > 5000:
+            raise ConfigurationError(f"delayq_batch_size must be <= 5000, got {batch}")
+        return cls(
+            url=url,
+            prefix=prefix,
+            shards=_positive("delayq_shards", get["delayq_shards"], int),
+            reclaim_ttl=_positive("delayq_reclaim_ttl", get["delayq_reclaim_ttl"], float),
+            batch_size=batch,
+            max_sleep=_positive("delayq_max_sleep", get["delayq_max_sleep"], float),
+            intercept_eta=bool(get["delayq_intercept_eta"]),
+            dead_letter_unknown=bool(get["delayq_dead_letter_unknown"]),
+            max_payload=_positive("delayq_max_payload", get["delayq_max_payload"], int),
+        )
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,270 @@
+"""The claim loop: claim due jobs, publish them into their Celery queues, ack them.
+
+One :class:`Dispatcher` runs inside each beat (see :mod:`.scheduler`); any
+number of them may share one store with no leader. Each pass claims a bounded
+batch from the shards that may have due jobs, publishes every claimed job with
+Celery's own message machinery, and only then acks it. A beat that dies
+between claim and ack loses nothing: its leases expire after
+``delayq_reclaim_ttl`` and another beat delivers the batch again (so a crash
+can duplicate at most the batch it held).
+
+Between passes the dispatcher sleeps until the earliest due time it knows of,
+on a pub/sub subscription: the enqueue script publishes on the wake channel
+when it stores a job earlier than the shard's wake marker, which wakes every
+beat at once. Every ``delayq_max_sleep`` seconds all shards are claimed anyway
+(the safety poll), and after any lost subscription.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .api import get_store
+from .message import Envelope, decode_envelope, publish
+from .store import ClaimedJob, Store
+
+__all__ = ["DispatchStats", "Dispatcher"]
+
+logger = logging.getLogger("celery_delayq.dispatch")
+
+
+@dataclass
+class DispatchStats:
+    """Counters of one dispatcher since it started."""
+
+    passes: int = 0
+    claimed: int = 0
+    published: int = 0
+    acked: int = 0
+    stale_acks: int = 0
+    dead_lettered: int = 0
+    publish_errors: int = 0
+    wakeups: int = 0
+    lateness_ms: list[float] = field(default_factory=list)
+
+
+class Dispatcher:
+    """Claims, publishes and acks due jobs of one app; sleeps until the next one."""
+
+    def __init__(self, app: Any, store: Store | None = None, keep_lateness: int = 0) -> None:
+        self.app = app
+        self.store = store or get_store(app)
+        self.config = self.store.config
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}".replace("|", "_")
+        self.stats = DispatchStats()
+        self._keep_lateness = keep_lateness
+        shards = self.config.shards
+        # Earliest time (server ms) each shard may have something due; None: look now.
+        self._next: list[float | None] = [None] * shards
+        self._offset_ms = 0.0  # server clock - local clock, measured at each claim
+        self._last_full = 0.0
+        self._pubsub: Any = None
+        self._connection_errors: tuple[type[BaseException], ...] | None = None
+
+    # -- clock -------------------------------------------------------------------------------
+
+    def server_now_ms(self) -> float:
+        return time.time() * 1000.0 + self._offset_ms
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    def _shards_to_claim(self) -> list[int]:
+        now = self.server_now_ms()
+        if time.monotonic() - self._last_full >= self.config.max_sleep:
+            self._last_full = time.monotonic()
+            shards = list(range(self.config.shards))
+        else:
+            shards = [i for i, nxt in enumerate(self._next) if nxt is None or nxt <= now]
+        random.shuffle(shards)  # beats start on different shards
+        return shards
+
+    def run_once(self) -> float:
+        """Claim, publish and ack one batch from every shard that may have due jobs.
+
+        Returns the seconds until the next known due time (0 when a batch came
+        back full, so the caller should pass again at once).
+        """
+        if self._pubsub is None:
+            self._subscribe()
+        shards = self._shards_to_claim()
+        if shards:
+            self._pass(shards)
+        return self.seconds_until_due()
+
+    def seconds_until_due(self) -> float:
+        now = self.server_now_ms()
+        known = [n for n in self._next if n is not None]
+        if len(known) < len(self._next):
+            return 0.0
+        earliest = min(known) if known else now + self.config.max_sleep * 1000
+        wait = (earliest - now) / 1000.0
+        until_full = self._last_full + self.config.max_sleep - time.monotonic()
+        return max(0.0, min(wait, until_full, self.config.max_sleep))
+
+    def _pass(self, shards: list[int]) -> None:
+        sent = time.time()
+        results = self.store.claim(shards, self.token)
+        received = time.time()
+        self.stats.passes += 1
+        full = False
+        claimed: list[tuple[int, ClaimedJob]] = []
+        for result in results:
+            self._offset_ms = result.now_ms - (sent + received) * 500.0
+            self._next[result.shard] = result.next_ms
+            if result.next_ms is None:
+                self._next[result.shard] = float("inf")
+            if len(result.jobs) >= self.config.batch_size:
+                full = True
+                self._next[result.shard] = None
+            claimed.extend((result.shard, job) for job in result.jobs)
+        if not claimed:
+            return
+        self.stats.claimed += len(claimed)
+        to_ack = self._publish(claimed)
+        if to_ack:
+            acked = self.store.ack(self.token, to_ack)
+            removed = sum(acked.values())
+            self.stats.acked += removed
+            stale = len(acked) - removed
+            if stale:
+                self.stats.stale_acks += stale
+                logger.warning(
+                    "delayq: %d published job(s) were no longer leased to this beat when acked "
+                    "(lease expired and re-claimed, or cancelled/replaced meanwhile)",
+                    stale,
+                )
+        if full:
+            logger.debug("delayq: a claimed batch was full; passing again at once")
+
+    def _publish(self, claimed: list[tuple[int, ClaimedJob]]) -> dict[int, list[str]]:
+        """Publish each claimed job; return the ids to ack, by shard."""
+        to_ack: dict[int, list[str]] = defaultdict(list)
+        app = self.app
+        registered = app.tasks
+        with app.producer_or_acquire() as producer:
+            errors = self._broker_errors(producer)
+            for shard, job in claimed:
+                try:
+                    envelope = decode_envelope(job.envelope)
+                except ValueError as exc:
+                    self._bury(job, f"corrupt envelope: {exc}", None)
+                    continue
+                if self.config.dead_letter_unknown and envelope.task not in registered:
+                    self._bury(
+                        job,
+                        f"task {envelope.task!r} is not registered in the beat's app "
+                        "(import its module in the beat, or set delayq_dead_letter_unknown=False)",
+                        envelope,
+                    )
+                    continue
+                now_ms = self.server_now_ms()
+                try:
+                    publish(app, producer, envelope, job.due_ms, now_ms=int(now_ms))
+                except errors as exc:
+                    # The broker is unreachable: keep the lease; the job is delivered
+                    # again when it expires. Stop this pass: the rest would fail too.
+                    self.stats.publish_errors += 1
+                    logger.error(
+                        "delayq: cannot publish %s (%s) to the broker: %r; it stays stored and is "
+                        "retried after its lease (%.0f s)",
+                        job.id, envelope.task, exc, self.config.reclaim_ttl,
+                    )
+                    break
+                except Exception as exc:
+                    self._bury(job, f"publish failed: {exc!r}", envelope)
+                    continue
+                self.stats.published += 1
+                if self._keep_lateness:
+                    lateness = self.server_now_ms() - job.due_ms
+                    if len(self.stats.lateness_ms) < self._keep_lateness:
+                        self.stats.lateness_ms.append(lateness)
+                to_ack[shard].append(job.id)
+        return to_ack
+
+    def _broker_errors(self, producer: Any) -> tuple[type[BaseException], ...]:
+        if self._connection_errors is None:
+            conn = producer.connection
+            self._connection_errors = tuple(conn.connection_errors) + tuple(
+                getattr(conn, "recoverable_connection_errors", ())
+            )
+            from kombu.exceptions import OperationalError
+
+            self._connection_errors += (OperationalError,)
+        return self._connection_errors
+
+    def _bury(self, job: ClaimedJob, reason: str, envelope: Envelope | None) -> None:
+        record = {
+            "reason": reason,
+            "task": envelope.task if envelope else None,
+            "due": job.due_ms,
+            "tries": job.tries,
+            "dead_at": int(self.server_now_ms()),
+            "beat": self.token,
+            "envelope": job.envelope,
+        }
+        if self.store.bury(self.token, job.id, record):
+            self.stats.dead_lettered += 1
+            logger.error("delayq: job %s moved to dead letters: %s", job.id, reason)
+
+    # -- sleeping ----------------------------------------------------------------------------
+
+    def _subscribe(self) -> Any:
+        if self._pubsub is None:
+            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(self.store.keys.wake_channel)
+            self._pubsub = pubsub
+            # Anything enqueued before the subscription took effect: look at every shard.
+            self._next = [None] * self.config.shards
+        return self._pubsub
+
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` s, waking early when a job becomes due sooner."""
+        deadline = time.monotonic() + timeout
+        pubsub = self._subscribe()
+        while True:
+            remaining = min(deadline - time.monotonic(), self.seconds_until_due())
+            if remaining <= 0:
+                return
+            try:
+                message = pubsub.get_message(timeout=remaining)
+            except redis.RedisError:
+                self._drop_pubsub()
+                raise
+            if message is None:
+                continue
+            self._on_wake(message.get("data"))
+
+    def _on_wake(self, data: Any) -> None:
+        try:
+            shard_s, due_s = str(data).split(":", 1)
+            shard, due = int(shard_s), float(due_s)
+        except ValueError:
+            return
+        if 0 <= shard < len(self._next):
+            current = self._next[shard]
+            if current is None or due < current:
+                self._next[shard] = due
+                self.stats.wakeups += 1
+
+    def _drop_pubsub(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except redis.RedisError:
+                pass
+        self._pubsub = None
+        self._next = [None] * self.config.shards
+
+    def close(self) -> None:
+        self._drop_pubsub()
+

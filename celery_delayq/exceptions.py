@@ -1,0 +1,70 @@
+"""Every error celery-delayq raises on purpose.
+
+The tree::
+
+    DelayQError                      base of everything below
+    ├── ConfigurationError           a delayq_* setting is invalid or missing
+    ├── ScheduleError                the call to apply_at/apply_in/... is invalid
+    │   ├── InvalidDueTime           naive/NaN/inf/negative/out-of-range due time
+    │   ├── InvalidOptions           an option that cannot be stored or routed
+    │   ├── PayloadTooLarge          the stored job would exceed delayq_max_payload
+    │   └── SerializationError       args/kwargs the app's serializer cannot encode
+    └── StoreError                   Redis answered in a way the store cannot use
+        └── UnsupportedServer        Redis older than 6.2 (scripts need it)
+
+Every ScheduleError is raised at the moment of the call, before anything is
+written to Redis: a job that fails validation is never stored, and jobs already
+stored are never touched by a failing call. ``SerializationError`` and
+``InvalidDueTime`` are also ``ValueError``/``TypeError`` subclasses as fits, so
+code that catches the builtin error keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "DelayQError",
+    "InvalidDueTime",
+    "InvalidOptions",
+    "PayloadTooLarge",
+    "ScheduleError",
+    "SerializationError",
+    "StoreError",
+    "UnsupportedServer",
+]
+
+
+class DelayQError(Exception):
+    """Base class of every error raised by celery-delayq."""
+
+
+class ConfigurationError(DelayQError, ValueError):
+    """A ``delayq_*`` setting has a value that cannot work."""
+
+
+class ScheduleError(DelayQError):
+    """A scheduling call was given something it cannot store."""
+
+
+class InvalidDueTime(ScheduleError, ValueError):
+    """The due time is naive (where that is refused), NaN, infinite, negative or out of range."""
+
+
+class InvalidOptions(ScheduleError, TypeError):
+    """An ``apply_async`` option cannot be stored with the job or routed."""
+
+
+class SerializationError(ScheduleError, TypeError):
+    """The task's serializer cannot encode the arguments."""
+
+
+class StoreError(DelayQError):
+    """Redis returned something the store does not understand."""
+
+
+class UnsupportedServer(StoreError):
+    """The Redis server is too old for the scripts (6.2 or newer is needed)."""
+
+
+class PayloadTooLarge(ScheduleError, ValueError):
+    """The stored job would exceed ``delayq_max_payload`` bytes."""

@@ -1,0 +1,104 @@
+"""Every Redis key and channel name celery-delayq uses.
+
+All keys of one shard share one Redis Cluster hash tag, ``{<prefix>:<shard>}``,
+so each Lua script (which only ever touches one shard) runs on a cluster, and
+the shards spread over its nodes. A job's shard is a stable hash of its id
+(CRC-32, the same in every language), so get/cancel/reschedule need no scan.
+
+>>> keys = KeySpace("delayq", 16)
+>>> keys.shard_of("reminder:42")
+6
+>>> keys.shard(6).due
+'delayq:{delayq:6}:due'
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from functools import cached_property
+
+__all__ = ["KeySpace", "ShardKeys", "shard_of"]
+
+
+def shard_of(job_id: str, shards: int) -> int:
+    """The shard of ``job_id``: CRC-32 of its UTF-8 bytes modulo ``shards``.
+
+    >>> shard_of("a", 16)
+    3
+    """
+    return zlib.crc32(job_id.encode("utf-8")) % shards
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one shard; they all hash to the same cluster slot."""
+
+    prefix: str
+    index: int
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.prefix}:{self.index}}}"
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{self.tag}:{name}"
+
+    @property
+    def due(self) -> str:
+        """Sorted set: job id -> due time (ms); a leased job's score is its lease expiry."""
+        return self._key("due")
+
+    @property
+    def jobs(self) -> str:
+        """Hash: job id -> stored envelope (JSON)."""
+        return self._key("jobs")
+
+    @property
+    def leases(self) -> str:
+        """Hash: job id -> ``"<due ms>|<tries>|<token>"`` while a beat holds it."""
+        return self._key("leases")
+
+    @property
+    def wake(self) -> str:
+        """String: the time (ms) by which some beat will look at this shard again."""
+        return self._key("wake")
+
+    @property
+    def dead(self) -> str:
+        """Hash: job id -> dead-letter record (JSON: reason, envelope, times)."""
+        return self._key("dead")
+
+    @property
+    def core(self) -> list[str]:
+        """KEYS for the scripts, in the order every script expects them."""
+        return [self.due, self.jobs, self.leases, self.wake, self.dead]
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """All key names for one ``prefix`` and shard count."""
+
+    prefix: str
+    shards: int
+
+    def shard_of(self, job_id: str) -> int:
+        return shard_of(job_id, self.shards)
+
+    def shard(self, index: int) -> ShardKeys:
+        return self._all[index]
+
+    def for_job(self, job_id: str) -> ShardKeys:
+        return self._all[self.shard_of(job_id)]
+
+    @cached_property
+    def _all(self) -> tuple[ShardKeys, ...]:
+        return tuple(ShardKeys(self.prefix, i) for i in range(self.shards))
+
+    def all_shards(self) -> tuple[ShardKeys, ...]:
+        return self._all
+
+    @property
+    def wake_channel(self) -> str:
+        """Pub/sub channel on which enqueue announces ``"<shard>:<due ms>"``."""
+        return f"{self.prefix}:wake"

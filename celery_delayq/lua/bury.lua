@@ -1,0 +1,24 @@
+--[[ bury: move a claimed job that cannot be delivered to the dead-letter hash.
+
+KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead (one shard)
+
+ARGV[1] token: the lease token the caller claimed with
+ARGV[2] job id
+ARGV[3] dead-letter record (JSON built by the caller: reason, envelope, times)
+
+Only the current lease holder may bury a job, as with ack.
+
+Returns 1 moved to the dead-letter hash, 0 the caller no longer holds the
+lease (nothing changed).
+]]
+local id = ARGV[2]
+local suffix = '|' .. ARGV[1]
+local lease = redis.call('HGET', KEYS[3], id)
+if not lease or string.sub(lease, -#suffix) ~= suffix then
+  return 0
+end
+redis.call('HSET', KEYS[5], id, ARGV[3])
+redis.call('ZREM', KEYS[1], id)
+redis.call('HDEL', KEYS[2], id)
+redis.call('HDEL', KEYS[3], id)
+return 1

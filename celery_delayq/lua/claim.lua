@@ -1,0 +1,66 @@
+--[[ claim: lease a bounded batch of due jobs of one shard to one beat.
+
+KEYS[1] due     sorted set: job id -> due time (ms); a leased job's score is its lease expiry
+KEYS[2] jobs    hash: job id -> envelope
+KEYS[3] leases  hash: job id -> "<due ms>|<tries>|<token>"
+KEYS[4] wake    string: ms by which some beat will look at this shard again
+KEYS[5] dead    hash (not used here)
+
+ARGV[1] token: the claimer's lease token (no "|" in it)
+ARGV[2] batch: most jobs to take
+ARGV[3] reclaim TTL in ms: how long the lease lasts
+
+"now" is the server's TIME, never a client clock. Each due job (score <= now,
+which includes leases that expired because their holder died) gets score
+now + TTL and a lease entry holding its original due time, its delivery count
+and the token. A member whose envelope is missing is dropped.
+
+Returns {now ms, next ms, id, envelope, due ms, tries, id, envelope, ...}
+where next is the earliest score left in the shard after the claim (a lease
+expiry counts: that is when it may need re-claiming), or -1 when the shard is
+empty. The wake marker is set to next (or far future when empty).
+]]
+local token = ARGV[1]
+local ttl = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local found = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]), 'WITHSCORES')
+local out = {now, -1}
+local expiry = now + ttl
+local zargs = {}
+for i = 1, #found, 2 do
+  local id = found[i]
+  local envelope = redis.call('HGET', KEYS[2], id)
+  if not envelope then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[3], id)
+  else
+    local due = tonumber(found[i + 1])
+    local tries = 0
+    local lease = redis.call('HGET', KEYS[3], id)
+    if lease then
+      local d, n = string.match(lease, '^(%d+)|(%d+)|')
+      due = tonumber(d)
+      tries = tonumber(n)
+    end
+    tries = tries + 1
+    redis.call('HSET', KEYS[3], id, string.format('%d|%d|%s', due, tries, token))
+    zargs[#zargs + 1] = expiry
+    zargs[#zargs + 1] = id
+    out[#out + 1] = id
+    out[#out + 1] = envelope
+    out[#out + 1] = due
+    out[#out + 1] = tries
+  end
+end
+if #zargs > 0 then
+  redis.call('ZADD', KEYS[1], unpack(zargs))
+end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if head[2] then
+  out[2] = tonumber(head[2])
+  redis.call('SET', KEYS[4], head[2])
+else
+  redis.call('SET', KEYS[4], '9999999999999999')
+end
+return out

@@ -1,0 +1,61 @@
+--[[ enqueue: store jobs of one shard and wake a sleeping beat when needed.
+
+Every key belongs to one shard and carries the shard's hash tag.
+KEYS[1] due     sorted set: job id -> due time (ms since the epoch)
+KEYS[2] jobs    hash: job id -> envelope
+KEYS[3] leases  hash: job id -> "<due ms>|<tries>|<token>" while a beat holds it
+KEYS[4] wake    string: ms by which some beat will look at this shard again
+KEYS[5] dead    hash (not used here; passed so every script takes the same KEYS)
+
+ARGV[1] mode: "keep" (a waiting job with the same id is kept) or "replace"
+ARGV[2] wake channel (pub/sub)
+ARGV[3] shard index, echoed in the wake message
+ARGV[4..] triples: job id, due time in ms (integer), envelope
+
+Returns a flat array, two entries per job in ARGV order: status, due ms.
+  status 1  stored, no job had this id
+  status 2  replaced a waiting job with this id (mode "replace")
+  status 3  stored; the previous job with this id is being delivered (it was
+            leased), so it is not touched by the stale holder's ack
+  status 0  kept: a waiting job with this id exists (mode "keep"); due ms is
+            the existing job's due time
+When the earliest stored due time is earlier than the wake marker (or there is
+no marker), the marker is lowered to it and "<shard>:<due ms>" is published on
+the wake channel, so a sleeping beat wakes within milliseconds.
+]]
+local mode = ARGV[1]
+local out = {}
+local earliest = nil
+for i = 4, #ARGV, 3 do
+  local id = ARGV[i]
+  local due = tonumber(ARGV[i + 1])
+  local status = 1
+  if redis.call('HEXISTS', KEYS[2], id) == 1 then
+    if redis.call('HEXISTS', KEYS[3], id) == 1 then
+      status = 3
+      redis.call('HDEL', KEYS[3], id)
+    elseif mode == 'keep' then
+      status = 0
+      due = tonumber(redis.call('ZSCORE', KEYS[1], id))
+    else
+      status = 2
+    end
+  end
+  if status ~= 0 then
+    redis.call('ZADD', KEYS[1], due, id)
+    redis.call('HSET', KEYS[2], id, ARGV[i + 2])
+    if earliest == nil or due < earliest then
+      earliest = due
+    end
+  end
+  out[#out + 1] = status
+  out[#out + 1] = due
+end
+if earliest ~= nil then
+  local marker = tonumber(redis.call('GET', KEYS[4]))
+  if marker == nil or earliest < marker then
+    redis.call('SET', KEYS[4], string.format('%d', earliest))
+    redis.call('PUBLISH', ARGV[2], ARGV[3] .. ':' .. string.format('%d', earliest))
+  end
+end
+return out

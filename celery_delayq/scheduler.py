@@ -1,0 +1,90 @@
+"""The beat scheduler: ``celery -A proj beat -S celery_delayq.Scheduler`` (or ``-S delayq``).
+
+A thin :class:`celery.beat.Scheduler` subclass. Each tick runs the parent's
+tick for ``beat_schedule`` entries, then one dispatcher pass (claim, publish,
+ack), then sleeps on the wake subscription until the next due job, the next
+``beat_schedule`` entry or ``delayq_max_sleep``, whichever comes first. Any
+number of beats may run at once.
+
+When Redis is unreachable the tick logs one line and backs off (0.5 s,
+doubling to 10 s) instead of crashing the beat; claimed jobs it could not ack
+are delivered again after their lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from celery import beat
+
+from .api import get_store
+from .dispatch import Dispatcher
+
+__all__ = ["Scheduler"]
+
+logger = logging.getLogger("celery_delayq.scheduler")
+
+_BACKOFF_START = 0.5
+_BACKOFF_MAX = 10.0
+
+
+class Scheduler(beat.Scheduler):  # type: ignore[misc]
+    """Celery beat scheduler that delivers delayq jobs (and still runs ``beat_schedule``)."""
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        self.dispatcher: Dispatcher | None = None
+        self._backoff = 0.0
+        super().__init__(app, *args, **kwargs)
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        store = get_store(self.app)
+        self.dispatcher = Dispatcher(self.app, store)
+        try:
+            for warning in store.check_server():
+                logger.warning("delayq: %s", warning)
+        except redis.RedisError as exc:
+            logger.warning("delayq: cannot reach Redis at start (%r); will keep trying", exc)
+        logger.info(
+            "delayq: beat %s delivering from %d shards (prefix %r, batch %d, reclaim TTL %.0f s)",
+            self.dispatcher.token,
+            store.config.shards,
+            store.config.prefix,
+            store.config.batch_size,
+            store.config.reclaim_ttl,
+        )
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        parent_wait = super().tick(*args, **kwargs)
+        dispatcher = self.dispatcher
+        if dispatcher is None:  # pragma: no cover - setup_schedule always runs first
+            return float(parent_wait)
+        try:
+            wait = dispatcher.run_once()
+            if parent_wait is not None:
+                wait = min(wait, parent_wait)
+            if wait > 0:
+                dispatcher.wait(wait)
+        except redis.RedisError as exc:
+            self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
+            logger.error(
+                "delayq: Redis unavailable (%r); retrying in %.1f s", exc, self._backoff
+            )
+            dispatcher.close()
+            return self._backoff
+        if self._backoff:
+            logger.info("delayq: Redis reachable again")
+            self._backoff = 0.0
+        return 0.0
+
+    def close(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+        super().close()
+
+    @property
+    def info(self) -> str:
+        config = get_store(self.app).config
+        return f"    . delayq -> {config.prefix} x {config.shards} shards"

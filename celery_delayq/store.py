@@ -1,0 +1,289 @@
+"""The sharded job store: enqueue, claim, ack, bury, cancel, reschedule, get, scan.
+
+Every method maps onto one Lua script per shard (see ``lua/``); calls that
+touch several shards are pipelined, one round trip for all of them. Times are
+milliseconds since the epoch; "now" inside a claim is the server's ``TIME``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .config import DelayQConfig
+from .exceptions import UnsupportedServer
+from .keys import KeySpace, ShardKeys
+from .scripts import SCRIPTS, ScriptCall, run_pipelined
+
+__all__ = [
+    "CANCEL_HELD",
+    "CANCEL_WAITING",
+    "ENQUEUE_KEPT",
+    "RESCHEDULE_HELD",
+    "ClaimResult",
+    "ClaimedJob",
+    "JobRecord",
+    "Store",
+]
+
+# enqueue statuses (see lua/enqueue.lua)
+ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED, ENQUEUE_AFTER_HELD = 0, 1, 2, 3
+# cancel results (see lua/cancel.lua)
+CANCEL_MISSING, CANCEL_WAITING, CANCEL_HELD = 0, 1, 2
+# reschedule results (see lua/reschedule.lua)
+RESCHEDULE_MISSING, RESCHEDULE_MOVED, RESCHEDULE_HELD = 0, 1, 2
+
+#: Jobs sent to one enqueue call at most (ARGV stays small, the server stays responsive).
+ENQUEUE_CHUNK = 1000
+#: Ids sent to one ack call at most.
+ACK_CHUNK = 5000
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: str
+    envelope: str
+    due_ms: int
+    tries: int
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    shard: int
+    now_ms: int
+    next_ms: int | None
+    jobs: list[ClaimedJob]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One stored job as ``get``/``pending`` see it."""
+
+    id: str
+    shard: int
+    due_ms: int
+    envelope: str
+    state: str  # "waiting", "leased" or "dead"
+    tries: int = 0
+    lease_until_ms: int | None = None
+
+
+def make_client(url: str) -> Any:
+    """A redis-py client for ``url`` that returns ``str``."""
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+class Store:
+    """One app's shards in one Redis deployment."""
+
+    def __init__(self, config: DelayQConfig, client: Any | None = None) -> None:
+        self.config = config
+        self.keys = KeySpace(config.prefix, config.shards)
+        self.client = client if client is not None else make_client(config.url)
+
+    # -- producers -------------------------------------------------------------------------
+
+    def enqueue(
+        self, jobs: Sequence[tuple[str, int, str]], replace: bool = False
+    ) -> list[tuple[int, int]]:
+        """Store ``(id, due ms, envelope)`` jobs; return ``(status, due ms)`` for each, in order.
+
+        Jobs are grouped by shard, ``ENQUEUE_CHUNK`` a call, and all calls go
+        in one pipeline. Status values are those of ``lua/enqueue.lua``.
+        """
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for position, (job_id, _, _) in enumerate(jobs):
+            by_shard[self.keys.shard_of(job_id)].append(position)
+        calls: list[ScriptCall] = []
+        owners: list[list[int]] = []
+        mode = "replace" if replace else "keep"
+        channel = self.keys.wake_channel
+        for shard, positions in by_shard.items():
+            keys = self.keys.shard(shard).core
+            for start in range(0, len(positions), ENQUEUE_CHUNK):
+                chunk = positions[start : start + ENQUEUE_CHUNK]
+                args: list[Any] = [mode, channel, shard]
+                for p in chunk:
+                    job_id, due_ms, envelope = jobs[p]
+                    args.extend((job_id, int(due_ms), envelope))
+                calls.append(ScriptCall(SCRIPTS["enqueue"], keys, args))
+                owners.append(chunk)
+        out: list[tuple[int, int]] = [(0, 0)] * len(jobs)
+        for chunk, result in zip(owners, run_pipelined(self.client, calls), strict=True):
+            for i, p in enumerate(chunk):
+                out[p] = (int(result[2 * i]), int(result[2 * i + 1]))
+        return out
+
+    # -- beats -------------------------------------------------------------------------------
+
+    def claim(self, shards: Iterable[int], token: str, batch: int | None = None) -> list[ClaimResult]:
+        """Lease up to ``batch`` due jobs from each of ``shards`` (one round trip)."""
+        shard_list = list(shards)
+        batch = batch or self.config.batch_size
+        ttl_ms = int(self.config.reclaim_ttl * 1000)
+        calls = [
+            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms])
+            for s in shard_list
+        ]
+        results: list[ClaimResult] = []
+        for shard, raw in zip(shard_list, run_pipelined(self.client, calls), strict=True):
+            jobs = [
+                ClaimedJob(raw[i], raw[i + 1], int(raw[i + 2]), int(raw[i + 3]))
+                for i in range(2, len(raw), 4)
+            ]
+            next_ms = int(raw[1])
+            results.append(ClaimResult(shard, int(raw[0]), None if next_ms < 0 else next_ms, jobs))
+        return results
+
+    def ack(self, token: str, ids_by_shard: dict[int, list[str]]) -> dict[str, bool]:
+        """Remove delivered jobs still leased with ``token``; ``{id: removed}``."""
+        calls: list[ScriptCall] = []
+        owners: list[list[str]] = []
+        for shard, ids in ids_by_shard.items():
+            for start in range(0, len(ids), ACK_CHUNK):
+                chunk = ids[start : start + ACK_CHUNK]
+                calls.append(ScriptCall(SCRIPTS["ack"], self.keys.shard(shard).core, [token, *chunk]))
+                owners.append(chunk)
+        removed: dict[str, bool] = {}
+        for chunk, result in zip(owners, run_pipelined(self.client, calls), strict=True):
+            removed.update({job_id: bool(r) for job_id, r in zip(chunk, result, strict=True)})
+        return removed
+
+    def bury(self, token: str, job_id: str, record: dict[str, Any]) -> bool:
+        """Move a job this ``token`` holds to the dead-letter hash with ``record``."""
+        keys = self.keys.for_job(job_id).core
+        return bool(SCRIPTS["bury"](self.client, keys, [token, job_id, json.dumps(record)]))
+
+    # -- by id -------------------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> int:
+        """Remove a job; a ``CANCEL_*`` code (see ``lua/cancel.lua``)."""
+        return int(SCRIPTS["cancel"](self.client, self.keys.for_job(job_id).core, [job_id]))
+
+    def reschedule(self, job_id: str, due_ms: int) -> int:
+        """Move a waiting job; a ``RESCHEDULE_*`` code (see ``lua/reschedule.lua``)."""
+        shard = self.keys.shard_of(job_id)
+        args = [job_id, int(due_ms), self.keys.wake_channel, shard]
+        return int(SCRIPTS["reschedule"](self.client, self.keys.shard(shard).core, args))
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job (or dead letter) with this id, or None."""
+        shard = self.keys.shard_of(job_id)
+        raw = SCRIPTS["get"](self.client, self.keys.shard(shard).core, [job_id])
+        if raw is None:
+            return None
+        if raw[0] == "dead":
+            record = json.loads(raw[1])
+            return JobRecord(
+                job_id, shard, int(record.get("due", 0)), record.get("envelope", ""), "dead",
+                int(record.get("tries", 0)),
+            )
+        lease_until = int(raw[4])
+        return JobRecord(
+            job_id,
+            shard,
+            int(raw[2]),
+            raw[1],
+            "leased" if lease_until >= 0 else "waiting",
+            int(raw[3]),
+            lease_until if lease_until >= 0 else None,
+        )
+
+    # -- scans -------------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Jobs stored (waiting or leased) over all shards."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.zcard(shard.due)
+            return sum(int(n) for n in pipe.execute())
+
+    def count_dead(self) -> int:
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.hlen(shard.dead)
+            return sum(int(n) for n in pipe.execute())
+
+    def _scan_shard(
+        self, shard: ShardKeys, index: int, start_ms: float, end_ms: float, page: int
+    ) -> Iterator[JobRecord]:
+        offset = 0
+        while True:
+            members = self.client.zrange(
+                shard.due, start_ms, end_ms, byscore=True, offset=offset, num=page, withscores=True
+            )
+            if not members:
+                return
+            ids = [m for m, _ in members]
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.hmget(shard.jobs, ids)
+                pipe.hmget(shard.leases, ids)
+                envelopes, leases = pipe.execute()
+            for (job_id, score), envelope, lease in zip(members, envelopes, leases, strict=True):
+                if envelope is None:
+                    continue
+                if lease:
+                    due, tries, _ = lease.split("|", 2)
+                    yield JobRecord(job_id, index, int(due), envelope, "leased", int(tries), int(score))
+                else:
+                    yield JobRecord(job_id, index, int(score), envelope, "waiting")
+            if len(members) < page:
+                return
+            offset += page
+
+    def scan(
+        self,
+        start_ms: float | None = None,
+        end_ms: float | None = None,
+        page: int = 500,
+    ) -> Iterator[JobRecord]:
+        """Every stored job whose score lies in ``[start_ms, end_ms]``, merged in due order.
+
+        A leased job is ordered (and selected) by its lease expiry, and reports
+        its original due time in ``due_ms``.
+        """
+        lo: Any = "-inf" if start_ms is None else int(start_ms)
+        hi: Any = "+inf" if end_ms is None else int(end_ms)
+        streams = [
+            self._scan_shard(shard, i, lo, hi, page) for i, shard in enumerate(self.keys.all_shards())
+        ]
+        yield from heapq.merge(*streams, key=lambda r: r.lease_until_ms or r.due_ms)
+
+    def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every dead-lettered job: ``(id, record)``."""
+        for shard in self.keys.all_shards():
+            for job_id, raw in self.client.hscan_iter(shard.dead):
+                yield job_id, json.loads(raw)
+
+    # -- server ------------------------------------------------------------------------------
+
+    def check_server(self) -> list[str]:
+        """Raise if the server cannot run the scripts; return warnings worth logging."""
+        info = self.client.info("server")
+        version = str(info.get("valkey_version") or info.get("redis_version") or "0")
+        parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+        if not info.get("valkey_version") and parts < (6, 2):
+            raise UnsupportedServer(
+                f"Redis {version} is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)"
+            )
+        warnings: list[str] = []
+        try:
+            policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
+        except redis.ResponseError:
+            policy = None  # CONFIG disabled (managed Redis, ACL): nothing to say
+        if policy and policy != "noeviction":
+            warnings.append(
+                f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis may evict "
+                "scheduled jobs; set it to 'noeviction'"
+            )
+        return warnings
+
+    def close(self) -> None:
+        self.client.close()
+

@@ -1,0 +1,162 @@
+"""``DelayedTask``: a Task base class with ``apply_at``, ``apply_in`` and ``apply_at_many``.
+
+>>> from celery import Celery
+>>> app = Celery("docs", broker="redis://127.0.0.1:6390/0")
+>>> @app.task(base=DelayedTask)
+... def remind(user_id): ...
+>>> hasattr(remind, "apply_at")
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from celery import Task, shared_task
+from celery.utils import uuid
+
+from .api import get_store
+from .config import DelayQConfig
+from .message import build_envelope, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
+from .result import ScheduledResult
+from .store import ENQUEUE_KEPT
+
+__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task"]
+
+
+class DelayQTaskMixin:
+    """The scheduling methods; mix into your own Task base: ``class Base(DelayQTaskMixin, MyTask)``."""
+
+    name: str
+
+    def _delayq_app(self) -> Any:
+        return self._get_app()  # type: ignore[attr-defined]
+
+    def apply_at(
+        self, eta: Any, args: Any = None, kwargs: Any = None, **options: Any
+    ) -> ScheduledResult:
+        """Schedule the task to run at ``eta``: an aware datetime or a UNIX timestamp in seconds.
+
+        ``options`` are ``apply_async``'s (queue, routing_key, priority, headers,
+        expires, task_id, ...). The message is built and serialized now, so bad
+        arguments or options raise here and nothing is stored. An ``eta`` in the
+        past is delivered at once. ``expires`` in seconds counts from ``eta``.
+
+        With ``task_id`` given, scheduling is idempotent: if a job with that id
+        is still waiting, it is kept unchanged (its due time is not moved) and
+        the result has ``created=False``; pass ``replace=True`` to overwrite it.
+        """
+        app = self._delayq_app()
+        due_ms = due_ms_from_eta(eta, app)
+        return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
+
+    def apply_in(
+        self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any
+    ) -> ScheduledResult:
+        """Schedule the task to run after ``delay`` (seconds, or a ``timedelta``)."""
+        return self._delayq_schedule([(due_ms_from_delay(delay), args, kwargs)], options)[0]
+
+    def apply_at_many(
+        self, items: Iterable[tuple[Any, Any, Any]], **options: Any
+    ) -> list[ScheduledResult]:
+        """Schedule many jobs in few round trips: ``items`` are ``(eta, args, kwargs)``.
+
+        Every item is validated and serialized before anything is written; one
+        bad item raises and stores nothing. ``options`` apply to every job
+        (a ``task_id`` option is refused here: ids are generated per job).
+        """
+        if options.get("task_id") is not None:
+            raise TypeError("apply_at_many generates one task id per job; task_id is not allowed")
+        app = self._delayq_app()
+        prepared = [(due_ms_from_eta(eta, app), args, kwargs) for eta, args, kwargs in items]
+        return self._delayq_schedule(prepared, options)
+
+    def _delayq_schedule(
+        self, items: list[tuple[int, Any, Any]], options: dict[str, Any]
+    ) -> list[ScheduledResult]:
+        app = self._delayq_app()
+        options = dict(options)
+        replace = bool(options.pop("replace", False))
+        given_id = options.pop("task_id", None)
+        if app.conf.task_always_eager:
+            # Celery's eager mode runs tasks at once and ignores eta; do the same.
+            return [
+                self.apply_async(args, kwargs, task_id=given_id, **options)  # type: ignore[attr-defined]
+                for _, args, kwargs in items
+            ]
+        config = DelayQConfig.from_app(app)
+        jobs: list[tuple[str, int, str]] = []
+        for due_ms, args, kwargs in items:
+            task_id = given_id or uuid()
+            envelope = build_envelope(
+                app, self, task_id, due_ms, args, kwargs, options, max_payload=config.max_payload
+            )
+            jobs.append((task_id, due_ms, envelope))
+        statuses = get_store(app).enqueue(jobs, replace=replace)
+        backend = app.backend
+        return [
+            ScheduledResult(
+                task_id,
+                backend=backend,
+                task_name=self.name,
+                app=app,
+                due=ms_to_datetime(stored_due),
+                created=status != ENQUEUE_KEPT,
+            )
+            for (task_id, _, _), (status, stored_due) in zip(jobs, statuses, strict=True)
+        ]
+
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
+    ) -> Any:
+        """``Task.apply_async``; with ``delayq_intercept_eta`` on, eta/countdown go through delayq.
+
+        Intercepted calls replace a waiting job with the same id (a retry
+        reuses its task's id), and return a :class:`ScheduledResult`.
+        """
+        eta = options.get("eta")
+        countdown = options.get("countdown")
+        app = self._delayq_app()
+        if (eta is not None or countdown) and not app.conf.task_always_eager:
+            config = DelayQConfig.from_app(app)
+            if config.intercept_eta:
+                options.pop("eta", None)
+                options.pop("countdown", None)
+                due_ms = (
+                    due_ms_from_eta(eta, app) if eta is not None else due_ms_from_delay(countdown)
+                )
+                options["replace"] = True
+                options["task_id"] = task_id
+                return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
+        return super().apply_async(args, kwargs, task_id=task_id, **options)  # type: ignore[misc]
+
+
+class DelayedTask(DelayQTaskMixin, Task):  # type: ignore[misc]
+    """Task base class with ``apply_at``/``apply_in``/``apply_at_many``: ``@app.task(base=DelayedTask)``."""
+
+    abstract = True
+
+
+def delayed_task(*args: Any, **options: Any) -> Any:
+    """A task decorator with ``DelayedTask`` as base.
+
+    ``@delayed_task(app)`` registers with ``app``; ``@delayed_task`` or
+    ``@delayed_task(name=...)`` makes a shared task (like ``shared_task``).
+    Other keyword arguments are the usual ``@app.task`` options.
+
+    >>> from celery import Celery
+    >>> app = Celery("docs", broker="redis://127.0.0.1:6390/0")
+    >>> @delayed_task(app, name="docs.ping")
+    ... def ping(): ...
+    >>> isinstance(ping, DelayedTask)
+    True
+    """
+    options.setdefault("base", DelayedTask)
+    if len(args) == 1 and callable(args[0]) and not hasattr(args[0], "conf"):
+        return shared_task(**options)(args[0])
+    if args and hasattr(args[0], "conf"):
+        app = args[0]
+        decorate: Callable[..., Any] = app.task(*args[1:], **options)
+        return decorate
+    return shared_task(*args, **options)
