@@ -1,0 +1,72 @@
+"""The Celery app that end-to-end tests run as real ``celery worker``/``celery beat`` processes.
+
+Configured from the environment (set by ``tests/conftest.py``):
+``DELAYQ_TEST_BROKER`` (broker URL), ``DELAYQ_TEST_STORE`` (delayq Redis URL,
+also where tasks record their runs), and optional ``DELAYQ_TEST_CONF`` (JSON of
+extra app settings).
+
+Every task run is recorded in the store's Redis: ``HINCRBY e2e:runs <task id> 1``
+and ``RPUSH e2e:starts <json {id, start, due}>`` (start: worker clock, s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_delayq import DelayedTask
+
+BROKER = os.environ.get("DELAYQ_TEST_BROKER", "redis://127.0.0.1:1/0")
+STORE = os.environ.get("DELAYQ_TEST_STORE", BROKER)
+
+app = Celery("e2e", broker=BROKER)
+app.conf.update(
+    delayq_url=STORE,
+    broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=16,
+    task_ignore_result=True,
+    **json.loads(os.environ.get("DELAYQ_TEST_CONF", "{}")),
+)
+
+_client: redis.Redis | None = None
+
+
+def recorder() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(STORE)
+    return _client
+
+
+def _record(task: Any) -> None:
+    start = time.time()
+    due = getattr(task.request, "delayq_due", None)
+    pipe = recorder().pipeline(transaction=False)
+    pipe.hincrby("e2e:runs", task.request.id, 1)
+    pipe.rpush("e2e:starts", json.dumps({"id": task.request.id, "start": start, "due": due,
+                                          "retries": task.request.retries}))
+    pipe.execute()
+
+
+@app.task(base=DelayedTask, bind=True, name="e2e.record")
+def record(self: Any, *args: Any, **kwargs: Any) -> None:
+    _record(self)
+
+
+@app.task(base=DelayedTask, bind=True, name="e2e.flaky", max_retries=3)
+def flaky(self: Any, fail_times: int = 1, countdown: float = 1.0) -> None:
+    """Fails ``fail_times`` times, retrying with ``self.retry(countdown=...)``, then records."""
+    _record(self)
+    if self.request.retries < fail_times:
+        raise self.retry(countdown=countdown)
+
+
+@app.task(bind=True, name="e2e.plain")
+def plain(self: Any) -> None:
+    """A task that is not a DelayedTask (used by beat_schedule tests)."""
+    _record(self)
