@@ -17,6 +17,7 @@ beat at once. Every ``delayq_max_sleep`` seconds all shards are claimed anyway
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -177,7 +178,10 @@ class Dispatcher:
                     logger.error(
                         "delayq: cannot publish %s (%s) to the broker: %r; it stays stored and is "
                         "retried after its lease (%.0f s)",
-                        job.id, envelope.task, exc, self.config.reclaim_ttl,
+                        job.id,
+                        envelope.task,
+                        exc,
+                        self.config.reclaim_ttl,
                     )
                     break
                 except Exception as exc:
@@ -258,13 +262,10 @@ class Dispatcher:
 
     def _drop_pubsub(self) -> None:
         if self._pubsub is not None:
-            try:
+            with contextlib.suppress(redis.RedisError):
                 self._pubsub.close()
-            except redis.RedisError:
-                pass
         self._pubsub = None
         self._next = [None] * self.config.shards
 
     def close(self) -> None:
         self._drop_pubsub()
-

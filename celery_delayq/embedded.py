@@ -103,11 +103,16 @@ class EmbeddedRedis:
         self._dir = self._dir or tempfile.mkdtemp(prefix="delayq-redis-")
         args = [
             self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", self._dir,
-            "--logfile", os.path.join(self._dir, "server.log"),
-            "--daemonize", "no",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self._dir,
+            "--logfile",
+            os.path.join(self._dir, "server.log"),
+            "--daemonize",
+            "no",
         ]
         if not self.persist:
             args += ["--save", "", "--appendonly", "no"]

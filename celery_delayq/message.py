@@ -28,12 +28,12 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery.app.amqp import task_message
 from celery.utils.functional import maybe_list
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 from kombu.serialization import dumps
 
 from .exceptions import InvalidDueTime, InvalidOptions, PayloadTooLarge, SerializationError
@@ -78,7 +78,7 @@ def ms_to_datetime(ms: float) -> datetime:
     >>> ms_to_datetime(1_700_000_000_000).isoformat()
     '2023-11-14T22:13:20+00:00'
     """
-    return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
 
 
 def _check_ms(ms: float, what: str) -> int:
@@ -88,7 +88,7 @@ def _check_ms(ms: float, what: str) -> int:
         raise InvalidDueTime(f"{what} must not be before 1970-01-01T00:00:00Z, got {ms / 1000.0!r} s")
     if ms > MAX_DUE_MS:
         raise InvalidDueTime(f"{what} is past year 9999: {ms / 1000.0!r} s since the epoch")
-    return int(round(ms))
+    return round(ms)
 
 
 def due_ms_from_eta(eta: Any, app: Any) -> int:
@@ -240,7 +240,7 @@ def build_envelope(
     link_error = options.pop("link_error", None)
     route_name = options.pop("route_name", None)
     try:
-        options = app.amqp.router.route(options, route_name or name, args, kwargs, task)
+        options = dict(app.amqp.router.route(options, route_name or name, args, kwargs, task))
     except Exception as exc:  # QueueNotFound, a router raising: refuse now, not in beat
         raise InvalidOptions(f"cannot route task {name!r}: {exc}") from exc
 
@@ -285,7 +285,7 @@ def build_envelope(
         options.pop(name_, None)
     headers, props, body, _ = message
     try:
-        content_type, content_encoding, payload = dumps(body, serializer=serializer)
+        content_type, content_encoding, payload = dumps(body, serializer=serializer)  # type: ignore[no-untyped-call]
     except Exception as exc:
         raise SerializationError(
             f"cannot serialize the arguments of {name!r} with {serializer!r}: {exc}"

@@ -69,9 +69,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 dispatcher.wait(wait)
         except redis.RedisError as exc:
             self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
-            logger.error(
-                "delayq: Redis unavailable (%r); retrying in %.1f s", exc, self._backoff
-            )
+            logger.error("delayq: Redis unavailable (%r); retrying in %.1f s", exc, self._backoff)
             dispatcher.close()
             return self._backoff
         if self._backoff:

@@ -89,9 +89,7 @@ class Store:
 
     # -- producers -------------------------------------------------------------------------
 
-    def enqueue(
-        self, jobs: Sequence[tuple[str, int, str]], replace: bool = False
-    ) -> list[tuple[int, int]]:
+    def enqueue(self, jobs: Sequence[tuple[str, int, str]], replace: bool = False) -> list[tuple[int, int]]:
         """Store ``(id, due ms, envelope)`` jobs; return ``(status, due ms)`` for each, in order.
 
         Jobs are grouped by shard, ``ENQUEUE_CHUNK`` a call, and all calls go
@@ -128,8 +126,7 @@ class Store:
         batch = batch or self.config.batch_size
         ttl_ms = int(self.config.reclaim_ttl * 1000)
         calls = [
-            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms])
-            for s in shard_list
+            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms]) for s in shard_list
         ]
         results: list[ClaimResult] = []
         for shard, raw in zip(shard_list, run_pipelined(self.client, calls), strict=True):
@@ -181,7 +178,11 @@ class Store:
         if raw[0] == "dead":
             record = json.loads(raw[1])
             return JobRecord(
-                job_id, shard, int(record.get("due", 0)), record.get("envelope", ""), "dead",
+                job_id,
+                shard,
+                int(record.get("due", 0)),
+                record.get("envelope", ""),
+                "dead",
                 int(record.get("tries", 0)),
             )
         lease_until = int(raw[4])
@@ -250,9 +251,7 @@ class Store:
         """
         lo: Any = "-inf" if start_ms is None else int(start_ms)
         hi: Any = "+inf" if end_ms is None else int(end_ms)
-        streams = [
-            self._scan_shard(shard, i, lo, hi, page) for i, shard in enumerate(self.keys.all_shards())
-        ]
+        streams = [self._scan_shard(shard, i, lo, hi, page) for i, shard in enumerate(self.keys.all_shards())]
         yield from heapq.merge(*streams, key=lambda r: r.lease_until_ms or r.due_ms)
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -286,4 +285,3 @@ class Store:
 
     def close(self) -> None:
         self.client.close()
-

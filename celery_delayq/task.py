@@ -33,9 +33,7 @@ class DelayQTaskMixin:
     def _delayq_app(self) -> Any:
         return self._get_app()  # type: ignore[attr-defined]
 
-    def apply_at(
-        self, eta: Any, args: Any = None, kwargs: Any = None, **options: Any
-    ) -> ScheduledResult:
+    def apply_at(self, eta: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
         """Schedule the task to run at ``eta``: an aware datetime or a UNIX timestamp in seconds.
 
         ``options`` are ``apply_async``'s (queue, routing_key, priority, headers,
@@ -51,15 +49,11 @@ class DelayQTaskMixin:
         due_ms = due_ms_from_eta(eta, app)
         return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
 
-    def apply_in(
-        self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any
-    ) -> ScheduledResult:
+    def apply_in(self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
         """Schedule the task to run after ``delay`` (seconds, or a ``timedelta``)."""
         return self._delayq_schedule([(due_ms_from_delay(delay), args, kwargs)], options)[0]
 
-    def apply_at_many(
-        self, items: Iterable[tuple[Any, Any, Any]], **options: Any
-    ) -> list[ScheduledResult]:
+    def apply_at_many(self, items: Iterable[tuple[Any, Any, Any]], **options: Any) -> list[ScheduledResult]:
         """Schedule many jobs in few round trips: ``items`` are ``(eta, args, kwargs)``.
 
         Every item is validated and serialized before anything is written; one
@@ -81,10 +75,7 @@ class DelayQTaskMixin:
         given_id = options.pop("task_id", None)
         if app.conf.task_always_eager:
             # Celery's eager mode runs tasks at once and ignores eta; do the same.
-            return [
-                self.apply_async(args, kwargs, task_id=given_id, **options)  # type: ignore[attr-defined]
-                for _, args, kwargs in items
-            ]
+            return [self.apply_async(args, kwargs, task_id=given_id, **options) for _, args, kwargs in items]
         config = DelayQConfig.from_app(app)
         jobs: list[tuple[str, int, str]] = []
         for due_ms, args, kwargs in items:
@@ -123,9 +114,7 @@ class DelayQTaskMixin:
             if config.intercept_eta:
                 options.pop("eta", None)
                 options.pop("countdown", None)
-                due_ms = (
-                    due_ms_from_eta(eta, app) if eta is not None else due_ms_from_delay(countdown)
-                )
+                due_ms = due_ms_from_eta(eta, app) if eta is not None else due_ms_from_delay(countdown)
                 options["replace"] = True
                 options["task_id"] = task_id
                 return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
