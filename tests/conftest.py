@@ -63,11 +63,11 @@ def app(redis_url: str) -> Iterator[Celery]:
     """An in-process app (broker and store on the session server) with two DelayedTasks."""
     application = make_app(redis_url)
 
-    @application.task(base=DelayedTask, name="t.add")
+    @application.task(base=DelayedTask, name="t.add", shared=False)
     def add(x: int, y: int) -> int:
         return x + y
 
-    @application.task(base=DelayedTask, name="t.noop")
+    @application.task(base=DelayedTask, name="t.noop", shared=False)
     def noop() -> None:
         return None
 
@@ -98,10 +98,12 @@ class Procs:
         self.tmp_path = tmp_path
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def start(self, kind: str, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, kind: str, env: dict[str, str], *args: str, app: str = E2E_APP
+    ) -> subprocess.Popen[bytes]:
         n = len(self.procs)
         log = self.tmp_path / f"{kind}-{n}.log"
-        cmd = [sys.executable, "-m", "celery", "-A", E2E_APP, kind, "-l", "info", *args]
+        cmd = [sys.executable, "-m", "celery", "-A", app, kind, "-l", "info", *args]
         if kind == "worker":
             cmd += ["-P", "threads", "-c", "8", "--without-gossip", "--without-mingle",
                     "--without-heartbeat", "-n", f"w{n}@%h"]
