@@ -62,16 +62,43 @@ def _conf_get(app: Any, name: str) -> Any:
         return DEFAULTS[name][0]
 
 
-def _positive(name: str, value: Any, kind: type) -> Any:
-    try:
-        number = kind(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"{name} must be a {kind.__name__}, got {value!r}") from exc
-    if isinstance(number, float) and not math.isfinite(number):
+def _number(name: str, value: Any, kind: type, minimum: float) -> Any:
+    """``value`` as ``kind`` (int or float), at least ``minimum``; strings of digits are accepted."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError as exc:
+            raise ConfigurationError(f"{name} must be a number, got {value!r}") from exc
+    if not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
         raise ConfigurationError(f"{name} must be finite, got {value!r}")
-    if number <= 0:
-        raise ConfigurationError(f"{name} must be > 0, got {value!r}")
-    return number
+    if kind is int:
+        if value != int(value):
+            raise ConfigurationError(f"{name} must be a whole number, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+    if value < minimum:
+        raise ConfigurationError(f"{name} must be >= {minimum:g}, got {value!r}")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A boolean setting: a bool, 0/1, or one of true/false/yes/no/on/off (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigurationError(f"{name} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -119,19 +146,19 @@ class DelayQConfig:
             raise ConfigurationError(
                 f"delayq_prefix must be a non-empty string without braces or spaces, got {prefix!r}"
             )
-        batch = _positive("delayq_batch_size", get["delayq_batch_size"], int)
+        batch = _number("delayq_batch_size", get["delayq_batch_size"], int, 1)
         if batch > 5000:
             raise ConfigurationError(f"delayq_batch_size must be <= 5000, got {batch}")
         return cls(
             url=url,
             prefix=prefix,
-            shards=_positive("delayq_shards", get["delayq_shards"], int),
-            reclaim_ttl=_positive("delayq_reclaim_ttl", get["delayq_reclaim_ttl"], float),
+            shards=_number("delayq_shards", get["delayq_shards"], int, 1),
+            reclaim_ttl=_number("delayq_reclaim_ttl", get["delayq_reclaim_ttl"], float, 0.01),
             batch_size=batch,
-            max_sleep=_positive("delayq_max_sleep", get["delayq_max_sleep"], float),
-            intercept_eta=bool(get["delayq_intercept_eta"]),
-            dead_letter_unknown=bool(get["delayq_dead_letter_unknown"]),
-            max_payload=_positive("delayq_max_payload", get["delayq_max_payload"], int),
+            max_sleep=_number("delayq_max_sleep", get["delayq_max_sleep"], float, 0.01),
+            intercept_eta=_flag("delayq_intercept_eta", get["delayq_intercept_eta"]),
+            dead_letter_unknown=_flag("delayq_dead_letter_unknown", get["delayq_dead_letter_unknown"]),
+            max_payload=_number("delayq_max_payload", get["delayq_max_payload"], int, 1024),
         )
 
     @classmethod

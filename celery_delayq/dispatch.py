@@ -198,9 +198,11 @@ class Dispatcher:
     def _broker_errors(self, producer: Any) -> tuple[type[BaseException], ...]:
         if self._connection_errors is None:
             conn = producer.connection
-            self._connection_errors = tuple(conn.connection_errors) + tuple(
-                getattr(conn, "recoverable_connection_errors", ())
-            )
+            errors = tuple(conn.connection_errors) + tuple(getattr(conn, "recoverable_connection_errors", ()))
+            # kombu's Redis transport counts KeyError as a connection error, but
+            # Celery's QueueNotFound (a queue this app does not know) is a KeyError:
+            # that job can never be published here, so it must be buried, not retried.
+            self._connection_errors = tuple(e for e in errors if e is not KeyError)
             from kombu.exceptions import OperationalError
 
             self._connection_errors += (OperationalError,)

@@ -110,7 +110,11 @@ def due_ms_from_eta(eta: Any, app: Any) -> int:
     if isinstance(eta, bool):
         raise InvalidDueTime(f"eta must be a datetime or a UNIX timestamp, got {eta!r}")
     if isinstance(eta, int | float):
-        return _check_ms(float(eta) * 1000.0, "eta")
+        try:
+            seconds = float(eta)
+        except OverflowError as exc:
+            raise InvalidDueTime(f"eta is out of range: {eta!r}") from exc
+        return _check_ms(seconds * 1000.0, "eta")
     if isinstance(eta, str):
         try:
             eta = datetime.fromisoformat(eta)
@@ -145,7 +149,10 @@ def due_ms_from_delay(delay: Any, now_ms: int | None = None) -> int:
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
+        try:
+            seconds = float(delay)
+        except OverflowError as exc:
+            raise InvalidDueTime(f"delay is out of range: {delay!r}") from exc
     else:
         raise InvalidDueTime(f"delay must be seconds or a timedelta, got {type(delay).__name__}")
     if not math.isfinite(seconds):

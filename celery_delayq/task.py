@@ -18,6 +18,7 @@ from celery.utils import uuid
 
 from .api import get_store
 from .config import DelayQConfig
+from .exceptions import InvalidOptions
 from .message import build_envelope, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
 from .result import ScheduledResult
 from .store import ENQUEUE_KEPT
@@ -61,7 +62,7 @@ class DelayQTaskMixin:
         (a ``task_id`` option is refused here: ids are generated per job).
         """
         if options.get("task_id") is not None:
-            raise TypeError("apply_at_many generates one task id per job; task_id is not allowed")
+            raise InvalidOptions("apply_at_many generates one task id per job; task_id is not allowed")
         app = self._delayq_app()
         prepared = [(due_ms_from_eta(eta, app), args, kwargs) for eta, args, kwargs in items]
         return self._delayq_schedule(prepared, options)
@@ -114,7 +115,14 @@ class DelayQTaskMixin:
             if config.intercept_eta:
                 options.pop("eta", None)
                 options.pop("countdown", None)
-                due_ms = due_ms_from_eta(eta, app) if eta is not None else due_ms_from_delay(countdown)
+                # As in Celery, a countdown <= 0 (or an eta in the past) means "run at once".
+                # (Clamp with a comparison, not max(): max(0.0, nan) is 0.0, and NaN must be refused.)
+                seconds = float(countdown or 0)
+                due_ms = (
+                    due_ms_from_eta(eta, app)
+                    if eta is not None
+                    else due_ms_from_delay(0.0 if seconds < 0 else seconds)
+                )
                 options["replace"] = True
                 options["task_id"] = task_id
                 return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
