@@ -25,6 +25,22 @@ from celery_delayq.embedded import EmbeddedRedis
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _forget_shared_tasks() -> Iterator[None]:
+    """Drop the shared tasks a test declared (``@shared_task``, ``@app.task`` with Celery's
+    default ``shared=True``, code run from the docs) when it ends.
+
+    Celery pushes every shared task into every app finalized later in the process; two
+    callables under one name then raise DuplicateTaskNameWarning (an error under
+    ``filterwarnings = error``) in whichever later test first finalizes an app.
+    """
+    from celery import _state
+
+    before = set(_state._on_app_finalizers)
+    yield
+    _state._on_app_finalizers.intersection_update(before)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
     with EmbeddedRedis() as server:

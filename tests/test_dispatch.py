@@ -1,0 +1,397 @@
+"""The claim loop in-process: :class:`Dispatcher` with the Redis broker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.signals import before_task_publish
+from kombu import Queue
+
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.api import get_store
+from celery_delayq.dispatch import Dispatcher
+from celery_delayq.embedded import free_port
+from tests.conftest import make_app, wait_for
+from tests.helpers import broker_lists, server_ms
+
+HOUR = 3600.0
+
+AppFactory = Callable[..., Celery]
+
+
+@pytest.fixture
+def app_factory(redis_url: str) -> Iterator[AppFactory]:
+    """Fresh apps with ``t.add``; the store is always the test server, the broker may differ."""
+    apps: list[Celery] = []
+
+    def factory(broker: str | None = None, **conf: Any) -> Celery:
+        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
+
+        @application.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        apps.append(application)
+        return application
+
+    yield factory
+    for application in apps:
+        application.close()
+
+
+@pytest.fixture
+def dispatchers() -> Iterator[Callable[..., Dispatcher]]:
+    made: list[Dispatcher] = []
+
+    def factory(app: Celery, **kwargs: Any) -> Dispatcher:
+        dispatcher = Dispatcher(app, **kwargs)
+        made.append(dispatcher)
+        return dispatcher
+
+    yield factory
+    for dispatcher in made:
+        dispatcher.close()
+
+
+def published_ids(r: redis.Redis, queue: str = "celery") -> list[str]:
+    return [m["headers"]["id"] for m in broker_lists(r).get(queue, [])]
+
+
+def store_raw_job(app: Celery, job_id: str, due_ms: int, envelope: str) -> None:
+    """Write a job straight into its shard's keys (no script, no validation)."""
+    keys = get_store(app).keys.for_job(job_id)
+    client = get_store(app).client
+    client.zadd(keys.due, {job_id: due_ms})
+    client.hset(keys.jobs, job_id, envelope)
+
+
+def test_run_once_publishes_due_jobs_and_acks_them(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    add = app.tasks["t.add"]
+    due = [add.apply_at(time.time() - 5 + i, (i, i)) for i in range(3)]
+    later = add.apply_in(HOUR, (9, 9))
+    dispatcher = dispatchers(app, keep_lateness=10)
+    wait = dispatcher.run_once()
+    assert 0 < wait <= dispatcher.config.max_sleep
+
+    messages = broker_lists(r)["celery"]
+    assert sorted(m["headers"]["id"] for m in messages) == sorted(res.id for res in due)
+    by_id = {m["headers"]["id"]: m for m in messages}
+    for res in due:
+        assert res.due is not None
+        assert by_id[res.id]["headers"]["delayq_due"] == res.due.timestamp()
+        assert by_id[res.id]["headers"]["eta"] is None  # the worker runs it at once
+    stats = dispatcher.stats
+    assert (stats.claimed, stats.published, stats.acked, stats.dead_lettered) == (3, 3, 3, 0)
+    assert len(stats.lateness_ms) == 3 and all(x >= 0 for x in stats.lateness_ms)
+    dq = DelayQ(app)
+    assert [job.id for job in dq.pending()] == [later.id]
+    assert all(dq.get(res.id) is None for res in due)
+
+    dispatcher.run_once()  # nothing new is due: nothing is published again
+    assert len(broker_lists(r)["celery"]) == 3
+
+
+def test_run_once_with_nothing_due(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    dispatcher = dispatchers(app)
+    assert dispatcher.run_once() > 0
+    assert broker_lists(r) == {}
+    assert dispatcher.stats.claimed == 0
+
+
+def test_full_batch_asks_for_another_pass_at_once(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    app = app_factory(delayq_batch_size=2, delayq_shards=1)
+    results = [app.tasks["t.add"].apply_at(time.time() - 10 + i, (i, i)) for i in range(5)]
+    dispatcher = dispatchers(app)
+    assert dispatcher.run_once() == 0.0
+    assert published_ids(r) == [res.id for res in results[:2]]
+    passes = 1
+    while DelayQ(app).count() and passes < 10:
+        dispatcher.run_once()
+        passes += 1
+    assert published_ids(r) == [res.id for res in results]  # each once, in due order
+    assert passes == 3
+
+
+def test_corrupt_envelopes_are_dead_lettered(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    add = app.tasks["t.add"]
+    good = [add.apply_at(time.time() - 5, (i, i)) for i in range(3)]
+    later = add.apply_in(HOUR, (9, 9))
+    past = server_ms(r) - 2000
+    envelope = json.loads(get_store(app).get(good[0].id).envelope)  # type: ignore[union-attr]
+    envelope["v"] = 99
+    corrupt = {
+        "garbage": "{not json",
+        "not-an-object": "[1, 2]",
+        "wrong-version": json.dumps(envelope),
+        "missing-field": json.dumps({"v": 1, "task": "t.add"}),
+    }
+    for job_id, raw in corrupt.items():
+        store_raw_job(app, job_id, past, raw)
+    later_before = DelayQ(app).get(later.id)
+
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+
+    assert sorted(published_ids(r)) == sorted(res.id for res in good)
+    dq = DelayQ(app)
+    dead = dict(dq.dead())
+    assert set(dead) == set(corrupt)
+    for job_id, raw in corrupt.items():
+        record = dead[job_id]
+        assert record["reason"].startswith("corrupt envelope")
+        assert record["envelope"] == raw
+        assert (record["due"], record["tries"], record["task"]) == (past, 1, None)
+        assert record["beat"] == dispatcher.token
+        job = dq.get(job_id)
+        assert job is not None and job.state == "dead"
+    assert dq.get(later.id) == later_before
+    assert dq.count() == 1
+    assert dispatcher.stats.dead_lettered == len(corrupt)
+    assert dispatcher.stats.acked == len(good)
+
+
+def test_unknown_task_is_dead_lettered(
+    app: Celery, app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    producer = app_factory()
+
+    @producer.task(base=DelayedTask, name="other.task", shared=False)
+    def other(x: int) -> int:
+        return x
+
+    unknown = other.apply_at(time.time() - 5, (1,))
+    known = app.tasks["t.add"].apply_at(time.time() - 5, (1, 2))
+    later = other.apply_in(HOUR, (2,))
+    assert "other.task" not in app.tasks
+
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert published_ids(r) == [known.id]
+    dq = DelayQ(app)
+    [(dead_id, record)] = list(dq.dead())
+    assert dead_id == unknown.id
+    assert "not registered" in record["reason"] and "other.task" in record["reason"]
+    assert record["task"] == "other.task"
+    assert record["envelope"] == json.dumps(json.loads(record["envelope"]), separators=(",", ":"))
+    job = dq.get(unknown.id)
+    assert job is not None and (job.state, job.task, job.args) == ("dead", "other.task", [1])
+    waiting = dq.get(later.id)
+    assert waiting is not None and waiting.state == "waiting"
+
+
+def test_unknown_task_is_published_when_dead_letter_unknown_is_off(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    producer = app_factory()
+
+    @producer.task(base=DelayedTask, name="other.task2", shared=False)
+    def other(x: int) -> int:
+        return x
+
+    beat_app = app_factory(delayq_dead_letter_unknown=False)
+    res = other.apply_at(time.time() - 5, (1,), queue="elsewhere")
+    assert "other.task2" not in beat_app.tasks
+    dispatcher = dispatchers(beat_app)
+    dispatcher.run_once()
+    [message] = broker_lists(r)["elsewhere"]
+    assert (message["headers"]["id"], message["headers"]["task"]) == (res.id, "other.task2")
+    assert list(DelayQ(beat_app).dead()) == []
+    assert DelayQ(beat_app).count() == 0
+
+
+def test_queue_unknown_to_the_beat_is_dead_lettered_and_does_not_block_the_batch(
+    app: Celery, app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    beat_app = app_factory(
+        delayq_shards=1, task_create_missing_queues=False, task_queues=[Queue("celery")]
+    )
+    producer = app_factory(delayq_shards=1)
+    add = producer.tasks["t.add"]
+    poison = add.apply_at(time.time() - 10, (1, 2), queue="only-the-producer-knows")
+    good = add.apply_at(time.time() - 5, (3, 4))
+
+    dispatcher = dispatchers(beat_app)
+    dispatcher.run_once()
+    assert published_ids(r) == [good.id]
+    dq = DelayQ(beat_app)
+    [(dead_id, record)] = list(dq.dead())
+    assert dead_id == poison.id
+    assert "only-the-producer-knows" in record["reason"]
+    assert dq.count() == 0
+    assert dispatcher.stats.publish_errors == 0
+
+
+def test_unreachable_broker_keeps_jobs_stored_and_leased(
+    app: Celery, app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    add = app.tasks["t.add"]
+    results = [add.apply_at(time.time() - 5, (i, i)) for i in range(3)]
+    later = add.apply_in(HOUR, (9, 9))
+    down = app_factory(
+        broker=f"redis://127.0.0.1:{free_port()}/0",
+        broker_connection_retry=False,
+        broker_connection_max_retries=0,
+        broker_transport_options={"max_retries": 0},
+        task_publish_retry=False,
+        delayq_reclaim_ttl=0.3,
+    )
+    dispatcher = dispatchers(down)
+    dispatcher.run_once()  # logs, does not raise
+
+    stats = dispatcher.stats
+    assert (stats.claimed, stats.published, stats.acked, stats.dead_lettered) == (3, 0, 0, 0)
+    assert stats.publish_errors >= 1
+    dq = DelayQ(app)
+    assert list(dq.dead()) == []
+    assert dq.count() == 4
+    for res in results:
+        job = dq.get(res.id)
+        assert job is not None and (job.state, job.tries, job.due) == ("leased", 1, res.due)
+    waiting = dq.get(later.id)
+    assert waiting is not None and waiting.state == "waiting"
+    assert broker_lists(r) == {}
+
+    # Not lost: once the leases expire, a beat that reaches the broker delivers them.
+    lease_until = max(dq.get(res.id).lease_until for res in results)  # type: ignore[union-attr]
+    assert lease_until is not None
+    assert wait_for(lambda: server_ms(r) > lease_until.timestamp() * 1000 + 5, timeout=10)
+    healthy = dispatchers(app)
+    healthy.run_once()
+    assert sorted(published_ids(r)) == sorted(res.id for res in results)
+    assert healthy.stats.acked == 3
+    assert [job.id for job in dq.pending()] == [later.id]
+
+
+def test_cancel_during_publish_makes_the_ack_stale(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))
+    seen: list[dict[str, Any]] = []
+
+    def on_publish(sender: Any = None, headers: Any = None, **kwargs: Any) -> None:
+        seen.append(dict(headers))
+        assert DelayQ(app).cancel(headers["id"]) is False  # held by the beat right now
+
+    before_task_publish.connect(on_publish, weak=False)
+    try:
+        dispatcher = dispatchers(app)
+        dispatcher.run_once()
+    finally:
+        before_task_publish.disconnect(on_publish)
+    assert [h["id"] for h in seen] == [res.id]
+    assert "delayq_due" in seen[0]
+    assert published_ids(r) == [res.id]
+    assert (dispatcher.stats.acked, dispatcher.stats.stale_acks) == (0, 1)
+    assert DelayQ(app).get(res.id) is None
+
+
+def test_two_dispatchers_deliver_each_job_once(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    n = 300
+    app.tasks["t.add"].apply_at_many([(time.time() - 1, (i, i), None) for i in range(n)])
+    beats = [dispatchers(app), dispatchers(app)]
+    errors: list[BaseException] = []
+
+    def loop(dispatcher: Dispatcher) -> None:
+        try:
+            deadline = time.monotonic() + 30
+            while DelayQ(app).count() and time.monotonic() < deadline:
+                dispatcher.run_once()
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(d,)) for d in beats]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    ids = published_ids(r)
+    assert len(ids) == n and len(set(ids)) == n
+    assert sum(d.stats.published for d in beats) == n
+    assert sum(d.stats.stale_acks for d in beats) == 0
+
+
+# -- sleeping ---------------------------------------------------------------------------------
+
+
+def test_wait_returns_early_when_an_earlier_job_arrives(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    dispatcher = dispatchers(app)
+    assert dispatcher.run_once() > 5  # empty store: it would sleep long
+    scheduled: list[Any] = []
+
+    def enqueue_soon() -> None:
+        time.sleep(0.3)
+        scheduled.append(app.tasks["t.add"].apply_in(0.2, (1, 2)))
+
+    thread = threading.Thread(target=enqueue_soon)
+    started = time.monotonic()
+    thread.start()
+    dispatcher.wait(20.0)
+    elapsed = time.monotonic() - started
+    thread.join(10)
+    assert scheduled
+    assert elapsed < 10.0  # woke on the new job, not at the 20 s timeout
+    assert dispatcher.stats.wakeups >= 1
+    assert wait_for(lambda: dispatcher.run_once() is not None and published_ids(r), timeout=10)
+    assert published_ids(r) == [scheduled[0].id]
+
+
+def test_wait_sleeps_its_timeout_when_the_new_job_is_later(
+    app: Celery, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()  # subscribed: the wake message below waits on the socket
+    app.tasks["t.add"].apply_in(HOUR, (1, 2))
+    started = time.monotonic()
+    dispatcher.wait(1.0)
+    elapsed = time.monotonic() - started
+    assert elapsed >= 1.0  # heard of the job, but it is not due before the timeout
+    assert dispatcher.stats.wakeups == 1
+    assert dispatcher.seconds_until_due() > 0
+
+
+def test_seconds_until_due_reflects_the_next_due(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    app = app_factory(delayq_max_sleep=120)
+    add = app.tasks["t.add"]
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert 60 < dispatcher.seconds_until_due() <= 120  # nothing stored: the safety poll
+
+    add.apply_in(HOUR, (1, 2))
+    dispatcher.wait(0.2)  # hears the wake message
+    assert 60 < dispatcher.seconds_until_due() <= 120  # capped by max_sleep
+
+    add.apply_in(30, (1, 2))
+    dispatcher.wait(0.2)
+    assert 10 < dispatcher.seconds_until_due() <= 30
+
+    res = add.apply_in(0, (1, 2))
+    dispatcher.wait(0.2)
+    assert dispatcher.seconds_until_due() == 0
+    dispatcher.run_once()
+    assert published_ids(r) == [res.id]
+    assert 10 < dispatcher.seconds_until_due() <= 30
+
+    # A fresh dispatcher that has not looked yet says "now".
+    assert dispatchers(app).seconds_until_due() == 0

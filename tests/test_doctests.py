@@ -1,0 +1,43 @@
+"""Run the doctests of every ``celery_delayq`` module; each example must really execute and pass."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+from types import ModuleType
+
+import pytest
+
+import celery_delayq
+
+#: Examples in the package today: the suite fails if they silently stop being found.
+MIN_EXAMPLES = 26
+
+MODULES = sorted(
+    info.name for info in pkgutil.walk_packages(celery_delayq.__path__, "celery_delayq.")
+)
+RESULTS: dict[str, doctest.TestResults] = {}
+
+
+def run_doctests(module: ModuleType) -> doctest.TestResults:
+    """Run (once per session: examples register tasks) every doctest in ``module``."""
+    if module.__name__ not in RESULTS:
+        finder = doctest.DocTestFinder(exclude_empty=True)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        for test in finder.find(module, module.__name__):
+            runner.run(test)
+        RESULTS[module.__name__] = runner.summarize(verbose=False)
+    return RESULTS[module.__name__]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_doctests_pass(name: str) -> None:
+    results = run_doctests(importlib.import_module(name))
+    assert results.failed == 0, f"{results.failed} of {results.attempted} doctest examples failed"
+
+
+def test_doctests_actually_ran() -> None:
+    assert {"celery_delayq.keys", "celery_delayq.message", "celery_delayq.task"} <= set(MODULES)
+    total = sum(run_doctests(importlib.import_module(name)).attempted for name in MODULES)
+    assert total >= MIN_EXAMPLES

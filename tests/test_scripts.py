@@ -1,0 +1,651 @@
+"""Every Lua script's edges, through :class:`Store` (and raw ``SCRIPTS`` calls), on a real server."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from celery_delayq.scripts import SCRIPTS, ScriptCall, run_pipelined
+from celery_delayq.store import (
+    CANCEL_HELD,
+    CANCEL_MISSING,
+    CANCEL_WAITING,
+    ENQUEUE_AFTER_HELD,
+    ENQUEUE_KEPT,
+    ENQUEUE_NEW,
+    ENQUEUE_REPLACED,
+    RESCHEDULE_HELD,
+    RESCHEDULE_MISSING,
+    RESCHEDULE_MOVED,
+    Store,
+)
+from tests.conftest import wait_for
+from tests.helpers import command_calls, ids_on_shard, make_store, server_ms
+
+FAR_FUTURE = "9999999999999999"
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[Store]:
+    """Leases last 30 s: they never expire during a test."""
+    s = make_store(redis_url, reclaim_ttl=30.0)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fast_store(redis_url: str) -> Iterator[Store]:
+    """Leases last 0.2 s, so expiry can be tested quickly."""
+    s = make_store(redis_url, reclaim_ttl=0.2)
+    yield s
+    s.close()
+
+
+def claim_one(store: Store, shard: int, token: str, batch: int | None = None) -> Any:
+    [result] = store.claim([shard], token, batch)
+    return result
+
+
+class Wake:
+    """A subscription to the wake channel that reads messages up to a sentinel."""
+
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+        self.pubsub = client.pubsub()
+        self.pubsub.subscribe(channel)
+        # Wait for the subscription to be active before anything is published.
+        confirm = self.pubsub.get_message(timeout=5.0)
+        assert confirm is not None and confirm["type"] == "subscribe"
+
+    def drain(self) -> list[str]:
+        """Every message published since the last drain (in order)."""
+        self.client.publish(self.channel, "sentinel")
+        got: list[str] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=1.0)
+            if message is None or message["type"] != "message":
+                continue
+            if message["data"] == "sentinel":
+                return got
+            got.append(message["data"])
+        raise AssertionError(f"sentinel never arrived; got {got}")
+
+    def close(self) -> None:
+        self.pubsub.close()
+
+
+@pytest.fixture
+def wake(store: Store, r: redis.Redis) -> Iterator[Wake]:
+    w = Wake(r, store.keys.wake_channel)
+    yield w
+    w.close()
+
+
+# -- enqueue ----------------------------------------------------------------------------------
+
+
+def test_enqueue_new_job_is_stored_in_its_shard(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) + 60_000
+    assert store.enqueue([("a", due, "env-a")]) == [(ENQUEUE_NEW, due)]
+    shard = store.keys.for_job("a")
+    assert r.zscore(shard.due, "a") == due
+    assert r.hget(shard.jobs, "a") == "env-a"
+    assert not r.hexists(shard.leases, "a")
+    # No other shard got anything.
+    others = [s for s in store.keys.all_shards() if s != shard]
+    assert all(r.zcard(s.due) == 0 and r.hlen(s.jobs) == 0 for s in others)
+
+
+def test_enqueue_keep_leaves_the_waiting_job_untouched(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) + 60_000
+    store.enqueue([("a", due, "first")])
+    assert store.enqueue([("a", due + 5000, "second")]) == [(ENQUEUE_KEPT, due)]
+    shard = store.keys.for_job("a")
+    assert r.zscore(shard.due, "a") == due
+    assert r.hget(shard.jobs, "a") == "first"
+
+
+def test_enqueue_replace_overwrites_the_waiting_job(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) + 60_000
+    store.enqueue([("a", due, "first")])
+    assert store.enqueue([("a", due + 5000, "second")], replace=True) == [
+        (ENQUEUE_REPLACED, due + 5000)
+    ]
+    shard = store.keys.for_job("a")
+    assert r.zscore(shard.due, "a") == due + 5000
+    assert r.hget(shard.jobs, "a") == "second"
+    assert store.count() == 1
+
+
+def test_enqueue_same_id_twice_in_one_call_keeps_the_first(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) + 60_000
+    result = store.enqueue([("a", due, "first"), ("a", due + 1, "second")])
+    assert result == [(ENQUEUE_NEW, due), (ENQUEUE_KEPT, due)]
+    assert r.hget(store.keys.for_job("a").jobs, "a") == "first"
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["keep", "replace"])
+def test_enqueue_onto_a_leased_job_stores_the_new_one(
+    store: Store, r: redis.Redis, replace: bool
+) -> None:
+    past = server_ms(r) - 1000
+    store.enqueue([("a", past, "old")])
+    shard = store.keys.shard_of("a")
+    held = claim_one(store, shard, "beat-1")
+    assert [j.id for j in held.jobs] == ["a"]
+
+    new_due = server_ms(r) + 60_000
+    # Even in keep mode: the leased job is being delivered, so the new one is stored.
+    assert store.enqueue([("a", new_due, "new")], replace=replace) == [
+        (ENQUEUE_AFTER_HELD, new_due)
+    ]
+    record = store.get("a")
+    assert record is not None
+    assert (record.state, record.due_ms, record.envelope, record.tries) == (
+        "waiting", new_due, "new", 0,
+    )
+    # The old holder's ack must not delete the new job.
+    assert store.ack("beat-1", {shard: ["a"]}) == {"a": False}
+    assert store.get("a") == record
+    # And its bury neither.
+    assert store.bury("beat-1", "a", {"reason": "x"}) is False
+    assert store.get("a") == record
+
+
+def test_enqueue_groups_by_shard_in_one_pipeline(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) + 60_000
+    jobs = [(f"j{i}", due + i, f"env{i}") for i in range(40)]
+    shards = {store.keys.shard_of(job_id) for job_id, _, _ in jobs}
+    assert len(shards) > 1
+    r.script_load(SCRIPTS["enqueue"].source)
+    calls_before, _ = command_calls(r, "evalsha")
+    result = store.enqueue(jobs)
+    calls_after, _ = command_calls(r, "evalsha")
+    assert result == [(ENQUEUE_NEW, due + i) for i in range(40)]
+    assert calls_after - calls_before == len(shards)  # one script call per shard
+    for job_id, job_due, envelope in jobs:
+        keys = store.keys.for_job(job_id)
+        assert r.zscore(keys.due, job_id) == job_due
+        assert r.hget(keys.jobs, job_id) == envelope
+
+
+# -- claim ------------------------------------------------------------------------------------
+
+
+def test_claim_on_an_empty_shard(store: Store, r: redis.Redis) -> None:
+    result = claim_one(store, 3, "beat-1")
+    assert result.shard == 3
+    assert result.jobs == []
+    assert result.next_ms is None
+    assert r.get(store.keys.shard(3).wake) == FAR_FUTURE
+
+
+def test_claim_takes_at_most_batch_and_says_more_is_due(store: Store, r: redis.Redis) -> None:
+    shard = 5
+    ids = ids_on_shard(store.keys, shard, 7)
+    base = server_ms(r) - 10_000
+    store.enqueue([(job_id, base + i, f"env-{job_id}") for i, job_id in enumerate(ids)])
+
+    first = claim_one(store, shard, "beat-1", batch=3)
+    assert [j.id for j in first.jobs] == ids[:3]  # due order
+    assert [j.due_ms for j in first.jobs] == [base, base + 1, base + 2]
+    assert [j.envelope for j in first.jobs] == [f"env-{i}" for i in ids[:3]]
+    assert all(j.tries == 1 for j in first.jobs)
+    assert first.next_ms is not None and first.next_ms <= first.now_ms  # loop again at once
+
+    second = claim_one(store, shard, "beat-1", batch=3)
+    assert [j.id for j in second.jobs] == ids[3:6]
+    assert second.next_ms is not None and second.next_ms <= second.now_ms
+
+    third = claim_one(store, shard, "beat-1", batch=3)
+    assert [j.id for j in third.jobs] == ids[6:]
+    # Only leases are left: next is the earliest lease expiry, in the future.
+    assert third.next_ms is not None and third.next_ms > third.now_ms
+    assert claim_one(store, shard, "beat-1", batch=3).jobs == []
+
+
+def test_claim_uses_the_server_clock(store: Store, r: redis.Redis) -> None:
+    shard = 2
+    due_now, due_later = ids_on_shard(store.keys, shard, 2)
+    now = server_ms(r)
+    store.enqueue([(due_now, now - 1, "x"), (due_later, now + 5_000, "y")])
+    before = server_ms(r)
+    result = claim_one(store, shard, "beat-1")
+    after = server_ms(r)
+    assert before <= result.now_ms <= after
+    assert [j.id for j in result.jobs] == [due_now]
+    assert result.next_ms == now + 5_000  # the future job, still waiting
+    record = store.get(due_later)
+    assert record is not None and record.state == "waiting"
+
+
+def test_claim_several_shards_in_one_call(store: Store, r: redis.Redis) -> None:
+    [a] = ids_on_shard(store.keys, 1, 1)
+    [b] = ids_on_shard(store.keys, 9, 1)
+    past = server_ms(r) - 1
+    store.enqueue([(a, past, "a"), (b, past, "b")])
+    results = store.claim([9, 4, 1], "beat-1")
+    assert [res.shard for res in results] == [9, 4, 1]
+    assert [[j.id for j in res.jobs] for res in results] == [[b], [], [a]]
+
+
+def test_claim_drops_a_due_member_without_envelope(store: Store, r: redis.Redis) -> None:
+    shard = 4
+    ghost, real = ids_on_shard(store.keys, shard, 2)
+    keys = store.keys.shard(shard)
+    past = server_ms(r) - 1000
+    store.enqueue([(real, past + 1, "real")])
+    r.zadd(keys.due, {ghost: past})
+    r.hset(keys.leases, ghost, f"{past}|1|someone")
+    result = claim_one(store, shard, "beat-1")
+    assert [j.id for j in result.jobs] == [real]
+    assert r.zscore(keys.due, ghost) is None
+    assert not r.hexists(keys.leases, ghost)
+    assert store.get(ghost) is None
+    assert store.count() == 1
+
+
+def test_expired_lease_is_reclaimed_with_original_due(fast_store: Store, r: redis.Redis) -> None:
+    store = fast_store
+    due = server_ms(r) - 500
+    store.enqueue([("a", due, "env")])
+    shard = store.keys.shard_of("a")
+
+    first = claim_one(store, shard, "beat-1")
+    assert [(j.id, j.due_ms, j.tries) for j in first.jobs] == [("a", due, 1)]
+    lease_until = first.now_ms + 200
+    assert first.next_ms == lease_until
+    record = store.get("a")
+    assert record is not None
+    assert (record.state, record.due_ms, record.tries, record.lease_until_ms) == (
+        "leased", due, 1, lease_until,
+    )
+    # Wait (on the server's clock) for the lease to expire.
+    assert wait_for(lambda: server_ms(r) > lease_until + 5, timeout=10)
+
+    second = claim_one(store, shard, "beat-2")
+    assert [(j.id, j.due_ms, j.tries, j.envelope) for j in second.jobs] == [("a", due, 2, "env")]
+
+    # The first beat's ack is stale: nothing is removed.
+    assert store.ack("beat-1", {shard: ["a"]}) == {"a": False}
+    record = store.get("a")
+    assert record is not None and record.state == "leased" and record.tries == 2
+    # The new holder's ack removes it.
+    assert store.ack("beat-2", {shard: ["a"]}) == {"a": True}
+    assert store.get("a") is None
+    assert store.count() == 0
+
+
+def test_unexpired_lease_is_not_reclaimed(store: Store, r: redis.Redis) -> None:
+    store.enqueue([("a", server_ms(r) - 1, "env")])
+    shard = store.keys.shard_of("a")
+    assert len(claim_one(store, shard, "beat-1").jobs) == 1
+    assert claim_one(store, shard, "beat-2").jobs == []
+
+
+# -- ack --------------------------------------------------------------------------------------
+
+
+def test_ack_reports_each_id(store: Store, r: redis.Redis) -> None:
+    shard = 6
+    a, b = ids_on_shard(store.keys, shard, 2)
+    store.enqueue([(a, server_ms(r) - 1, "a"), (b, server_ms(r) + 60_000, "b")])
+    claim_one(store, shard, "beat-1")
+    assert store.ack("beat-1", {shard: [a, b, "missing"]}) == {a: True, b: False, "missing": False}
+    assert store.get(a) is None
+    assert store.get(b) is not None
+
+
+def test_ack_matches_the_whole_token_not_a_suffix(store: Store, r: redis.Redis) -> None:
+    store.enqueue([("a", server_ms(r) - 1, "env")])
+    shard = store.keys.shard_of("a")
+    claim_one(store, shard, "xabc")
+    assert store.ack("abc", {shard: ["a"]}) == {"a": False}
+    assert store.ack("bc", {shard: ["a"]}) == {"a": False}
+    assert store.ack("xabc", {shard: ["a"]}) == {"a": True}
+
+
+# -- cancel -----------------------------------------------------------------------------------
+
+
+def test_cancel_while_waiting(store: Store, r: redis.Redis) -> None:
+    store.enqueue([("a", server_ms(r) + 60_000, "env"), ("b", server_ms(r) + 60_000, "env")])
+    assert store.cancel("a") == CANCEL_WAITING
+    assert store.get("a") is None
+    assert store.cancel("a") == CANCEL_MISSING
+    assert store.get("b") is not None  # the other job is untouched
+    keys = store.keys.for_job("a")
+    assert r.zscore(keys.due, "a") is None and not r.hexists(keys.jobs, "a")
+
+
+def test_cancel_while_leased_then_the_holders_ack_is_a_no_op(store: Store, r: redis.Redis) -> None:
+    store.enqueue([("a", server_ms(r) - 1, "env")])
+    shard = store.keys.shard_of("a")
+    claim_one(store, shard, "beat-1")
+    assert store.cancel("a") == CANCEL_HELD
+    keys = store.keys.shard(shard)
+    assert (r.zscore(keys.due, "a"), r.hget(keys.jobs, "a"), r.hget(keys.leases, "a")) == (
+        None, None, None,
+    )
+    assert store.ack("beat-1", {shard: ["a"]}) == {"a": False}
+    assert store.get("a") is None
+    assert store.count() == 0
+    assert claim_one(store, shard, "beat-2").jobs == []
+
+
+def test_cancel_missing(store: Store) -> None:
+    assert store.cancel("nope") == CANCEL_MISSING
+
+
+# -- reschedule -------------------------------------------------------------------------------
+
+
+def test_reschedule_waiting_job_moves_it(store: Store, r: redis.Redis) -> None:
+    now = server_ms(r)
+    store.enqueue([("a", now + 60_000, "env")])
+    shard = store.keys.shard_of("a")
+    assert claim_one(store, shard, "beat-1").jobs == []
+
+    assert store.reschedule("a", now - 2000) == RESCHEDULE_MOVED
+    record = store.get("a")
+    assert record is not None and record.due_ms == now - 2000 and record.state == "waiting"
+    [job] = claim_one(store, shard, "beat-1").jobs
+    assert (job.id, job.due_ms, job.envelope) == ("a", now - 2000, "env")
+
+
+def test_reschedule_later_is_not_claimed_early(store: Store, r: redis.Redis) -> None:
+    now = server_ms(r)
+    store.enqueue([("a", now - 1000, "env")])
+    assert store.reschedule("a", now + 60_000) == RESCHEDULE_MOVED
+    assert claim_one(store, store.keys.shard_of("a"), "beat-1").jobs == []
+
+
+def test_reschedule_leased_job_is_refused(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) - 1
+    store.enqueue([("a", due, "env")])
+    shard = store.keys.shard_of("a")
+    claim_one(store, shard, "beat-1")
+    keys = store.keys.shard(shard)
+    before = (r.zscore(keys.due, "a"), r.hget(keys.leases, "a"))
+    assert store.reschedule("a", due + 60_000) == RESCHEDULE_HELD
+    assert (r.zscore(keys.due, "a"), r.hget(keys.leases, "a")) == before
+    assert store.ack("beat-1", {shard: ["a"]}) == {"a": True}
+
+
+def test_reschedule_missing(store: Store) -> None:
+    assert store.reschedule("nope", 1000) == RESCHEDULE_MISSING
+    assert store.count() == 0
+
+
+# -- get and bury -----------------------------------------------------------------------------
+
+
+def test_get_waiting_leased_dead_missing(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) - 1000
+    store.enqueue([("a", due, "env-a")])
+    shard = store.keys.shard_of("a")
+
+    waiting = store.get("a")
+    assert waiting is not None
+    assert (waiting.id, waiting.shard, waiting.due_ms, waiting.envelope, waiting.state) == (
+        "a", shard, due, "env-a", "waiting",
+    )
+    assert (waiting.tries, waiting.lease_until_ms) == (0, None)
+
+    result = claim_one(store, shard, "beat-1")
+    leased = store.get("a")
+    assert leased is not None
+    assert (leased.due_ms, leased.envelope, leased.state, leased.tries) == (
+        due, "env-a", "leased", 1,
+    )
+    assert leased.lease_until_ms == result.now_ms + 30_000
+
+    assert store.bury("beat-1", "a", {"reason": "r", "due": due, "tries": 1, "envelope": "env-a"})
+    dead = store.get("a")
+    assert dead is not None
+    assert (dead.state, dead.due_ms, dead.tries, dead.envelope, dead.lease_until_ms) == (
+        "dead", due, 1, "env-a", None,
+    )
+    assert store.get("missing") is None
+
+
+def test_get_raw_script_replies(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) + 60_000
+    store.enqueue([("a", due, "env")])
+    keys = store.keys.for_job("a").core
+    assert SCRIPTS["get"](store.client, keys, ["a"]) == ["job", "env", due, 0, -1]
+    assert SCRIPTS["get"](store.client, keys, ["other"]) is None
+
+
+def test_bury_only_by_the_lease_holder(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) - 1
+    store.enqueue([("a", due, "env")])
+    shard = store.keys.shard_of("a")
+    claim_one(store, shard, "beat-1")
+    record = {"reason": "cannot deliver", "due": due, "tries": 1, "envelope": "env"}
+
+    assert store.bury("beat-2", "a", record) is False
+    leased = store.get("a")
+    assert leased is not None and leased.state == "leased"
+    assert store.count_dead() == 0
+
+    assert store.bury("beat-1", "a", record) is True
+    keys = store.keys.shard(shard)
+    assert json.loads(r.hget(keys.dead, "a") or "null") == record
+    assert (r.zscore(keys.due, "a"), r.hget(keys.jobs, "a"), r.hget(keys.leases, "a")) == (
+        None, None, None,
+    )
+    assert store.count() == 0
+    assert store.count_dead() == 1
+    assert list(store.dead()) == [("a", record)]
+    assert store.bury("beat-1", "a", record) is False  # already buried
+
+
+def test_bury_a_waiting_job_is_refused(store: Store, r: redis.Redis) -> None:
+    store.enqueue([("a", server_ms(r) + 60_000, "env")])
+    assert store.bury("beat-1", "a", {"reason": "x"}) is False
+    record = store.get("a")
+    assert record is not None and record.state == "waiting"
+
+
+# -- NOSCRIPT ---------------------------------------------------------------------------------
+
+
+def test_script_flush_before_a_single_call(store: Store, r: redis.Redis) -> None:
+    store.enqueue([("a", server_ms(r) + 60_000, "env")])
+    r.script_flush()
+    zrem_before, _ = command_calls(r, "zrem")
+    evalsha_before, failed_before = command_calls(r, "evalsha")
+    assert store.cancel("a") == CANCEL_WAITING
+    zrem_after, _ = command_calls(r, "zrem")
+    evalsha_after, failed_after = command_calls(r, "evalsha")
+    assert zrem_after - zrem_before == 1  # the script body ran exactly once
+    assert failed_after - failed_before == 1  # the NOSCRIPT attempt
+    assert evalsha_after - evalsha_before == 2
+    assert store.get("a") is None
+    assert r.script_exists(SCRIPTS["cancel"].sha) == [True]
+
+
+def test_script_flush_before_a_raw_call(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) + 60_000
+    store.enqueue([("a", due, "env")])
+    r.script_flush()
+    keys = store.keys.for_job("a").core
+    args = ["a", due - 1000, store.keys.wake_channel, store.keys.shard_of("a")]
+    assert SCRIPTS["reschedule"](store.client, keys, args) == RESCHEDULE_MOVED
+    record = store.get("a")
+    assert record is not None and record.due_ms == due - 1000
+
+
+def test_script_flush_before_a_pipeline(store: Store, r: redis.Redis) -> None:
+    due = server_ms(r) - 1000
+    jobs = [(f"j{i}", due + i, f"env{i}") for i in range(30)]
+    shards = {store.keys.shard_of(job_id) for job_id, _, _ in jobs}
+    r.script_flush()
+    hset_before, _ = command_calls(r, "hset")
+    _, failed_before = command_calls(r, "evalsha")
+    result = store.enqueue(jobs, replace=True)
+    hset_after, _ = command_calls(r, "hset")
+    _, failed_after = command_calls(r, "evalsha")
+    assert result == [(ENQUEUE_NEW, due + i) for i in range(30)]
+    assert hset_after - hset_before == len(jobs)  # each job written exactly once
+    assert failed_after - failed_before == len(shards)  # one NOSCRIPT per shard call
+    assert store.count() == len(jobs)
+
+    # claim and ack are pipelined too.
+    r.script_flush()
+    claimed = store.claim(sorted(shards), "beat-1")
+    ids = sorted(j.id for res in claimed for j in res.jobs)
+    assert ids == sorted(job_id for job_id, _, _ in jobs)
+    assert all(j.tries == 1 for res in claimed for j in res.jobs)
+    r.script_flush()
+    acked = store.ack("beat-1", {res.shard: [j.id for j in res.jobs] for res in claimed})
+    assert acked == dict.fromkeys(ids, True)
+    assert store.count() == 0
+
+
+def test_run_pipelined_repeats_only_the_noscript_calls(store: Store, r: redis.Redis) -> None:
+    now = server_ms(r)
+    store.enqueue([("a", now + 60_000, "env")])
+    r.script_flush()
+    r.script_load(SCRIPTS["enqueue"].source)  # loaded: runs in the first round trip
+    calls = [
+        # enqueue in replace mode writes (HSET) every time it runs: a repeat would show.
+        ScriptCall(
+            SCRIPTS["enqueue"],
+            store.keys.for_job("b").core,
+            ["replace", store.keys.wake_channel, store.keys.shard_of("b"), "b", now, "env-b"],
+        ),
+        ScriptCall(SCRIPTS["cancel"], store.keys.for_job("a").core, ["a"]),  # NOSCRIPT first
+    ]
+    evalsha_before, failed_before = command_calls(r, "evalsha")
+    zrem_before, _ = command_calls(r, "zrem")
+    hset_before, _ = command_calls(r, "hset")
+    results = run_pipelined(store.client, calls)
+    assert results == [[ENQUEUE_NEW, now], CANCEL_WAITING]
+    evalsha_after, failed_after = command_calls(r, "evalsha")
+    assert (evalsha_after - evalsha_before, failed_after - failed_before) == (3, 1)
+    assert command_calls(r, "hset")[0] - hset_before == 1  # enqueue ran once, not again
+    assert command_calls(r, "zrem")[0] - zrem_before == 1  # cancel ran once
+    assert store.get("a") is None
+    assert store.get("b") is not None
+
+
+def test_run_pipelined_raises_other_errors_after_reading_everything(
+    store: Store, r: redis.Redis
+) -> None:
+    now = server_ms(r)
+    [a] = ids_on_shard(store.keys, 0, 1)
+    [b] = ids_on_shard(store.keys, 1, 1)
+    r.set(store.keys.shard(0).jobs, "not a hash")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.enqueue([(a, now, "a"), (b, now, "b")])
+    # The healthy shard's call ran.
+    assert r.hget(store.keys.shard(1).jobs, b) == "b"
+    assert run_pipelined(store.client, []) == []
+
+
+# -- wake marker ------------------------------------------------------------------------------
+
+
+def test_enqueue_publishes_wake_only_when_earlier_than_the_marker(
+    store: Store, r: redis.Redis, wake: Wake
+) -> None:
+    shard = 7
+    a, b, c, d = ids_on_shard(store.keys, shard, 4)
+    keys = store.keys.shard(shard)
+    due = server_ms(r) + 60_000
+
+    store.enqueue([(a, due, "a")])  # no marker yet
+    assert wake.drain() == [f"{shard}:{due}"]
+    assert r.get(keys.wake) == str(due)
+
+    store.enqueue([(b, due + 1000, "b")])  # later than the marker
+    assert wake.drain() == []
+    assert r.get(keys.wake) == str(due)
+
+    store.enqueue([(a, due - 5000, "x")])  # kept (keep mode): nothing stored, no wake
+    assert wake.drain() == []
+
+    store.enqueue([(c, due - 1000, "c"), (d, due - 3000, "d")])  # one message: the earliest
+    assert wake.drain() == [f"{shard}:{due - 3000}"]
+    assert r.get(keys.wake) == str(due - 3000)
+
+
+def test_reschedule_earlier_than_the_marker_wakes(
+    store: Store, r: redis.Redis, wake: Wake
+) -> None:
+    a, b = ids_on_shard(store.keys, 3, 2)
+    due = server_ms(r) + 60_000
+    store.enqueue([(a, due, "a"), (b, due + 10_000, "b")])
+    assert wake.drain() == [f"3:{due}"]
+    assert store.reschedule(b, due + 5000) == RESCHEDULE_MOVED
+    assert wake.drain() == []
+    assert store.reschedule(b, due - 5000) == RESCHEDULE_MOVED
+    assert wake.drain() == [f"3:{due - 5000}"]
+    assert r.get(store.keys.shard(3).wake) == str(due - 5000)
+
+
+def test_claim_sets_the_marker_to_the_next_due(store: Store, r: redis.Redis, wake: Wake) -> None:
+    shard = 8
+    past_id, future_id, later_id, earlier_id = ids_on_shard(store.keys, shard, 4)
+    keys = store.keys.shard(shard)
+    now = server_ms(r)
+    future = now + 5_000
+    store.enqueue([(past_id, now - 1000, "p"), (future_id, future, "f")])
+    wake.drain()
+
+    result = claim_one(store, shard, "beat-1")
+    assert [j.id for j in result.jobs] == [past_id]
+    assert result.next_ms == future  # earlier than the lease expiry (now + 30 s)
+    assert r.get(keys.wake) == str(future)
+
+    store.enqueue([(later_id, future + 1000, "l")])
+    assert wake.drain() == []
+    store.enqueue([(earlier_id, future - 1000, "e")])
+    assert wake.drain() == [f"{shard}:{future - 1000}"]
+
+    # A shard left empty by claim gets a far-future marker; the next enqueue wakes.
+    store.ack("beat-1", {shard: [past_id]})
+    for job_id in (future_id, later_id, earlier_id):
+        store.cancel(job_id)
+    assert claim_one(store, shard, "beat-1").next_ms is None
+    assert r.get(keys.wake) == FAR_FUTURE
+    store.enqueue([(later_id, future + 60_000, "l")])
+    assert wake.drain() == [f"{shard}:{future + 60_000}"]
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+
+def test_all_keys_of_a_shard_share_one_hash_tag(store: Store, r: redis.Redis) -> None:
+    slots = set()
+    for index, shard in enumerate(store.keys.all_shards()):
+        assert shard.tag == f"{{delayq:{index}}}"
+        shard_slots = {key_slot(key.encode()) for key in shard.core}
+        assert shard_slots == {key_slot(f"delayq:{index}".encode())}
+        slots |= shard_slots
+    assert len(slots) > 1  # shards spread over slots
+
+    # Every key the scripts actually create belongs to its job's shard's tag.
+    past = server_ms(r) - 1
+    ids = [f"k{i}" for i in range(20)]
+    store.enqueue([(job_id, past, "env") for job_id in ids])
+    for job_id in ids:
+        assert r.zscore(store.keys.for_job(job_id).due, job_id) == past
+    claimed = store.claim(range(store.config.shards), "beat-1")
+    first = next(job for result in claimed for job in result.jobs)
+    assert store.bury("beat-1", first.id, {"reason": "x"})
+    keys = r.keys("delayq:*")
+    assert {k.rsplit(":", 1)[1] for k in keys} == {"due", "jobs", "leases", "wake", "dead"}
+    for key in keys:
+        tag = key[key.index("{") + 1 : key.index("}")]
+        assert key_slot(key.encode()) == key_slot(tag.encode())
