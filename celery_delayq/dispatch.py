@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from kombu.exceptions import EncodeError
 
 from .api import get_store
 from .message import Envelope, decode_envelope, publish
@@ -37,6 +38,14 @@ from .store import ClaimedJob, Store
 __all__ = ["DispatchStats", "Dispatcher"]
 
 logger = logging.getLogger("celery_delayq.dispatch")
+
+#: A job whose publish raised something other than a broker connection error is
+#: retried after its lease; the claim that makes this many attempts buries it.
+PUBLISH_ATTEMPTS = 5
+
+#: Publish errors that say the message itself cannot be published (Celery's
+#: QueueNotFound is a KeyError): buried at once.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (KeyError, TypeError, ValueError, EncodeError)
 
 
 @dataclass
@@ -184,8 +193,29 @@ class Dispatcher:
                         self.config.reclaim_ttl,
                     )
                     break
-                except Exception as exc:
+                except PERMANENT_ERRORS as exc:
+                    # Something about this message (an unknown queue, a bad property):
+                    # publishing it again cannot succeed.
                     self._bury(job, f"publish failed: {exc!r}", envelope)
+                    continue
+                except Exception as exc:
+                    # Not a lost connection: maybe this message (bury it), maybe a passing
+                    # broker fault such as an OOM reply (retry it). Retry through the lease
+                    # and bury only after PUBLISH_ATTEMPTS claims failed.
+                    self.stats.publish_errors += 1
+                    if job.tries >= PUBLISH_ATTEMPTS:
+                        self._bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
+                    else:
+                        logger.warning(
+                            "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after "
+                            "its lease (%.0f s)",
+                            job.id,
+                            envelope.task,
+                            job.tries,
+                            PUBLISH_ATTEMPTS,
+                            exc,
+                            self.config.reclaim_ttl,
+                        )
                     continue
                 self.stats.published += 1
                 if self._keep_lateness:

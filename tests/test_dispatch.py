@@ -395,3 +395,68 @@ def test_seconds_until_due_reflects_the_next_due(
 
     # A fresh dispatcher that has not looked yet says "now".
     assert dispatchers(app).seconds_until_due() == 0
+
+
+
+def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
+    app_factory: AppFactory, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """A (real) Redis broker answering OOM: kombu reports it as OperationalError, so the job
+    stays stored and is retried after every lease, however many times, and goes out on recovery."""
+    from celery_delayq.dispatch import PUBLISH_ATTEMPTS
+    from celery_delayq.embedded import EmbeddedRedis
+
+    with EmbeddedRedis() as broker_server:
+        broker = redis.Redis.from_url(broker_server.url)
+        broker.config_set("maxmemory", 1)  # every write is refused with OOM
+        app = app_factory(broker=broker_server.url + "/0", delayq_reclaim_ttl=0.05,
+                          broker_transport_options={"max_retries": 0})
+        dq = DelayQ(app)
+        job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))
+        dispatcher = dispatchers(app)
+        for attempt in range(1, PUBLISH_ATTEMPTS + 3):
+            dispatcher.run_once()
+            stored = dq.get(job.id)
+            assert stored is not None and stored.state == "leased" and stored.tries == attempt
+            time.sleep(0.1)  # let the lease expire
+        assert list(dq.dead()) == []
+        broker.config_set("maxmemory", 0)
+        dispatcher.run_once()
+        assert dq.get(job.id) is None
+        assert broker.llen("celery") == 1
+        broker.close()
+
+
+def test_other_publish_errors_are_retried_then_dead_lettered(
+    app_factory: AppFactory, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """A publish error that is neither a lost connection nor about the message is retried
+    through the lease; the claim that makes PUBLISH_ATTEMPTS attempts dead-letters the job."""
+    from kombu import compression
+
+    from celery_delayq.dispatch import PUBLISH_ATTEMPTS
+
+    calls = {"n": 0}
+
+    def failing_encoder(body: bytes) -> bytes:
+        calls["n"] += 1
+        raise RuntimeError("codec unavailable")
+
+    compression.register(failing_encoder, lambda b: b, "application/x-delayq-failing", aliases=["failing"])
+    app = app_factory(delayq_reclaim_ttl=0.05)
+    dq = DelayQ(app)
+    job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), compression="failing")
+    other = app.tasks["t.add"].apply_at(time.time() - 1, (5, 6))
+    dispatcher = dispatchers(app)
+    for attempt in range(1, PUBLISH_ATTEMPTS):
+        dispatcher.run_once()
+        stored = dq.get(job.id)
+        assert stored is not None and stored.state == "leased" and stored.tries == attempt
+        time.sleep(0.1)
+    assert dq.get(other.id) is None  # the rest of the batch went out
+    dispatcher.run_once()
+    dead = dq.get(job.id)
+    assert dead is not None and dead.state == "dead"
+    reason = dict(dq.dead())[job.id]["reason"]
+    assert f"publish failed {PUBLISH_ATTEMPTS} times" in reason and "codec unavailable" in reason
+    assert calls["n"] == PUBLISH_ATTEMPTS
