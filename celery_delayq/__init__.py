@@ -14,34 +14,48 @@ from .exceptions import (
     DelayQError,
     InvalidDueTime,
     InvalidOptions,
+    InvalidSchedule,
     PayloadTooLarge,
     ScheduleError,
+    ScheduleExists,
     SerializationError,
     StoreError,
+    UnknownTask,
     UnsupportedServer,
 )
 from .result import ScheduledResult
+from .rules import CronRule, IntervalRule, OnceRule
 from .scheduler import Scheduler
+from .schedules import Schedule, ScheduleNotFound, Schedules
 from .task import DelayedTask, DelayQTaskMixin, delayed_task
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigurationError",
+    "CronRule",
     "DelayQ",
     "DelayQConfig",
     "DelayQError",
     "DelayQTaskMixin",
     "DelayedTask",
+    "IntervalRule",
     "InvalidDueTime",
     "InvalidOptions",
+    "InvalidSchedule",
+    "OnceRule",
     "PayloadTooLarge",
     "PendingJob",
+    "Schedule",
     "ScheduleError",
+    "ScheduleExists",
+    "ScheduleNotFound",
     "ScheduledResult",
     "Scheduler",
+    "Schedules",
     "SerializationError",
     "StoreError",
+    "UnknownTask",
     "UnsupportedServer",
     "__version__",
     "delayed_task",

@@ -18,6 +18,7 @@ beat at once. Every ``delayq_max_sleep`` seconds all shards are claimed anyway
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -33,6 +34,7 @@ from kombu.exceptions import EncodeError
 
 from .api import get_store
 from .message import Envelope, decode_envelope, publish
+from .scripts import SCRIPTS, ScriptCall, run_pipelined
 from .store import ClaimedJob, Store
 
 __all__ = ["DispatchStats", "Dispatcher"]
@@ -42,6 +44,8 @@ logger = logging.getLogger("celery_delayq.dispatch")
 #: A job whose publish raised something other than a broker connection error is
 #: retried after its lease; the claim that makes this many attempts buries it.
 PUBLISH_ATTEMPTS = 5
+
+_SENT, _OUTAGE, _FAILED = object(), object(), object()
 
 #: Publish errors that say the message itself cannot be published (Celery's
 #: QueueNotFound is a KeyError): buried at once.
@@ -80,6 +84,7 @@ class Dispatcher:
         self._last_full = 0.0
         self._pubsub: Any = None
         self._connection_errors: tuple[type[BaseException], ...] | None = None
+        self._schedules: Any = None
 
     # -- clock -------------------------------------------------------------------------------
 
@@ -157,17 +162,24 @@ class Dispatcher:
             logger.debug("delayq: a claimed batch was full; passing again at once")
 
     def _publish(self, claimed: list[tuple[int, ClaimedJob]]) -> dict[int, list[str]]:
-        """Publish each claimed job; return the ids to ack, by shard."""
+        """Publish each claimed job; return the ids to ack, by shard.
+
+        Execution points of recurring schedules are published too, and then
+        acked and advanced to their next point by :meth:`_fire_points`.
+        """
         to_ack: dict[int, list[str]] = defaultdict(list)
-        app = self.app
-        registered = app.tasks
-        with app.producer_or_acquire() as producer:
+        points: list[tuple[int, ClaimedJob, Envelope]] = []
+        registered = self.app.tasks
+        with self.app.producer_or_acquire() as producer:
             errors = self._broker_errors(producer)
             for shard, job in claimed:
                 try:
                     envelope = decode_envelope(job.envelope)
                 except ValueError as exc:
                     self._bury(job, f"corrupt envelope: {exc}", None)
+                    continue
+                if envelope.schedule is not None:
+                    points.append((shard, job, envelope))
                     continue
                 if self.config.dead_letter_unknown and envelope.task not in registered:
                     self._bury(
@@ -177,53 +189,130 @@ class Dispatcher:
                         envelope,
                     )
                     continue
-                now_ms = self.server_now_ms()
-                try:
-                    publish(app, producer, envelope, job.due_ms, now_ms=int(now_ms))
-                except errors as exc:
-                    # The broker is unreachable: keep the lease; the job is delivered
-                    # again when it expires. Stop this pass: the rest would fail too.
-                    self.stats.publish_errors += 1
-                    logger.error(
-                        "delayq: cannot publish %s (%s) to the broker: %r; it stays stored and is "
-                        "retried after its lease (%.0f s)",
-                        job.id,
-                        envelope.task,
-                        exc,
-                        self.config.reclaim_ttl,
-                    )
-                    break
-                except PERMANENT_ERRORS as exc:
-                    # Something about this message (an unknown queue, a bad property):
-                    # publishing it again cannot succeed.
-                    self._bury(job, f"publish failed: {exc!r}", envelope)
-                    continue
-                except Exception as exc:
-                    # Not a lost connection: maybe this message (bury it), maybe a passing
-                    # broker fault such as an OOM reply (retry it). Retry through the lease
-                    # and bury only after PUBLISH_ATTEMPTS claims failed.
-                    self.stats.publish_errors += 1
-                    if job.tries >= PUBLISH_ATTEMPTS:
-                        self._bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
-                    else:
-                        logger.warning(
-                            "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after "
-                            "its lease (%.0f s)",
-                            job.id,
-                            envelope.task,
-                            job.tries,
-                            PUBLISH_ATTEMPTS,
-                            exc,
-                            self.config.reclaim_ttl,
-                        )
-                    continue
-                self.stats.published += 1
-                if self._keep_lateness:
-                    lateness = self.server_now_ms() - job.due_ms
-                    if len(self.stats.lateness_ms) < self._keep_lateness:
-                        self.stats.lateness_ms.append(lateness)
-                to_ack[shard].append(job.id)
+                outcome = self._try_publish(producer, errors, job, envelope)
+                if outcome is _OUTAGE:
+                    return to_ack
+                if outcome is _SENT:
+                    to_ack[shard].append(job.id)
+            if points:
+                self._fire_points(producer, errors, points)
         return to_ack
+
+    def _try_publish(
+        self, producer: Any, errors: tuple[type[BaseException], ...], job: ClaimedJob, envelope: Envelope
+    ) -> object:
+        """Publish one job: ``_SENT``, ``_OUTAGE`` (broker unreachable) or ``_FAILED``."""
+        try:
+            publish(self.app, producer, envelope, job.due_ms, now_ms=int(self.server_now_ms()))
+        except errors as exc:
+            # The broker is unreachable: keep the lease; the job is delivered again
+            # when it expires. The caller stops this pass: the rest would fail too.
+            self.stats.publish_errors += 1
+            logger.error(
+                "delayq: cannot publish %s (%s) to the broker: %r; it stays stored and is "
+                "retried after its lease (%.0f s)",
+                job.id,
+                envelope.task,
+                exc,
+                self.config.reclaim_ttl,
+            )
+            return _OUTAGE
+        except PERMANENT_ERRORS as exc:
+            # Something about this message (an unknown queue, a bad property):
+            # publishing it again cannot succeed.
+            self._bury(job, f"publish failed: {exc!r}", envelope)
+            return _FAILED
+        except Exception as exc:
+            # Not a lost connection: maybe this message, maybe a passing broker
+            # fault. Retry through the lease; bury after PUBLISH_ATTEMPTS claims.
+            self.stats.publish_errors += 1
+            if job.tries >= PUBLISH_ATTEMPTS:
+                self._bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
+            else:
+                logger.warning(
+                    "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after its "
+                    "lease (%.0f s)",
+                    job.id,
+                    envelope.task,
+                    job.tries,
+                    PUBLISH_ATTEMPTS,
+                    exc,
+                    self.config.reclaim_ttl,
+                )
+            return _FAILED
+        self.stats.published += 1
+        if self._keep_lateness and len(self.stats.lateness_ms) < self._keep_lateness:
+            self.stats.lateness_ms.append(self.server_now_ms() - job.due_ms)
+        return _SENT
+
+    def _fire_points(
+        self,
+        producer: Any,
+        errors: tuple[type[BaseException], ...],
+        points: list[tuple[int, ClaimedJob, Envelope]],
+    ) -> None:
+        """Publish due schedule points (per their missed-run policy) and advance each schedule."""
+        from .rules import rule_from_json
+        from .schedules import Schedules, next_point
+
+        if self._schedules is None:
+            self._schedules = Schedules(self.app)
+        keys = self.store.keys
+        with self.store.client.pipeline(transaction=False) as pipe:
+            for shard, _, envelope in points:
+                assert envelope.schedule is not None
+                pipe.hget(keys.shard(shard).schedules, envelope.schedule[0])
+            definitions = pipe.execute()
+        calls: list[ScriptCall] = []
+        for (shard, job, envelope), raw in zip(points, definitions, strict=True):
+            assert envelope.schedule is not None
+            name, at_ms = envelope.schedule
+            published = ""
+            next_id, next_due, next_envelope = "", 0, ""
+            definition = json.loads(raw) if raw else None
+            if definition is not None and definition.get("enabled"):
+                now_ms = int(self.server_now_ms())
+                grace_ms = int(float(definition["grace"]) * 1000)
+                if definition["missed"] == "skip" and now_ms - at_ms > grace_ms:
+                    logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
+                else:
+                    outcome = self._try_publish(producer, errors, job, envelope)
+                    if outcome is _OUTAGE:
+                        break
+                    if outcome is not _SENT:
+                        continue
+                    published = job.id
+                try:
+                    rule = rule_from_json(definition["rule"])
+                    nxt = next_point(
+                        rule, at_ms, now_ms, definition["missed"], int(definition["max_missed"]), grace_ms
+                    )
+                    if nxt is not None:
+                        next_id, next_envelope = self._schedules.envelope_for(definition, nxt)
+                        next_due = nxt
+                except Exception as exc:  # a definition that no longer builds: say so, stop it
+                    logger.error("delayq: schedule %r cannot compute its next point: %r", name, exc)
+            calls.append(
+                ScriptCall(
+                    SCRIPTS["fire"],
+                    keys.shard(shard).core,
+                    [
+                        self.token,
+                        job.id,
+                        name,
+                        at_ms,
+                        published,
+                        next_id,
+                        next_due,
+                        next_envelope,
+                        keys.wake_channel,
+                        shard,
+                    ],
+                )
+            )
+        for result in run_pipelined(self.store.client, calls):
+            if int(result) == 0:
+                self.stats.stale_acks += 1
 
     def _broker_errors(self, producer: Any) -> tuple[type[BaseException], ...]:
         if self._connection_errors is None:

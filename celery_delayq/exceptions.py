@@ -8,6 +8,9 @@ The tree::
     │   ├── InvalidDueTime           naive/NaN/inf/negative/out-of-range due time
     │   ├── InvalidOptions           an option that cannot be stored or routed
     │   ├── PayloadTooLarge          the stored job would exceed delayq_max_payload
+    │   ├── InvalidSchedule          malformed cron, unknown timezone, bad rule or policy
+    │   ├── UnknownTask              a schedule names a task the app does not have
+    │   └── ScheduleExists           Schedules.add() of a name that is taken
     │   └── SerializationError       args/kwargs the app's serializer cannot encode
     └── StoreError                   Redis answered in a way the store cannot use
         └── UnsupportedServer        Redis older than 6.2 (scripts need it)
@@ -26,10 +29,13 @@ __all__ = [
     "DelayQError",
     "InvalidDueTime",
     "InvalidOptions",
+    "InvalidSchedule",
     "PayloadTooLarge",
     "ScheduleError",
+    "ScheduleExists",
     "SerializationError",
     "StoreError",
+    "UnknownTask",
     "UnsupportedServer",
 ]
 
@@ -68,3 +74,21 @@ class UnsupportedServer(StoreError):
 
 class PayloadTooLarge(ScheduleError, ValueError):
     """The stored job would exceed ``delayq_max_payload`` bytes."""
+
+
+class InvalidSchedule(ScheduleError, ValueError):
+    """A recurring schedule's rule, timezone, name or missed-run policy is invalid."""
+
+
+class UnknownTask(ScheduleError, KeyError):
+    """A schedule names a task that is not registered in the app."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ScheduleExists(ScheduleError, KeyError):
+    """``Schedules.add`` was given a name that already exists (use ``upsert``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -24,9 +24,21 @@ __all__ = ["KeySpace", "ShardKeys", "shard_of"]
 def shard_of(job_id: str, shards: int) -> int:
     """The shard of ``job_id``: CRC-32 of its UTF-8 bytes modulo ``shards``.
 
+    As with Redis Cluster hash tags, when the id contains ``{...}`` with
+    something between the first ``{`` and the next ``}``, only that part is
+    hashed, so ids sharing a tag share a shard (a recurring schedule's points,
+    ``{name}@<time>``, live on the schedule's shard this way).
+
     >>> shard_of("a", 16)
     3
+    >>> shard_of("{a}@2026-01-01T00:00:00Z", 16) == shard_of("a", 16)
+    True
     """
+    start = job_id.find("{")
+    if start >= 0:
+        end = job_id.find("}", start + 1)
+        if end > start + 1:
+            job_id = job_id[start + 1 : end]
     return zlib.crc32(job_id.encode("utf-8")) % shards
 
 
@@ -70,9 +82,19 @@ class ShardKeys:
         return self._key("dead")
 
     @property
+    def schedules(self) -> str:
+        """Hash: schedule name -> definition (JSON)."""
+        return self._key("schedules")
+
+    @property
+    def history(self) -> str:
+        """Hash: schedule name -> run state (JSON: current point id, next run, last run, runs)."""
+        return self._key("history")
+
+    @property
     def core(self) -> list[str]:
         """KEYS for the scripts, in the order every script expects them."""
-        return [self.due, self.jobs, self.leases, self.wake, self.dead]
+        return [self.due, self.jobs, self.leases, self.wake, self.dead, self.schedules, self.history]
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,11 @@ class KeySpace:
 
     def all_shards(self) -> tuple[ShardKeys, ...]:
         return self._all
+
+    @property
+    def config_registry(self) -> str:
+        """Set: names of the schedules that came from ``beat_schedule`` (one key, no shard)."""
+        return f"{self.prefix}:config-schedules"
 
     @property
     def wake_channel(self) -> str:

@@ -198,6 +198,8 @@ class Envelope:
     route: dict[str, Any]
     expires_ms: int | None
     created_ms: int
+    #: For a recurring schedule's execution point: (schedule name, point ms).
+    schedule: tuple[str, int] | None = None
 
 
 def build_envelope(
@@ -209,8 +211,13 @@ def build_envelope(
     kwargs: Any = None,
     options: Mapping[str, Any] | None = None,
     max_payload: int | None = None,
+    schedule: tuple[str, int] | None = None,
 ) -> str:
     """Build the JSON envelope of one job, exactly as ``apply_async`` would build the message.
+
+    ``task`` is the registered task object, or its name when this app does not
+    have it (as ``send_task`` allows: no signature check, the app's defaults).
+    ``schedule`` marks an execution point of a recurring schedule.
 
     Raises :class:`~celery_delayq.exceptions.ScheduleError` subclasses (and
     ``TypeError`` for arguments that do not fit the task's signature) before
@@ -230,6 +237,8 @@ def build_envelope(
     for name in _CALL_ONLY:
         options.pop(name, None)
 
+    if isinstance(task, str):
+        task = _UnregisteredTask(app, task)
     if task.typing:
         header = getattr(task, "__header__", None)
         if header is not None:
@@ -316,6 +325,8 @@ def build_envelope(
         "expires": expires,
         "created": _now_ms(),
     }
+    if schedule is not None:
+        envelope["sched"] = [schedule[0], schedule[1]]
     try:
         encoded = json.dumps(envelope, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -330,6 +341,22 @@ def build_envelope(
             f"({max_payload}); store large data elsewhere and pass a reference"
         )
     return encoded
+
+
+class _UnregisteredTask:
+    """What build_envelope needs of a task this app does not have: its name and app defaults."""
+
+    typing = False
+
+    def __init__(self, app: Any, name: str) -> None:
+        self.name = name
+        self.ignore_result = app.conf.task_ignore_result
+
+    def shadow_name(self, args: Any, kwargs: Any, options: Any) -> None:
+        return None
+
+    def _get_exec_options(self) -> dict[str, Any]:
+        return {}
 
 
 def _json_ok(value: Any) -> bool:
@@ -363,6 +390,7 @@ def decode_envelope(raw: str) -> Envelope:
             route=dict(data["route"]),
             expires_ms=data.get("expires"),
             created_ms=int(data.get("created", 0)),
+            schedule=(str(data["sched"][0]), int(data["sched"][1])) if data.get("sched") else None,
         )
     except (KeyError, TypeError, ValueError, LookupError) as exc:
         raise ValueError(f"envelope field missing or malformed: {exc!r}") from exc

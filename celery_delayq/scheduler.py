@@ -1,7 +1,10 @@
 """The beat scheduler: ``celery -A proj beat -S celery_delayq.Scheduler`` (or ``-S delayq``).
 
-A thin :class:`celery.beat.Scheduler` subclass. Each tick runs the parent's
-tick for ``beat_schedule`` entries, then one dispatcher pass (claim, publish,
+A thin :class:`celery.beat.Scheduler` subclass. At start it stores the
+``beat_schedule`` entries as recurring schedules in Redis (see
+:meth:`celery_delayq.Schedules.sync_config`), so any number of beats fire each
+point once. Each tick runs the parent's tick (for entries that cannot be
+stored, kept in memory), then one dispatcher pass (claim, publish,
 ack), then sleeps on the wake subscription until the next due job, the next
 ``beat_schedule`` entry or ``delayq_max_sleep``, whichever comes first. Any
 number of beats may run at once.
@@ -35,11 +38,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.dispatcher: Dispatcher | None = None
+        self._config_synced = False
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
-        super().setup_schedule()
+        super().setup_schedule()  # beat_schedule and Celery's default entries, in memory
+        self._config_synced = False
+        self._sync_config()
         store = get_store(self.app)
         self.dispatcher = Dispatcher(self.app, store)
         try:
@@ -56,7 +62,48 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             store.config.reclaim_ttl,
         )
 
+    def _sync_config(self) -> None:
+        """Move ``beat_schedule`` entries into the Redis schedule store (once per beat start).
+
+        Entries whose schedule cannot be stored (a ``solar`` schedule, a custom
+        schedule class) stay in this beat's memory and fire from every beat, as
+        with Celery's own scheduler; a warning says which.
+        """
+        from .exceptions import ScheduleError
+        from .rules import parse_rule
+        from .schedules import Schedules
+
+        storable: dict[str, Any] = {}
+        in_memory: dict[str, Any] = {}
+        for name, entry in self.schedule.items():
+            try:
+                parse_rule(entry.schedule, self.app.conf.timezone or "UTC")
+            except ScheduleError as exc:
+                in_memory[name] = entry
+                logger.warning(
+                    "delayq: beat_schedule entry %r stays in memory (%s): every beat fires it", name, exc
+                )
+            else:
+                storable[name] = entry
+        try:
+            report = Schedules(self.app).sync_config(storable)
+        except redis.RedisError as exc:
+            logger.warning("delayq: cannot store beat_schedule in Redis yet (%r); will retry", exc)
+            return
+        self.data = in_memory
+        self._config_synced = True
+        logger.info(
+            "delayq: beat_schedule in Redis: %d added, %d updated, %d removed, %d unchanged%s",
+            len(report["added"]),
+            len(report["updated"]),
+            len(report["removed"]),
+            len(storable) - len(report["added"]) - len(report["updated"]) - len(report["kept_by_api"]),
+            f"; names kept by API schedules: {report['kept_by_api']}" if report["kept_by_api"] else "",
+        )
+
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self._config_synced:
+            self._sync_config()
         parent_wait = super().tick(*args, **kwargs)
         dispatcher = self.dispatcher
         if dispatcher is None:  # pragma: no cover - setup_schedule always runs first

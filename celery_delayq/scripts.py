@@ -10,7 +10,7 @@ that came back NOSCRIPT (redis-py's own pipeline would ask ``SCRIPT EXISTS``
 before every execute, one more round trip each time).
 
 >>> sorted(SCRIPTS)
-['ack', 'bury', 'cancel', 'claim', 'enqueue', 'get', 'reschedule']
+['ack', 'bury', 'cancel', 'claim', 'enqueue', 'fire', 'get', 'reschedule', 'sched_del', 'sched_put']
 """
 
 from __future__ import annotations

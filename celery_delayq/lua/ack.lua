@@ -1,6 +1,7 @@
 --[[ ack: remove delivered jobs, each only while it still holds the caller's lease.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead (one shard)
+KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
+KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
 
 ARGV[1] token: the lease token the caller claimed with
 ARGV[2..] job ids

@@ -5,6 +5,7 @@ KEYS[2] jobs    hash: job id -> envelope
 KEYS[3] leases  hash: job id -> "<due ms>|<tries>|<token>"
 KEYS[4] wake    string: ms by which some beat will look at this shard again
 KEYS[5] dead    hash (not used here)
+KEYS[6] schedules, KEYS[7] history (not used here; every script takes the same KEYS)
 
 ARGV[1] token: the claimer's lease token (no "|" in it)
 ARGV[2] batch: most jobs to take

@@ -6,6 +6,7 @@ KEYS[2] jobs    hash: job id -> envelope
 KEYS[3] leases  hash: job id -> "<due ms>|<tries>|<token>" while a beat holds it
 KEYS[4] wake    string: ms by which some beat will look at this shard again
 KEYS[5] dead    hash (not used here; passed so every script takes the same KEYS)
+KEYS[6] schedules, KEYS[7] history (not used here; every script takes the same KEYS)
 
 ARGV[1] mode: "keep" (a waiting job with the same id is kept) or "replace"
 ARGV[2] wake channel (pub/sub)

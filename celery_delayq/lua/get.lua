@@ -1,6 +1,7 @@
 --[[ get: read one job (or dead letter) by id without changing anything.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead (one shard)
+KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
+KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
 
 ARGV[1] job id
 

@@ -1,0 +1,66 @@
+--[[ fire: ack a schedule's execution point and move the schedule to its next point.
+
+This is lazy unrolling: a schedule only ever has one point stored; the beat
+that delivered it computes the next one (cron, interval, timezone: in Python)
+and this script swaps them atomically, so no schedule is ever scanned.
+
+KEYS[1..7] due, jobs, leases, wake, dead, schedules, history (one shard; see sched_put.lua)
+
+ARGV[1] token: the lease token the caller claimed the point with
+ARGV[2] id of the point being acked
+ARGV[3] schedule name
+ARGV[4] the point's time in ms
+ARGV[5] the task id that was published for it, "" when the missed-run policy skipped it
+ARGV[6] id of the next point, "" when the rule has no more
+ARGV[7] its due time in ms
+ARGV[8] its envelope
+ARGV[9] wake channel
+ARGV[10] shard index
+
+Returns
+  1  acked and advanced
+  2  acked, not advanced: the schedule was deleted, paused or replaced while
+     the point was being delivered (its current point is another, or none)
+  0  the caller no longer holds the lease (another beat re-claimed the point):
+     nothing changed; that beat will fire it
+]]
+local id = ARGV[2]
+local suffix = '|' .. ARGV[1]
+local lease = redis.call('HGET', KEYS[3], id)
+if not lease or string.sub(lease, -#suffix) ~= suffix then
+  return 0
+end
+redis.call('ZREM', KEYS[1], id)
+redis.call('HDEL', KEYS[2], id)
+redis.call('HDEL', KEYS[3], id)
+local name = ARGV[3]
+local raw = redis.call('HGET', KEYS[7], name)
+if not raw or redis.call('HEXISTS', KEYS[6], name) == 0 then
+  return 2
+end
+local state = cjson.decode(raw)
+if state.cur ~= id then
+  return 2
+end
+if ARGV[5] ~= '' then
+  state.last_run = tonumber(ARGV[4])
+  state.last_task_id = ARGV[5]
+  state.runs = (tonumber(state.runs) or 0) + 1
+end
+if ARGV[6] ~= '' then
+  local due = tonumber(ARGV[7])
+  state.cur = ARGV[6]
+  state.next = due
+  redis.call('ZADD', KEYS[1], due, ARGV[6])
+  redis.call('HSET', KEYS[2], ARGV[6], ARGV[8])
+  local marker = tonumber(redis.call('GET', KEYS[4]))
+  if marker == nil or due < marker then
+    redis.call('SET', KEYS[4], ARGV[7])
+    redis.call('PUBLISH', ARGV[9], ARGV[10] .. ':' .. ARGV[7])
+  end
+else
+  state.cur = nil
+  state.next = nil
+end
+redis.call('HSET', KEYS[7], name, cjson.encode(state))
+return 1

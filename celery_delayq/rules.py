@@ -1,0 +1,240 @@
+"""When a recurring schedule runs: cron (croniter), fixed intervals, and one-shots.
+
+Every rule answers one question, :meth:`Rule.next_after`: the first execution
+point strictly after a moment, in ms since the epoch (None when there is none).
+
+Daylight saving time, for cron rules in a timezone that has it (the rule cron
+users know from Vixie cron):
+
+* **Spring forward** (a local hour does not exist): a job whose time falls in
+  the missing hour runs once, at the first valid moment after it (02:30 on a
+  day when 02:00 jumps to 03:00 runs at 03:00). Never zero times.
+* **Fall back** (a local hour happens twice): a job with a fixed hour runs once,
+  in the first occurrence (02:30 daily runs at 02:30 summer time only). A job
+  whose hour field is ``*`` (or a step over every hour, e.g. ``*/2``) runs in both
+  occurrences, since each is a real hour that passed. Never twice for the same
+  wall-clock point of a fixed-hour job.
+
+>>> from datetime import datetime
+>>> from zoneinfo import ZoneInfo
+>>> paris = ZoneInfo("Europe/Paris")
+>>> rule = CronRule("30 2 * * *", "Europe/Paris")
+>>> start = int(datetime(2026, 10, 24, 12, 0, tzinfo=paris).timestamp() * 1000)
+>>> [datetime.fromtimestamp(t / 1000, paris).isoformat() for t in rule.points_after(start, 3)]
+['2026-10-25T02:30:00+02:00', '2026-10-26T02:30:00+01:00', '2026-10-27T02:30:00+01:00']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from .exceptions import InvalidDueTime, InvalidSchedule
+
+__all__ = ["CronRule", "IntervalRule", "OnceRule", "Rule", "parse_rule", "rule_from_json", "zone"]
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA timezone ``name``; :class:`InvalidSchedule` when it is unknown."""
+    if not isinstance(name, str) or not name:
+        raise InvalidSchedule(f"timezone must be an IANA name such as 'Europe/Paris', got {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidSchedule(f"unknown timezone {name!r} (IANA names, e.g. 'America/New_York')") from exc
+
+
+class Rule:
+    """Base of the rules; subclasses are frozen dataclasses with a JSON form."""
+
+    kind = ""
+
+    def next_after(self, after_ms: int) -> int | None:
+        raise NotImplementedError
+
+    def points_after(self, after_ms: int, count: int) -> list[int]:
+        """The next ``count`` points after ``after_ms`` (fewer when the rule ends)."""
+        points: list[int] = []
+        t: int | None = after_ms
+        while len(points) < count and t is not None:
+            t = self.next_after(t)
+            if t is not None:
+                points.append(t)
+        return points
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+def _fixed_hour(expr: str) -> bool:
+    fields = expr.split()
+    if len(fields) < 2:
+        return False
+    hour = fields[1]
+    return not (hour == "*" or hour.startswith("*/"))
+
+
+@dataclass(frozen=True)
+class CronRule(Rule):
+    """A cron expression (5 fields, or 6 with seconds last, as croniter reads it) in a timezone."""
+
+    expr: str
+    tz: str = "UTC"
+    kind = "cron"
+
+    def __post_init__(self) -> None:
+        zone(self.tz)
+        if not isinstance(self.expr, str) or len(self.expr.split()) not in (5, 6):
+            raise InvalidSchedule(
+                f"cron expression must have 5 fields (or 6 with seconds last), got {self.expr!r}"
+            )
+        if not croniter.is_valid(self.expr):
+            raise InvalidSchedule(f"malformed cron expression {self.expr!r}")
+
+    def next_after(self, after_ms: int) -> int | None:
+        tz = zone(self.tz)
+        start = datetime.fromtimestamp(after_ms / 1000.0, tz)
+        it = croniter(self.expr, start)
+        fixed = _fixed_hour(self.expr)
+        for _ in range(1000):
+            point: datetime = it.get_next(datetime)
+            point_ms = round(point.timestamp() * 1000)
+            if point_ms <= after_ms:
+                continue
+            if fixed and _second_occurrence(point, tz):
+                continue
+            return int(point_ms)
+        return None  # pragma: no cover - croniter always advances
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "cron", "expr": self.expr, "tz": self.tz}
+
+    def describe(self) -> str:
+        return f"cron {self.expr!r} {self.tz}"
+
+
+def _second_occurrence(point: datetime, tz: ZoneInfo) -> bool:
+    """True when ``point`` is the later of two moments with the same local wall time."""
+    wall = point.astimezone(tz).replace(tzinfo=None)
+    first = wall.replace(tzinfo=tz, fold=0).utcoffset()
+    second = wall.replace(tzinfo=tz, fold=1).utcoffset()
+    if first == second:
+        return False
+    return point.astimezone(tz).utcoffset() == second
+
+
+@dataclass(frozen=True)
+class IntervalRule(Rule):
+    """Every ``every_ms`` milliseconds, on the grid anchored at ``anchor_ms``."""
+
+    every_ms: int
+    anchor_ms: int = 0
+    kind = "interval"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.every_ms, int) or self.every_ms < 1:
+            raise InvalidSchedule(f"interval must be at least 1 ms, got {self.every_ms!r}")
+
+    def next_after(self, after_ms: int) -> int | None:
+        if after_ms < self.anchor_ms:
+            return self.anchor_ms
+        return self.anchor_ms + ((after_ms - self.anchor_ms) // self.every_ms + 1) * self.every_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "interval", "every_ms": self.every_ms, "anchor_ms": self.anchor_ms}
+
+    def describe(self) -> str:
+        return f"every {self.every_ms / 1000:g} s"
+
+
+@dataclass(frozen=True)
+class OnceRule(Rule):
+    """A single execution point."""
+
+    at_ms: int
+    kind = "once"
+
+    def next_after(self, after_ms: int) -> int | None:
+        return self.at_ms if self.at_ms > after_ms else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "once", "at_ms": self.at_ms}
+
+    def describe(self) -> str:
+        return f"once at {datetime.fromtimestamp(self.at_ms / 1000, UTC).isoformat()}"
+
+
+def _crontab_expr(value: Any) -> str:
+    fields = ("_orig_minute", "_orig_hour", "_orig_day_of_month", "_orig_month_of_year", "_orig_day_of_week")
+    parts = []
+    for name in fields:
+        part = getattr(value, name)
+        if not isinstance(part, str | int):
+            raise InvalidSchedule(f"crontab field {name[6:]} {part!r} cannot be stored; use a cron string")
+        parts.append(str(part).replace(" ", ""))
+    return " ".join(parts)
+
+
+def parse_rule(spec: Any, tz: str = "UTC", anchor_ms: int = 0, app: Any = None) -> Rule:
+    """A rule from what users write.
+
+    * a cron string: ``"0 9 * * 1-5"`` (6 fields: seconds last);
+    * ``celery.schedules.crontab(...)`` (its fields as written) and
+      ``celery.schedules.schedule(timedelta)``;
+    * a ``timedelta`` or a number of seconds: a fixed interval anchored at
+      ``anchor_ms`` (creation time by default);
+    * an aware ``datetime``: a one-shot (a naive one is read in ``tz``);
+    * a mapping in the stored JSON form (``{"type": "cron", ...}``).
+    """
+    from celery.schedules import crontab, schedule
+
+    if isinstance(spec, Rule):
+        return spec
+    if isinstance(spec, str):
+        return CronRule(spec.strip(), tz)
+    if isinstance(spec, crontab):
+        return CronRule(_crontab_expr(spec), tz)
+    if isinstance(spec, schedule):
+        return _interval(spec.run_every, anchor_ms)
+    if isinstance(spec, timedelta) or (isinstance(spec, int | float) and not isinstance(spec, bool)):
+        return _interval(spec, anchor_ms)
+    if isinstance(spec, datetime):
+        if spec.tzinfo is None:
+            spec = spec.replace(tzinfo=zone(tz))
+        return OnceRule(round(spec.timestamp() * 1000))
+    if isinstance(spec, Mapping):
+        return rule_from_json(spec)
+    raise InvalidSchedule(
+        f"cannot make a schedule rule from {type(spec).__name__} {spec!r}: use a cron string, "
+        "crontab(), schedule(timedelta), a timedelta/seconds interval or a datetime"
+    )
+
+
+def _interval(value: Any, anchor_ms: int) -> IntervalRule:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidSchedule(f"interval must be a positive, finite number of seconds, got {seconds!r}")
+    return IntervalRule(max(1, round(seconds * 1000)), anchor_ms)
+
+
+def rule_from_json(data: Mapping[str, Any]) -> Rule:
+    kind = data.get("type")
+    try:
+        if kind == "cron":
+            return CronRule(str(data["expr"]), str(data.get("tz", "UTC")))
+        if kind == "interval":
+            return IntervalRule(int(data["every_ms"]), int(data.get("anchor_ms", 0)))
+        if kind == "once":
+            return OnceRule(int(data["at_ms"]))
+    except (KeyError, TypeError, ValueError, InvalidDueTime) as exc:
+        raise InvalidSchedule(f"malformed rule {dict(data)!r}: {exc}") from exc
+    raise InvalidSchedule(f"unknown rule type {kind!r}")

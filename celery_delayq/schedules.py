@@ -1,0 +1,573 @@
+"""Recurring schedules stored in Redis: cron and intervals with timezones, managed at run time.
+
+A schedule is a named definition in its shard's ``schedules`` hash; its next
+execution point is an ordinary job in the shard's due set, with the
+deterministic id ``{<name>}@<point time>`` (the braces put it on the
+schedule's shard). The beat that delivers a point computes the next one and
+swaps them in the same script (``lua/fire.lua``): lazy unrolling, no scan, and
+a crash between claim and ack gives at most one extra run of that point,
+never a skipped one. Any number of beats can run.
+
+Missed runs (the beats were down, or a point is delivered late) are handled by
+each schedule's ``missed`` policy. A point counts as *missed* when it is more
+than ``grace`` seconds late:
+
+* ``"once"`` (default): run once for all the missed points, then continue
+  with the next point in the future.
+* ``"skip"``: do not run missed points; continue with the next future point.
+* ``"all"``: run every missed point, at most ``max_missed`` of them (the most
+  recent ones), then continue.
+
+>>> from celery import Celery
+>>> schedules = Schedules(Celery(broker="redis://127.0.0.1:6390/0"))
+>>> point_id("nightly-report", 1_767_225_600_000)
+'{nightly-report}@2026-01-01T00:00:00.000Z'
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .api import get_store
+from .exceptions import InvalidSchedule, ScheduleExists, UnknownTask
+from .message import build_envelope, ms_to_datetime
+from .result import ScheduledResult
+from .rules import IntervalRule, Rule, parse_rule, rule_from_json, zone
+from .scripts import SCRIPTS
+from .store import Store
+
+__all__ = ["MISSED_POLICIES", "Schedule", "ScheduleNotFound", "Schedules", "next_point", "point_id"]
+
+MISSED_POLICIES = ("once", "skip", "all")
+DEFINITION_VERSION = 1
+
+
+class ScheduleNotFound(InvalidSchedule, LookupError):
+    """No schedule has that name."""
+
+
+def point_id(name: str, at_ms: int) -> str:
+    """The task id of ``name``'s execution point at ``at_ms``: the same in every beat."""
+    when = datetime.fromtimestamp(at_ms / 1000.0, UTC)
+    return "{" + name + "}@" + when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at_ms % 1000:03d}Z"
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidSchedule(f"schedule name must be a non-empty string, got {name!r}")
+    if any(c in name for c in "{}") or len(name) > 200:
+        raise InvalidSchedule(f"schedule name must be at most 200 characters without braces, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A stored schedule with its run history."""
+
+    name: str
+    task: str
+    rule: Rule
+    tz: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    enabled: bool
+    missed: str
+    max_missed: int
+    grace: float
+    origin: str
+    created: datetime
+    updated: datetime
+    last_run: datetime | None = None
+    last_task_id: str | None = None
+    run_count: int = 0
+    next_run: datetime | None = None
+    spec: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_stored(cls, definition: str, state: str | None) -> Schedule:
+        data = json.loads(definition)
+        run = json.loads(state) if state else {}
+        return cls(
+            name=data["name"],
+            task=data["task"],
+            rule=rule_from_json(data["rule"]),
+            tz=data["tz"],
+            args=list(data["args"]),
+            kwargs=dict(data["kwargs"]),
+            options=dict(data["options"]),
+            enabled=bool(data["enabled"]),
+            missed=data["missed"],
+            max_missed=int(data["max_missed"]),
+            grace=float(data["grace"]),
+            origin=data.get("origin", "api"),
+            created=ms_to_datetime(data["created"]),
+            updated=ms_to_datetime(data["updated"]),
+            last_run=ms_to_datetime(run["last_run"]) if run.get("last_run") else None,
+            last_task_id=run.get("last_task_id"),
+            run_count=int(run.get("runs", 0)),
+            next_run=ms_to_datetime(run["next"]) if run.get("next") else None,
+            spec=_spec(data),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of everything, times in ISO-8601."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "task": self.task,
+            "rule": self.rule.to_json(),
+            "rule_text": self.rule.describe(),
+            "tz": self.tz,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "options": self.options,
+            "enabled": self.enabled,
+            "missed": self.missed,
+            "max_missed": self.max_missed,
+            "grace": self.grace,
+            "origin": self.origin,
+            "run_count": self.run_count,
+            "last_task_id": self.last_task_id,
+        }
+        for name in ("created", "updated", "last_run", "next_run"):
+            value = getattr(self, name)
+            out[name] = value.isoformat() if value else None
+        return out
+
+
+def _spec(data: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a definition that decide what runs when (not times or origin)."""
+    keys = ("task", "rule", "tz", "args", "kwargs", "options", "enabled", "missed", "max_missed", "grace")
+    return {k: data.get(k) for k in keys}
+
+
+def next_point(
+    rule: Rule, point_ms: int, now_ms: int, missed: str, max_missed: int, grace_ms: int
+) -> int | None:
+    """The point to store after firing (or skipping) ``point_ms`` at ``now_ms``, per the policy.
+
+    Points later than ``grace_ms`` are missed: ``"once"``/``"skip"`` continue from
+    the first point after now, ``"all"`` from the ``max_missed``-th most recent
+    missed point.
+
+    >>> rule = IntervalRule(1000)
+    >>> next_point(rule, 5000, 5003, "once", 10, 60_000)  # on time: the next point
+    6000
+    >>> next_point(rule, 5000, 30_000, "once", 10, 60_000)  # late, within grace: catch up
+    6000
+    >>> next_point(rule, 5000, 500_000, "once", 10, 60_000)  # after downtime: the future
+    501000
+    >>> next_point(rule, 5000, 500_000, "all", 3, 60_000)  # the 3 most recent missed points
+    437000
+    """
+    following = rule.next_after(point_ms)
+    if following is None or following >= now_ms - grace_ms:
+        return following
+    if missed == "all":
+        recent = _last_points_before(rule, now_ms - grace_ms, max_missed, point_ms)
+        return recent[0] if recent else following
+    return rule.next_after(now_ms)
+
+
+def _last_points_before(rule: Rule, end_ms: int, count: int, floor_ms: int) -> list[int]:
+    """The last ``count`` points in ``(floor_ms, end_ms)``, looking back in growing spans."""
+    span = 60_000
+    while True:
+        start = max(floor_ms, end_ms - span)
+        points: list[int] = []
+        t = rule.next_after(start)
+        while t is not None and t < end_ms:
+            points.append(t)
+            if len(points) > count:
+                points.pop(0)
+            t = rule.next_after(t)
+        if len(points) >= count or start == floor_ms:
+            return points
+        span *= 8
+
+
+class Schedules:
+    """Create, read, change and delete the recurring schedules of one app."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.store: Store = get_store(app)
+        self.keys = self.store.keys
+
+    # -- building ---------------------------------------------------------------------------
+
+    def _definition(
+        self,
+        name: str,
+        task: Any,
+        rule: Any,
+        args: Any,
+        kwargs: Any,
+        tz: str | None,
+        enabled: bool,
+        missed: str,
+        max_missed: int,
+        grace: float,
+        options: dict[str, Any] | None,
+        origin: str,
+        check_task: bool,
+        created_ms: int | None = None,
+    ) -> dict[str, Any]:
+        name = _check_name(name)
+        task_name = task if isinstance(task, str) else getattr(task, "name", None)
+        if not isinstance(task_name, str) or not task_name:
+            raise InvalidSchedule(f"task must be a task or a task name, got {task!r}")
+        if check_task and task_name not in self.app.tasks:
+            raise UnknownTask(
+                f"task {task_name!r} is not registered in this app; import its module first, "
+                "or pass check_task=False"
+            )
+        tz = tz or self.app.conf.timezone or "UTC"
+        zone(tz)
+        now_ms = int(time.time() * 1000)
+        parsed = parse_rule(rule, tz, anchor_ms=created_ms or now_ms, app=self.app)
+        if missed not in MISSED_POLICIES:
+            raise InvalidSchedule(f"missed must be one of {MISSED_POLICIES}, got {missed!r}")
+        if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
+            raise InvalidSchedule(f"max_missed must be a whole number >= 1, got {max_missed!r}")
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
+            raise InvalidSchedule(f"grace must be a number of seconds >= 0, got {grace!r}")
+        definition = {
+            "v": DEFINITION_VERSION,
+            "name": name,
+            "task": task_name,
+            "rule": parsed.to_json(),
+            "tz": tz,
+            "args": list(args or ()),
+            "kwargs": dict(kwargs or {}),
+            "options": dict(options or {}),
+            "enabled": bool(enabled),
+            "missed": missed,
+            "max_missed": max_missed,
+            "grace": float(grace),
+            "origin": origin,
+            "created": created_ms or now_ms,
+            "updated": now_ms,
+        }
+        try:
+            json.dumps(definition)
+        except (TypeError, ValueError) as exc:
+            raise InvalidSchedule(
+                f"schedule {name!r}: args, kwargs and options must be JSON-serializable: {exc}"
+            ) from exc
+        return definition
+
+    def envelope_for(self, definition: dict[str, Any], at_ms: int) -> tuple[str, str]:
+        """``(point id, envelope)`` of ``definition``'s point at ``at_ms``."""
+        task = self.app.tasks.get(definition["task"]) or definition["task"]
+        pid = point_id(definition["name"], at_ms)
+        envelope = build_envelope(
+            self.app,
+            task,
+            pid,
+            at_ms,
+            definition["args"],
+            definition["kwargs"],
+            definition["options"],
+            max_payload=self.store.config.max_payload,
+            schedule=(definition["name"], at_ms),
+        )
+        return pid, envelope
+
+    def _put(self, definition: dict[str, Any], mode: str) -> bool:
+        name = definition["name"]
+        shard = self.keys.shard_of("{" + name + "}")
+        point: tuple[str, int, str] = ("", 0, "")
+        if definition["enabled"]:
+            rule = rule_from_json(definition["rule"])
+            at = rule.next_after(int(time.time() * 1000))
+            if at is not None:
+                pid, envelope = self.envelope_for(definition, at)
+                point = (pid, at, envelope)
+        args = [
+            name,
+            mode,
+            json.dumps(definition, separators=(",", ":")),
+            *point,
+            self.keys.wake_channel,
+            shard,
+        ]
+        return bool(SCRIPTS["sched_put"](self.store.client, self.keys.shard(shard).core, args))
+
+    def _raw(self, name: str) -> tuple[str | None, str | None]:
+        shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
+        with self.store.client.pipeline(transaction=False) as pipe:
+            pipe.hget(shard.schedules, name)
+            pipe.hget(shard.history, name)
+            definition, state = pipe.execute()
+        return definition, state
+
+    # -- the API ----------------------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        task: Any,
+        rule: Any,
+        args: Any = None,
+        kwargs: Any = None,
+        *,
+        tz: str | None = None,
+        enabled: bool = True,
+        missed: str = "once",
+        max_missed: int = 10,
+        grace: float = 60.0,
+        options: dict[str, Any] | None = None,
+        check_task: bool = True,
+        origin: str = "api",
+    ) -> Schedule:
+        """Create a schedule; :class:`ScheduleExists` when the name is taken.
+
+        ``rule``: a cron string (5 fields, or 6 with seconds last), ``crontab()``,
+        ``schedule(timedelta)``, a ``timedelta`` or seconds (interval), or a
+        datetime (one-shot). ``tz`` is an IANA timezone for cron rules (default:
+        the app's ``timezone``, else UTC). ``options`` are ``apply_async``'s.
+        Everything is validated, and the first message built, before anything
+        is stored.
+        """
+        definition = self._definition(
+            name,
+            task,
+            rule,
+            args,
+            kwargs,
+            tz,
+            enabled,
+            missed,
+            max_missed,
+            grace,
+            options,
+            origin,
+            check_task,
+        )
+        if not self._put(definition, "add"):
+            raise ScheduleExists(f"a schedule named {name!r} exists; use upsert() or update()")
+        return self._get_or_fail(name)
+
+    def upsert(
+        self,
+        name: str,
+        task: Any,
+        rule: Any,
+        args: Any = None,
+        kwargs: Any = None,
+        *,
+        tz: str | None = None,
+        enabled: bool = True,
+        missed: str = "once",
+        max_missed: int = 10,
+        grace: float = 60.0,
+        options: dict[str, Any] | None = None,
+        check_task: bool = True,
+        origin: str = "api",
+    ) -> Schedule:
+        """Create or replace a schedule (its run history is kept)."""
+        existing, _ = self._raw(_check_name(name))
+        created = json.loads(existing)["created"] if existing else None
+        definition = self._definition(
+            name,
+            task,
+            rule,
+            args,
+            kwargs,
+            tz,
+            enabled,
+            missed,
+            max_missed,
+            grace,
+            options,
+            origin,
+            check_task,
+            created,
+        )
+        self._put(definition, "put")
+        return self._get_or_fail(name)
+
+    def get(self, name: str) -> Schedule | None:
+        definition, state = self._raw(_check_name(name))
+        return Schedule.from_stored(definition, state) if definition else None
+
+    def _get_or_fail(self, name: str) -> Schedule:
+        schedule = self.get(name)
+        if schedule is None:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        return schedule
+
+    def update(self, name: str, **changes: Any) -> Schedule:
+        """Change some fields (``rule``, ``args``, ``kwargs``, ``tz``, ``options``, ``missed``,
+        ``max_missed``, ``grace``, ``enabled``, ``task``); the new rule counts from now."""
+        current = self._get_or_fail(name)
+        allowed = {
+            "task",
+            "rule",
+            "args",
+            "kwargs",
+            "tz",
+            "options",
+            "missed",
+            "max_missed",
+            "grace",
+            "enabled",
+        }
+        unknown = set(changes) - allowed
+        if unknown:
+            raise InvalidSchedule(f"cannot update {sorted(unknown)}; fields are {sorted(allowed)}")
+        rule: Any = changes.get("rule", current.rule)
+        tz = changes.get("tz", current.tz)
+        if "tz" in changes and "rule" not in changes and current.rule.kind == "cron":
+            rule = current.rule.to_json()["expr"]
+        definition = self._definition(
+            name,
+            changes.get("task", current.task),
+            rule,
+            changes.get("args", current.args),
+            changes.get("kwargs", current.kwargs),
+            tz,
+            changes.get("enabled", current.enabled),
+            changes.get("missed", current.missed),
+            changes.get("max_missed", current.max_missed),
+            changes.get("grace", current.grace),
+            changes.get("options", current.options),
+            current.origin,
+            "task" in changes,
+            int(current.created.timestamp() * 1000),
+        )
+        self._put(definition, "put")
+        return self._get_or_fail(name)
+
+    def pause(self, name: str) -> Schedule:
+        """Stop firing (the waiting point is removed); ``resume`` starts again from now."""
+        return self.update(name, enabled=False)
+
+    def resume(self, name: str) -> Schedule:
+        return self.update(name, enabled=True)
+
+    def delete(self, name: str) -> bool:
+        """Delete the schedule and its waiting point; False when there was none."""
+        shard = self.keys.shard_of("{" + _check_name(name) + "}")
+        return bool(SCRIPTS["sched_del"](self.store.client, self.keys.shard(shard).core, [name]))
+
+    def run_now(self, name: str) -> ScheduledResult:
+        """Run the schedule's task once now, outside its rule (the schedule is unchanged)."""
+        current = self._get_or_fail(name)
+        definition = json.loads(self._raw(name)[0] or "{}")
+        now_ms = int(time.time() * 1000)
+        task_id = "{" + current.name + "}@run-now-" + point_id(name, now_ms).split("@", 1)[1]
+        task = self.app.tasks.get(current.task) or current.task
+        envelope = build_envelope(
+            self.app,
+            task,
+            task_id,
+            now_ms,
+            definition["args"],
+            definition["kwargs"],
+            definition["options"],
+            max_payload=self.store.config.max_payload,
+        )
+        ((status, due),) = self.store.enqueue([(task_id, now_ms, envelope)])
+        return ScheduledResult(
+            task_id, app=self.app, task_name=current.task, due=ms_to_datetime(due), created=status != 0
+        )
+
+    def list(
+        self, task: str | None = None, enabled: bool | None = None, page_size: int = 500
+    ) -> Iterator[Schedule]:
+        """Every schedule (optionally of one task, or only enabled/paused ones), shard by shard."""
+        client = self.store.client
+        for shard in self.keys.all_shards():
+            cursor = 0
+            while True:
+                cursor, found = client.hscan(shard.schedules, cursor, count=page_size)
+                if found:
+                    names = list(found)
+                    states = client.hmget(shard.history, names)
+                    for definition, state in zip(found.values(), states, strict=True):
+                        schedule = Schedule.from_stored(definition, state)
+                        if task is not None and schedule.task != task:
+                            continue
+                        if enabled is not None and schedule.enabled != enabled:
+                            continue
+                        yield schedule
+                if cursor == 0:
+                    break
+
+    def sync_config(self, entries: dict[str, Any]) -> dict[str, builtins.list[str]]:
+        """Make the stored ``origin="config"`` schedules match ``entries`` (``beat_schedule``).
+
+        ``entries`` maps a name to a ``beat_schedule`` entry (dict or
+        ``celery.beat.ScheduleEntry``). New entries are added, changed ones
+        replaced, unchanged ones left alone (so N beats starting at once do
+        not reset each other), and config schedules no longer in ``entries``
+        deleted. Schedules made through the API are never touched. Interval
+        entries are anchored at the epoch, so every beat computes the same
+        points. Returns the names ``added``, ``updated``, ``removed`` and
+        ``kept_by_api`` (a config entry whose name an API schedule already has).
+        """
+        report: dict[str, builtins.list[str]] = {"added": [], "updated": [], "removed": [], "kept_by_api": []}
+        registry = self.keys.config_registry
+        client = self.store.client
+        for name, entry in entries.items():
+            get = entry.get if isinstance(entry, dict) else lambda k, d=None, e=entry: getattr(e, k, d)
+            options = dict(get("options") or {})
+            definition = self._definition(
+                name,
+                get("task"),
+                get("schedule"),
+                get("args"),
+                get("kwargs"),
+                None,
+                True,
+                "once",
+                10,
+                60.0,
+                options,
+                "config",
+                False,
+                created_ms=0,
+            )
+            rule = parse_rule(get("schedule"), definition["tz"], anchor_ms=0)
+            if isinstance(rule, IntervalRule):
+                definition["rule"] = rule.to_json()
+            existing, _ = self._raw(name)
+            if existing is not None:
+                stored = json.loads(existing)
+                if stored.get("origin") != "config":
+                    report["kept_by_api"].append(name)
+                    continue
+                if _spec(stored) == _spec(definition):
+                    client.sadd(registry, name)
+                    continue
+                definition["created"] = stored["created"]
+                self._put(definition, "put")
+                report["updated"].append(name)
+            else:
+                definition["created"] = definition["updated"]
+                if self._put(definition, "add"):
+                    report["added"].append(name)
+            client.sadd(registry, name)
+        for name in sorted(client.smembers(registry)):
+            if name in entries:
+                continue
+            existing, _ = self._raw(name)
+            if existing is not None and json.loads(existing).get("origin") == "config":
+                self.delete(name)
+                report["removed"].append(name)
+            client.srem(registry, name)
+        return report
+
+    def count(self) -> int:
+        with self.store.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.hlen(shard.schedules)
+            return sum(int(n) for n in pipe.execute())
