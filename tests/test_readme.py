@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -39,6 +40,16 @@ def test_readme_quickstart_runs_against_a_real_redis(redis_url: str) -> None:
         namespace,
     )
     assert dq.count() == 1002 + 2
+    # The recurring-schedules snippet runs in the same namespace.
+    recurring = README.split("Recurring schedules live in Redis", 1)[1]
+    code = re.search(r"```python\n(.*?)```", recurring, flags=re.S).group(1)  # type: ignore[union-attr]
+    exec(compile(code, "README.md:schedules", "exec"), namespace)
+    schedules = namespace["schedules"]
+    digest = schedules.get("weekday-digest")
+    assert digest is not None and digest.tz == "Europe/Paris" and digest.next_run is not None
+    assert digest.next_run.astimezone(ZoneInfo("Europe/Paris")).hour == 18
+    heartbeat = schedules.get("heartbeat")
+    assert heartbeat is not None and not heartbeat.enabled and heartbeat.next_run is None
     namespace["app"].close()
 
 
