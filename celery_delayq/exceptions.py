@@ -4,14 +4,15 @@ The tree::
 
     DelayQError                      base of everything below
     ├── ConfigurationError           a delayq_* setting is invalid or missing
-    ├── ScheduleError                the call to apply_at/apply_in/... is invalid
+    ├── ScheduleError                a scheduling or schedule-management call is invalid
     │   ├── InvalidDueTime           naive/NaN/inf/negative/out-of-range due time
     │   ├── InvalidOptions           an option that cannot be stored or routed
     │   ├── PayloadTooLarge          the stored job would exceed delayq_max_payload
-    │   ├── InvalidSchedule          malformed cron, unknown timezone, bad rule or policy
+    │   ├── SerializationError       args/kwargs the app's serializer cannot encode
+    │   ├── InvalidSchedule          malformed cron, unknown timezone, bad rule, args or policy
+    │   │   └── ScheduleNotFound     no schedule has that name (also LookupError)
     │   ├── UnknownTask              a schedule names a task the app does not have
     │   └── ScheduleExists           Schedules.add() of a name that is taken
-    │   └── SerializationError       args/kwargs the app's serializer cannot encode
     └── StoreError                   Redis answered in a way the store cannot use
         └── UnsupportedServer        Redis older than 6.2 (scripts need it)
 
@@ -33,6 +34,7 @@ __all__ = [
     "PayloadTooLarge",
     "ScheduleError",
     "ScheduleExists",
+    "ScheduleNotFound",
     "SerializationError",
     "StoreError",
     "UnknownTask",
@@ -92,3 +94,7 @@ class ScheduleExists(ScheduleError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class ScheduleNotFound(InvalidSchedule, LookupError):
+    """No schedule has that name."""

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .api import get_store
-from .exceptions import InvalidSchedule, ScheduleExists, UnknownTask
+from .exceptions import InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
 from .message import build_envelope, ms_to_datetime
 from .result import ScheduledResult
 from .rules import IntervalRule, Rule, parse_rule, rule_from_json, zone
@@ -46,10 +46,6 @@ __all__ = ["MISSED_POLICIES", "Schedule", "ScheduleNotFound", "Schedules", "next
 
 MISSED_POLICIES = ("once", "skip", "all")
 DEFINITION_VERSION = 1
-
-
-class ScheduleNotFound(InvalidSchedule, LookupError):
-    """No schedule has that name."""
 
 
 def point_id(name: str, at_ms: int) -> str:
