@@ -253,7 +253,7 @@ class Dispatcher:
     ) -> None:
         """Publish due schedule points (per their missed-run policy) and advance each schedule."""
         from .rules import rule_from_json
-        from .schedules import Schedules, next_point
+        from .schedules import Schedules, _last_points_before, next_point
 
         if self._schedules is None:
             self._schedules = Schedules(self.app)
@@ -273,7 +273,21 @@ class Dispatcher:
             if definition is not None and definition.get("enabled"):
                 now_ms = int(self.server_now_ms())
                 grace_ms = int(float(definition["grace"]) * 1000)
-                if definition["missed"] == "skip" and now_ms - at_ms > grace_ms:
+                late = now_ms - at_ms > grace_ms
+                if late and definition["missed"] == "all":
+                    # "all" runs only the max_missed most recent missed points: this one is not
+                    # among them when that many missed points come after it.
+                    try:
+                        newer = _last_points_before(
+                            rule_from_json(definition["rule"]),
+                            now_ms - grace_ms,
+                            int(definition["max_missed"]),
+                            at_ms,
+                        )
+                        late = len(newer) >= int(definition["max_missed"])
+                    except Exception:  # reported below, where the next point is computed
+                        late = False
+                if late and definition["missed"] in ("skip", "all"):
                     logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
                 else:
                     outcome = self._try_publish(producer, errors, job, envelope)

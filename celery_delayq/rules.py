@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from .exceptions import InvalidDueTime, InvalidSchedule
 
@@ -99,6 +99,9 @@ class CronRule(Rule):
             )
         if not croniter.is_valid(self.expr):
             raise InvalidSchedule(f"malformed cron expression {self.expr!r}")
+        if any(part[:1] in ("r", "R") for field in self.expr.split() for part in field.split(",")):
+            # croniter draws a new random value on every call: each beat, each point would differ.
+            raise InvalidSchedule(f"random ('R') cron fields are not supported: {self.expr!r}")
 
     def next_after(self, after_ms: int) -> int | None:
         tz = zone(self.tz)
@@ -106,7 +109,10 @@ class CronRule(Rule):
         it = croniter(self.expr, start)
         fixed = _fixed_hour(self.expr)
         for _ in range(1000):
-            point: datetime = it.get_next(datetime)
+            try:
+                point: datetime = it.get_next(datetime)
+            except CroniterBadDateError as exc:  # e.g. "0 0 31 2 *": valid fields, no such date
+                raise InvalidSchedule(f"cron expression {self.expr!r} never matches a date") from exc
             point_ms = round(point.timestamp() * 1000)
             if point_ms <= after_ms:
                 continue

@@ -296,6 +296,12 @@ class Schedules:
         ]
         return bool(SCRIPTS["sched_put"](self.store.client, self.keys.shard(shard).core, args))
 
+    def _check_paused(self, definition: dict[str, Any]) -> None:
+        """A schedule created paused stores no message: build one anyway, so arguments that do
+        not fit the task are refused now (as for an enabled one), not at resume."""
+        if not definition["enabled"]:
+            self.envelope_for(definition, int(time.time() * 1000))
+
     def _raw(self, name: str) -> tuple[str | None, str | None]:
         shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
         with self.store.client.pipeline(transaction=False) as pipe:
@@ -347,6 +353,7 @@ class Schedules:
             origin,
             check_task,
         )
+        self._check_paused(definition)
         if not self._put(definition, "add"):
             raise ScheduleExists(f"a schedule named {name!r} exists; use upsert() or update()")
         return self._get_or_fail(name)
@@ -387,6 +394,7 @@ class Schedules:
             check_task,
             created,
         )
+        self._check_paused(definition)
         self._put(definition, "put")
         return self._get_or_fail(name)
 
