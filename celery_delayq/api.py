@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from .config import DelayQConfig
+from .exceptions import InvalidSchedule
 from .message import due_ms_from_eta, ms_to_datetime
 from .store import (
     CANCEL_WAITING,
@@ -103,6 +104,7 @@ class DelayQ:
         that moment (it is removed, so it is not delivered again, but it may
         already be in the broker).
         """
+        self._refuse_schedule_point(job_id, "cancel")
         return self.store.cancel(job_id) == CANCEL_WAITING
 
     def reschedule(self, job_id: str, eta: Any) -> bool:
@@ -111,7 +113,26 @@ class DelayQ:
         False when there is no such job or a beat is delivering it now.
         """
         due_ms = due_ms_from_eta(eta, self.app)
+        self._refuse_schedule_point(job_id, "reschedule")
         return self.store.reschedule(job_id, due_ms) == RESCHEDULE_MOVED
+
+    def _refuse_schedule_point(self, job_id: str, what: str) -> None:
+        """A recurring schedule's next point is managed through Schedules, not by id:
+        cancelling it would silently stop the schedule."""
+        if not (job_id.startswith("{") and "}@" in job_id):
+            return
+        record = self.store.get(job_id)
+        if record is None or record.state == "dead":
+            return
+        try:
+            sched = json.loads(record.envelope).get("sched")
+        except ValueError:
+            return
+        if sched:
+            raise InvalidSchedule(
+                f"{job_id!r} is the next run of schedule {sched[0]!r}: {what} it with "
+                f"Schedules(app).pause/update/delete({sched[0]!r}) instead"
+            )
 
     def pending(
         self,

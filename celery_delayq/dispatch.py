@@ -45,7 +45,7 @@ logger = logging.getLogger("celery_delayq.dispatch")
 #: retried after its lease; the claim that makes this many attempts buries it.
 PUBLISH_ATTEMPTS = 5
 
-_SENT, _OUTAGE, _FAILED = object(), object(), object()
+_SENT, _OUTAGE, _RETRY, _BURIED = object(), object(), object(), object()
 
 #: Publish errors that say the message itself cannot be published (Celery's
 #: QueueNotFound is a KeyError): buried at once.
@@ -201,7 +201,8 @@ class Dispatcher:
     def _try_publish(
         self, producer: Any, errors: tuple[type[BaseException], ...], job: ClaimedJob, envelope: Envelope
     ) -> object:
-        """Publish one job: ``_SENT``, ``_OUTAGE`` (broker unreachable) or ``_FAILED``."""
+        """Publish one job: ``_SENT``, ``_OUTAGE`` (broker unreachable), ``_RETRY`` (after its
+        lease) or ``_BURIED`` (moved to the dead letters)."""
         try:
             publish(self.app, producer, envelope, job.due_ms, now_ms=int(self.server_now_ms()))
         except errors as exc:
@@ -221,25 +222,24 @@ class Dispatcher:
             # Something about this message (an unknown queue, a bad property):
             # publishing it again cannot succeed.
             self._bury(job, f"publish failed: {exc!r}", envelope)
-            return _FAILED
+            return _BURIED
         except Exception as exc:
             # Not a lost connection: maybe this message, maybe a passing broker
             # fault. Retry through the lease; bury after PUBLISH_ATTEMPTS claims.
             self.stats.publish_errors += 1
             if job.tries >= PUBLISH_ATTEMPTS:
                 self._bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
-            else:
-                logger.warning(
-                    "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after its "
-                    "lease (%.0f s)",
-                    job.id,
-                    envelope.task,
-                    job.tries,
-                    PUBLISH_ATTEMPTS,
-                    exc,
-                    self.config.reclaim_ttl,
-                )
-            return _FAILED
+                return _BURIED
+            logger.warning(
+                "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after its lease (%.0f s)",
+                job.id,
+                envelope.task,
+                job.tries,
+                PUBLISH_ATTEMPTS,
+                exc,
+                self.config.reclaim_ttl,
+            )
+            return _RETRY
         self.stats.published += 1
         if self._keep_lateness and len(self.stats.lateness_ms) < self._keep_lateness:
             self.stats.lateness_ms.append(self.server_now_ms() - job.due_ms)
@@ -253,7 +253,7 @@ class Dispatcher:
     ) -> None:
         """Publish due schedule points (per their missed-run policy) and advance each schedule."""
         from .rules import rule_from_json
-        from .schedules import Schedules, _last_points_before, next_point
+        from .schedules import Schedules, plan_point
 
         if self._schedules is None:
             self._schedules = Schedules(self.app)
@@ -272,40 +272,46 @@ class Dispatcher:
             definition = json.loads(raw) if raw else None
             if definition is not None and definition.get("enabled"):
                 now_ms = int(self.server_now_ms())
-                grace_ms = int(float(definition["grace"]) * 1000)
-                late = now_ms - at_ms > grace_ms
-                if late and definition["missed"] == "all":
-                    # "all" runs only the max_missed most recent missed points: this one is not
-                    # among them when that many missed points come after it.
-                    try:
-                        newer = _last_points_before(
-                            rule_from_json(definition["rule"]),
-                            now_ms - grace_ms,
-                            int(definition["max_missed"]),
-                            at_ms,
-                        )
-                        late = len(newer) >= int(definition["max_missed"])
-                    except Exception:  # reported below, where the next point is computed
-                        late = False
-                if late and definition["missed"] in ("skip", "all"):
+                try:
+                    rule = rule_from_json(definition["rule"])
+                    publish_it, nxt = plan_point(
+                        rule,
+                        at_ms,
+                        now_ms,
+                        definition["missed"],
+                        int(definition["max_missed"]),
+                        int(float(definition["grace"]) * 1000),
+                    )
+                except Exception as exc:  # a definition that no longer reads: say so, stop it
+                    logger.error("delayq: schedule %r cannot compute its next point: %r", name, exc)
+                    publish_it, nxt = True, None
+                if not publish_it:
                     logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
                 else:
                     outcome = self._try_publish(producer, errors, job, envelope)
                     if outcome is _OUTAGE:
                         break
-                    if outcome is not _SENT:
+                    if outcome is _BURIED:
+                        # The point is in the dead letters; the schedule goes on from now.
+                        try:
+                            self._schedules.rearm(name)
+                        except Exception as exc:
+                            logger.error(
+                                "delayq: schedule %r has no next run: its point was dead-lettered and "
+                                "a new one cannot be built here: %r",
+                                name,
+                                exc,
+                            )
                         continue
+                    if outcome is not _SENT:
+                        continue  # retried after its lease
                     published = job.id
-                try:
-                    rule = rule_from_json(definition["rule"])
-                    nxt = next_point(
-                        rule, at_ms, now_ms, definition["missed"], int(definition["max_missed"]), grace_ms
-                    )
-                    if nxt is not None:
+                if nxt is not None:
+                    try:
                         next_id, next_envelope = self._schedules.envelope_for(definition, nxt)
                         next_due = nxt
-                except Exception as exc:  # a definition that no longer builds: say so, stop it
-                    logger.error("delayq: schedule %r cannot compute its next point: %r", name, exc)
+                    except Exception as exc:  # a definition that no longer builds: say so, stop it
+                        logger.error("delayq: schedule %r cannot build its next point: %r", name, exc)
             calls.append(
                 ScriptCall(
                     SCRIPTS["fire"],

@@ -6,9 +6,11 @@ point strictly after a moment, in ms since the epoch (None when there is none).
 Daylight saving time, for cron rules in a timezone that has it (the rule cron
 users know from Vixie cron):
 
-* **Spring forward** (a local hour does not exist): a job whose time falls in
-  the missing hour runs once, at the first valid moment after it (02:30 on a
-  day when 02:00 jumps to 03:00 runs at 03:00). Never zero times.
+* **Spring forward** (a local hour does not exist): a job with a fixed hour
+  whose time falls in the missing hour runs once, at the first valid moment
+  after it (02:30 on a day when 02:00 jumps to 03:00 runs at 03:00). Never zero
+  times. A job whose hour field is ``*`` has no run in the missing hour (that
+  hour never happened): ``30 * * * *`` runs at 01:30, then 03:30.
 * **Fall back** (a local hour happens twice): a job with a fixed hour runs once,
   in the first occurrence (02:30 daily runs at 02:30 summer time only). A job
   whose hour field is ``*`` (or a step over every hour, e.g. ``*/2``) runs in both
@@ -207,10 +209,17 @@ def parse_rule(spec: Any, tz: str = "UTC", anchor_ms: int = 0, app: Any = None) 
         return spec
     if isinstance(spec, str):
         return CronRule(spec.strip(), tz)
-    if isinstance(spec, crontab):
+    # Exact types only: a subclass may decide is_due() its own way, which a stored rule
+    # could not honour (such entries stay in the beat's memory, see Scheduler).
+    if type(spec) is crontab:
         return CronRule(_crontab_expr(spec), tz)
-    if isinstance(spec, schedule):
+    if type(spec) is schedule:
         return _interval(spec.run_every, anchor_ms)
+    if isinstance(spec, crontab | schedule):
+        raise InvalidSchedule(
+            f"{type(spec).__name__} is a custom schedule class; only crontab() and schedule() "
+            "(or cron strings and intervals) can be stored"
+        )
     if isinstance(spec, timedelta) or (isinstance(spec, int | float) and not isinstance(spec, bool)):
         return _interval(spec, anchor_ms)
     if isinstance(spec, datetime):

@@ -39,6 +39,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.dispatcher: Dispatcher | None = None
         self._config_synced = False
+        self._config_entries: dict[str, Any] | None = None
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)
 
@@ -73,9 +74,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         from .rules import parse_rule
         from .schedules import Schedules
 
+        if self._config_entries is None:
+            self._config_entries = dict(self.schedule)
         storable: dict[str, Any] = {}
         in_memory: dict[str, Any] = {}
-        for name, entry in self.schedule.items():
+        for name, entry in self._config_entries.items():
             try:
                 parse_rule(entry.schedule, self.app.conf.timezone or "UTC")
             except ScheduleError as exc:
@@ -85,12 +88,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 )
             else:
                 storable[name] = entry
+        # Storable entries fire only from Redis, never from this beat's memory (not even
+        # while Redis is unreachable): N beats must not fire them N times.
+        self.data = in_memory
         try:
             report = Schedules(self.app).sync_config(storable)
         except redis.RedisError as exc:
             logger.warning("delayq: cannot store beat_schedule in Redis yet (%r); will retry", exc)
             return
-        self.data = in_memory
         self._config_synced = True
         logger.info(
             "delayq: beat_schedule in Redis: %d added, %d updated, %d removed, %d unchanged%s",

@@ -38,20 +38,32 @@ from .api import get_store
 from .exceptions import InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
 from .message import build_envelope, ms_to_datetime
 from .result import ScheduledResult
-from .rules import IntervalRule, Rule, parse_rule, rule_from_json, zone
+from .rules import CronRule, IntervalRule, OnceRule, Rule, parse_rule, rule_from_json, zone
 from .scripts import SCRIPTS
 from .store import Store
 
-__all__ = ["MISSED_POLICIES", "Schedule", "ScheduleNotFound", "Schedules", "next_point", "point_id"]
+__all__ = [
+    "MISSED_POLICIES",
+    "Schedule",
+    "ScheduleNotFound",
+    "Schedules",
+    "next_point",
+    "plan_point",
+    "point_id",
+]
 
 MISSED_POLICIES = ("once", "skip", "all")
 DEFINITION_VERSION = 1
 
 
+def _iso_ms(at_ms: int) -> str:
+    when = datetime.fromtimestamp(at_ms // 1000, UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at_ms % 1000:03d}Z"
+
+
 def point_id(name: str, at_ms: int) -> str:
     """The task id of ``name``'s execution point at ``at_ms``: the same in every beat."""
-    when = datetime.fromtimestamp(at_ms / 1000.0, UTC)
-    return "{" + name + "}@" + when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at_ms % 1000:03d}Z"
+    return "{" + name + "}@" + _iso_ms(at_ms)
 
 
 def _check_name(name: Any) -> str:
@@ -171,6 +183,33 @@ def next_point(
     return rule.next_after(now_ms)
 
 
+def plan_point(
+    rule: Rule, point_ms: int, now_ms: int, missed: str, max_missed: int, grace_ms: int
+) -> tuple[bool, int | None]:
+    """``(publish this point?, the point to store next)`` for a point delivered at ``now_ms``.
+
+    A point later than ``grace_ms`` is missed: ``"once"`` publishes it (one run
+    for all the missed points), ``"skip"`` does not, ``"all"`` publishes it only
+    when it is among the ``max_missed`` most recent missed points.
+
+    >>> rule = IntervalRule(1000)
+    >>> plan_point(rule, 5000, 5003, "skip", 10, 60_000)
+    (True, 6000)
+    >>> plan_point(rule, 5000, 500_000, "skip", 10, 60_000)
+    (False, 501000)
+    >>> plan_point(rule, 5000, 500_000, "all", 3, 60_000)
+    (False, 437000)
+    """
+    publish = True
+    if now_ms - point_ms > grace_ms:
+        if missed == "skip":
+            publish = False
+        elif missed == "all":
+            newer = _last_points_before(rule, now_ms - grace_ms, max_missed, point_ms)
+            publish = len(newer) < max_missed
+    return publish, next_point(rule, point_ms, now_ms, missed, max_missed, grace_ms)
+
+
 def _last_points_before(rule: Rule, end_ms: int, count: int, floor_ms: int) -> list[int]:
     """The last ``count`` points in ``(floor_ms, end_ms)``, looking back in growing spans."""
     span = 60_000
@@ -228,6 +267,12 @@ class Schedules:
         zone(tz)
         now_ms = int(time.time() * 1000)
         parsed = parse_rule(rule, tz, anchor_ms=created_ms or now_ms, app=self.app)
+        if isinstance(parsed, CronRule):
+            tz = parsed.tz  # a CronRule (or stored rule) given with its own zone runs in that zone
+        if args is not None and not isinstance(args, list | tuple):
+            raise InvalidSchedule(f"schedule {name!r}: args must be a list or tuple, got {args!r}")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise InvalidSchedule(f"schedule {name!r}: kwargs must be a dict, got {kwargs!r}")
         if missed not in MISSED_POLICIES:
             raise InvalidSchedule(f"missed must be one of {MISSED_POLICIES}, got {missed!r}")
         if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
@@ -252,12 +297,14 @@ class Schedules:
             "updated": now_ms,
         }
         try:
-            json.dumps(definition)
+            # Stored as JSON: normalise now (tuples become lists) so a definition compares
+            # equal to what is read back, and refuse what JSON cannot hold.
+            normal: dict[str, Any] = json.loads(json.dumps(definition))
         except (TypeError, ValueError) as exc:
             raise InvalidSchedule(
                 f"schedule {name!r}: args, kwargs and options must be JSON-serializable: {exc}"
             ) from exc
-        return definition
+        return normal
 
     def envelope_for(self, definition: dict[str, Any], at_ms: int) -> tuple[str, str]:
         """``(point id, envelope)`` of ``definition``'s point at ``at_ms``."""
@@ -301,6 +348,25 @@ class Schedules:
         not fit the task are refused now (as for an enabled one), not at resume."""
         if not definition["enabled"]:
             self.envelope_for(definition, int(time.time() * 1000))
+
+    def _check_future(self, definition: dict[str, Any]) -> None:
+        rule = rule_from_json(definition["rule"])
+        if isinstance(rule, OnceRule) and rule.at_ms <= int(time.time() * 1000):
+            raise InvalidSchedule(
+                f"schedule {definition['name']!r}: the one-shot time is in the past; "
+                "use task.apply_at() to run a task once now"
+            )
+
+    def rearm(self, name: str) -> bool:
+        """Store a fresh next point (counted from now) for ``name``; False when it is gone.
+
+        The beat calls this when a point could not be delivered and was
+        dead-lettered, so the schedule goes on with its next run.
+        """
+        definition, _ = self._raw(name)
+        if definition is None:
+            return False
+        return self._put(json.loads(definition), "put")
 
     def _raw(self, name: str) -> tuple[str | None, str | None]:
         shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
@@ -354,6 +420,7 @@ class Schedules:
             check_task,
         )
         self._check_paused(definition)
+        self._check_future(definition)
         if not self._put(definition, "add"):
             raise ScheduleExists(f"a schedule named {name!r} exists; use upsert() or update()")
         return self._get_or_fail(name)
@@ -395,6 +462,7 @@ class Schedules:
             created,
         )
         self._check_paused(definition)
+        self._check_future(definition)
         self._put(definition, "put")
         return self._get_or_fail(name)
 
@@ -445,7 +513,7 @@ class Schedules:
             changes.get("options", current.options),
             current.origin,
             "task" in changes,
-            int(current.created.timestamp() * 1000),
+            round(current.created.timestamp() * 1000),
         )
         self._put(definition, "put")
         return self._get_or_fail(name)
@@ -467,7 +535,7 @@ class Schedules:
         current = self._get_or_fail(name)
         definition = json.loads(self._raw(name)[0] or "{}")
         now_ms = int(time.time() * 1000)
-        task_id = "{" + current.name + "}@run-now-" + point_id(name, now_ms).split("@", 1)[1]
+        task_id = "{" + current.name + "}@run-now-" + _iso_ms(now_ms)
         task = self.app.tasks.get(current.task) or current.task
         envelope = build_envelope(
             self.app,

@@ -848,3 +848,106 @@ def test_a_pass_costs_the_same_with_10_or_10000_schedules_not_due(
 
 def _fmt(delta: dict[str, float]) -> str:
     return ", ".join(f"{name} {count:g}" for name, count in sorted(delta.items()))
+
+
+# -- fixes after review -----------------------------------------------------------------------
+
+
+def test_a_dead_lettered_point_does_not_stop_its_schedule(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """A point whose publish keeps failing goes to the dead letters after PUBLISH_ATTEMPTS, and
+    the schedule goes on with a fresh next point instead of stopping silently."""
+    from kombu import compression
+
+    def failing(body: bytes) -> bytes:
+        raise RuntimeError("codec unavailable")
+
+    compression.register(failing, lambda b: b, "application/x-delayq-failing-2", aliases=["failing2"])
+    app = app_factory(delayq_reclaim_ttl=0.05)
+    schedules = Schedules(app)
+    schedules.add("doomed", "t.noop", 0.2, options={"compression": "failing2"})
+    beat = dispatchers(app)
+    pump(beat, seconds=3.0, until=lambda: sum(1 for i, _ in DelayQ(app).dead() if "{doomed}" in i) >= 2)
+    dead = {job_id: rec for job_id, rec in DelayQ(app).dead() if job_id.startswith("{doomed}@")}
+    assert len(dead) >= 2, dead  # a second point reached the beat: the schedule was re-armed
+    assert all("publish failed 5 times" in rec["reason"] for rec in dead.values())
+    current = schedules.get("doomed")
+    assert current is not None and current.next_run is not None
+    assert ms_of(current.next_run) > max(ms_of_point(d) for d in dead)
+
+
+def ms_of_point(job_id: str) -> int:
+    from datetime import datetime
+
+    return round(datetime.fromisoformat(job_id.split("@", 1)[1].replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def test_cancel_or_reschedule_of_a_schedule_point_by_id_is_refused(app: Celery) -> None:
+    schedules = Schedules(app)
+    schedules.add("guarded", "t.noop", HOUR)
+    (point,) = stored_ids(app, "guarded")
+    dq = DelayQ(app)
+    with pytest.raises(InvalidSchedule, match="next run of schedule 'guarded'"):
+        dq.cancel(point)
+    with pytest.raises(InvalidSchedule, match="Schedules"):
+        dq.reschedule(point, time.time() + 60)
+    assert stored_ids(app, "guarded") == [point]
+    # An ordinary job whose id merely looks like one is not affected.
+    job = app.tasks["t.noop"].apply_in(HOUR, task_id="{guarded}@not-a-point")
+    assert dq.cancel(job.id) is True
+
+
+def test_run_now_id_with_at_sign_in_the_name(app: Celery) -> None:
+    schedules = Schedules(app)
+    schedules.add("a@b", "t.noop", HOUR)
+    result = schedules.run_now("a@b")
+    assert result.id.startswith("{a@b}@run-now-") and result.id.count("}") == 1
+
+
+def test_nested_tuples_in_a_config_entry_do_not_look_changed(app: Celery) -> None:
+    schedules = Schedules(app)
+    entry = {"task": "t.add", "schedule": 60.0, "args": ((1, 2), (3,))}
+    first = schedules.sync_config({"tuples": entry})
+    assert first["added"] == ["tuples"]
+    before = stored_ids(app, "tuples")
+    second = schedules.sync_config({"tuples": entry})
+    assert second["updated"] == [] and stored_ids(app, "tuples") == before
+
+
+def test_custom_schedule_classes_are_not_stored(app: Celery) -> None:
+    class Every(schedule):  # type: ignore[misc]
+        pass
+
+    class MyCron(crontab):  # type: ignore[misc]
+        pass
+
+    for spec in (Every(timedelta(seconds=5)), MyCron(minute="*/5")):
+        with pytest.raises(InvalidSchedule, match="custom schedule class"):
+            parse_rule(spec)
+
+
+@pytest.mark.parametrize("args", ["ab", 5, {"x": 1}])
+def test_args_must_be_a_list_or_tuple(app: Celery, args: Any) -> None:
+    with pytest.raises(InvalidSchedule, match="args must be a list or tuple"):
+        Schedules(app).add("bad-args", "t.noop", HOUR, args=args)
+    assert Schedules(app).get("bad-args") is None
+
+
+def test_a_one_shot_in_the_past_is_refused(app: Celery) -> None:
+    from datetime import UTC, datetime
+
+    with pytest.raises(InvalidSchedule, match="in the past"):
+        Schedules(app).add("late", "t.noop", datetime.now(UTC) - timedelta(minutes=1))
+    assert Schedules(app).get("late") is None
+    future = Schedules(app).add("soon", "t.noop", datetime.now(UTC) + timedelta(minutes=1))
+    assert future.next_run is not None
+
+
+def test_a_cron_rule_object_runs_in_its_own_zone(app: Celery) -> None:
+    stored = Schedules(app).add("tokyo", "t.noop", CronRule("0 9 * * *", "Asia/Tokyo"))
+    assert stored.tz == "Asia/Tokyo"
+    assert stored.next_run is not None
+    from zoneinfo import ZoneInfo
+
+    assert stored.next_run.astimezone(ZoneInfo("Asia/Tokyo")).hour == 9
