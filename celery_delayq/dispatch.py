@@ -26,14 +26,16 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
-from kombu.exceptions import EncodeError
+from celery.signals import after_task_publish, before_task_publish, task_sent
+from kombu.common import Broadcast
+from kombu.exceptions import BatchPublishError, EncodeError
 
 from .api import get_store
-from .message import Envelope, decode_envelope, publish
+from .message import DUE_HEADER, Envelope, decode_envelope, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 from .store import ClaimedJob, Store
 
@@ -44,6 +46,10 @@ logger = logging.getLogger("celery_delayq.dispatch")
 #: A job whose publish raised something other than a broker connection error is
 #: retried after its lease; the claim that makes this many attempts buries it.
 PUBLISH_ATTEMPTS = 5
+
+#: Broker commands one kombu publish batch may buffer: more than a pass ever
+#: publishes, so the batch is sent once, when it closes, and acks follow it.
+PUBLISH_BATCH_MAX = 1_000_000
 
 _SENT, _OUTAGE, _RETRY, _BURIED = object(), object(), object(), object()
 
@@ -85,6 +91,9 @@ class Dispatcher:
         self._pubsub: Any = None
         self._connection_errors: tuple[type[BaseException], ...] | None = None
         self._schedules: Any = None
+        self._declared: set[str] = set()
+        self._direct = False
+        self._conf: dict[str, Any] = {}
 
     # -- clock -------------------------------------------------------------------------------
 
@@ -145,7 +154,17 @@ class Dispatcher:
         if not claimed:
             return
         self.stats.claimed += len(claimed)
-        to_ack = self._publish(claimed)
+        to_ack, fires = self._publish(claimed)
+        self._settle(to_ack, fires)
+        if full:
+            logger.debug("delayq: a claimed batch was full; passing again at once")
+
+    def _settle(self, to_ack: dict[int, list[str]], fires: list[ScriptCall]) -> None:
+        """Ack the published jobs and fire the published schedule points (after the publish)."""
+        if fires:
+            for result in run_pipelined(self.store.client, fires):
+                if int(result) == 0:
+                    self.stats.stale_acks += 1
         if to_ack:
             acked = self.store.ack(self.token, to_ack)
             removed = sum(acked.values())
@@ -158,45 +177,82 @@ class Dispatcher:
                     "(lease expired and re-claimed, or cancelled/replaced meanwhile)",
                     stale,
                 )
-        if full:
-            logger.debug("delayq: a claimed batch was full; passing again at once")
 
-    def _publish(self, claimed: list[tuple[int, ClaimedJob]]) -> dict[int, list[str]]:
-        """Publish each claimed job; return the ids to ack, by shard.
+    def _publish(
+        self, claimed: list[tuple[int, ClaimedJob]]
+    ) -> tuple[dict[int, list[str]], list[ScriptCall]]:
+        """Publish each claimed job; return the ids to ack, by shard, and the fire calls
+        that ack the published schedule points and advance their schedules.
 
-        Execution points of recurring schedules are published too, and then
-        acked and advanced to their next point by :meth:`_fire_points`.
+        On a Redis broker, kombu's publish batch builds and routes every message as
+        usual and sends the final commands in one pipeline when the batch closes;
+        nothing is acked unless that flush succeeded.
         """
         to_ack: dict[int, list[str]] = defaultdict(list)
+        fires: list[ScriptCall] = []
         points: list[tuple[int, ClaimedJob, Envelope]] = []
+        sent: list[int] = []
         registered = self.app.tasks
+        self._declared = set()
         with self.app.producer_or_acquire() as producer:
             errors = self._broker_errors(producer)
-            for shard, job in claimed:
-                try:
-                    envelope = decode_envelope(job.envelope)
-                except ValueError as exc:
-                    self._bury(job, f"corrupt envelope: {exc}", None)
-                    continue
-                if envelope.schedule is not None:
-                    points.append((shard, job, envelope))
-                    continue
-                if self.config.dead_letter_unknown and envelope.task not in registered:
-                    self._bury(
-                        job,
-                        f"task {envelope.task!r} is not registered in the beat's app "
-                        "(import its module in the beat, or set delayq_dead_letter_unknown=False)",
-                        envelope,
-                    )
-                    continue
-                outcome = self._try_publish(producer, errors, job, envelope)
-                if outcome is _OUTAGE:
-                    return to_ack
-                if outcome is _SENT:
-                    to_ack[shard].append(job.id)
-            if points:
-                self._fire_points(producer, errors, points)
-        return to_ack
+            self._direct = self._can_publish_direct(producer)
+            conf = self.app.conf
+            self._conf = {
+                name: conf[name]
+                for name in (
+                    "task_compression",
+                    "task_default_delivery_mode",
+                    "task_default_routing_key",
+                    "task_serializer",
+                )
+            }
+            batch = getattr(producer, "batch", None)
+            try:
+                with batch(max_size=PUBLISH_BATCH_MAX) if batch else contextlib.nullcontext():
+                    outage = False
+                    for shard, job in claimed:
+                        try:
+                            envelope = decode_envelope(job.envelope)
+                        except ValueError as exc:
+                            self._bury(job, f"corrupt envelope: {exc}", None)
+                            continue
+                        if envelope.schedule is not None:
+                            points.append((shard, job, envelope))
+                            continue
+                        if self.config.dead_letter_unknown and envelope.task not in registered:
+                            self._bury(
+                                job,
+                                f"task {envelope.task!r} is not registered in the beat's app "
+                                "(import its module in the beat, or set delayq_dead_letter_unknown=False)",
+                                envelope,
+                            )
+                            continue
+                        outcome = self._try_publish(producer, errors, job, envelope)
+                        if outcome is _OUTAGE:
+                            outage = True
+                            break
+                        if outcome is _SENT:
+                            to_ack[shard].append(job.id)
+                            sent.append(job.due_ms)
+                    if points and not outage:
+                        fires = self._fire_points(producer, errors, points, sent)
+            except BatchPublishError as exc:
+                self.stats.publish_errors += 1
+                logger.error(
+                    "delayq: sending %d message(s) to the broker failed (%r), delivery uncertain; "
+                    "they stay stored and are delivered again after their lease (%.0f s)",
+                    len(sent),
+                    exc,
+                    self.config.reclaim_ttl,
+                )
+                return {}, []
+        now = self.server_now_ms()
+        self.stats.published += len(sent)
+        if self._keep_lateness:
+            room = self._keep_lateness - len(self.stats.lateness_ms)
+            self.stats.lateness_ms.extend(now - due for due in sent[: max(0, room)])
+        return to_ack, fires
 
     def _try_publish(
         self, producer: Any, errors: tuple[type[BaseException], ...], job: ClaimedJob, envelope: Envelope
@@ -204,7 +260,11 @@ class Dispatcher:
         """Publish one job: ``_SENT``, ``_OUTAGE`` (broker unreachable), ``_RETRY`` (after its
         lease) or ``_BURIED`` (moved to the dead letters)."""
         try:
-            publish(self.app, producer, envelope, job.due_ms, now_ms=int(self.server_now_ms()))
+            if self._direct:
+                self._publish_direct(producer, envelope, job.due_ms)
+            else:
+                envelope = self._declare_once(producer, envelope)
+                publish(self.app, producer, envelope, job.due_ms, now_ms=int(self.server_now_ms()))
         except errors as exc:
             # The broker is unreachable: keep the lease; the job is delivered again
             # when it expires. The caller stops this pass: the rest would fail too.
@@ -240,18 +300,114 @@ class Dispatcher:
                 self.config.reclaim_ttl,
             )
             return _RETRY
-        self.stats.published += 1
-        if self._keep_lateness and len(self.stats.lateness_ms) < self._keep_lateness:
-            self.stats.lateness_ms.append(self.server_now_ms() - job.due_ms)
         return _SENT
+
+    def _can_publish_direct(self, producer: Any) -> bool:
+        """True when nothing would notice Celery's ``send_task_message`` being skipped.
+
+        That is: no receiver of ``before_task_publish``/``after_task_publish``/
+        ``task_sent``, no task-sent events, and a transport with kombu publish
+        batches (Redis). Then :meth:`_publish_direct` hands each message to
+        kombu's ``Producer.publish`` itself, which builds exactly the same message.
+        """
+        if self.app.conf.task_send_sent_event:
+            return False
+        if any(sig.receivers for sig in (before_task_publish, after_task_publish, task_sent)):
+            return False
+        try:
+            channel = producer.channel
+        except Exception:  # broker unreachable: the normal path reports it per job
+            return False
+        return bool(getattr(channel, "create_publish_batch", None)) and getattr(
+            channel, "supports_batch_publish", True
+        )
+
+    def _publish_direct(self, producer: Any, envelope: Envelope, due_ms: int) -> None:
+        """``send_task_message``'s routing and ``Producer.publish``, without the signal machinery."""
+        amqp, conf = self.app.amqp, self._conf
+        headers = dict(envelope.headers)
+        headers[DUE_HEADER] = due_ms / 1000.0
+        route = dict(envelope.route)
+        extra = route.pop("headers", None)
+        if extra:
+            headers.update(extra)
+        qname = queue = route.pop("queue", None)
+        exchange = route.pop("exchange", None)
+        routing_key = route.pop("routing_key", None)
+        exchange_type = route.pop("exchange_type", None)
+        delivery_mode = route.pop("delivery_mode", None)
+        compression = route.pop("compression", None) or conf["task_compression"]
+        declare = route.pop("declare", None)
+        for name in ("retry", "retry_policy", "serializer", "timeout", "confirm_timeout", "event_dispatcher"):
+            route.pop(name, None)
+        if envelope.expires_ms is not None:
+            route["expiration"] = max(0.0, (envelope.expires_ms - self.server_now_ms()) / 1000.0)
+        if queue is None and exchange is None:
+            queue = amqp.default_queue
+        if queue is not None:
+            if isinstance(queue, str):
+                queue = amqp.queues[queue]
+            qname = queue.name
+            if declare is None and qname not in self._declared:
+                # Declared once per pass here, so kombu need not re-bind it every publish.
+                if not isinstance(queue, Broadcast):
+                    producer.maybe_declare(queue)
+                self._declared.add(qname)
+            if declare is None:
+                declare = []
+        if delivery_mode is None:
+            delivery_mode = getattr(getattr(queue, "exchange", None), "delivery_mode", None)
+            delivery_mode = delivery_mode or conf["task_default_delivery_mode"]
+        if exchange_type is None:
+            exchange_type = getattr(getattr(queue, "exchange", None), "type", None) or "direct"
+        if (not exchange or not routing_key) and exchange_type == "direct":
+            exchange, routing_key = "", qname
+        elif exchange is None:
+            exchange = queue.exchange.name or amqp.default_exchange
+            routing_key = routing_key or queue.routing_key or conf["task_default_routing_key"]
+        properties = dict(envelope.props)
+        properties.update(route)
+        producer.publish(
+            envelope.body,
+            exchange=exchange,
+            routing_key=routing_key,
+            serializer=conf["task_serializer"],
+            compression=compression,
+            retry=False,
+            delivery_mode=delivery_mode,
+            declare=declare,
+            headers=headers,
+            content_type=envelope.content_type,
+            content_encoding=envelope.content_encoding,
+            **properties,
+        )
+
+    def _declare_once(self, producer: Any, envelope: Envelope) -> Envelope:
+        """Declare the job's queue once per pass and publish with ``declare=[]``.
+
+        ``send_task_message`` would declare it on every publish, and kombu binds
+        (copies) the queue each time before finding it already declared: half
+        the cost of a publish. Raises KeyError for a queue the app does not know.
+        """
+        qname = envelope.route.get("queue")
+        if not isinstance(qname, str) or "declare" in envelope.route:
+            return envelope
+        if qname not in self._declared:
+            queue = self.app.amqp.queues[qname]
+            if not isinstance(queue, Broadcast):
+                producer.maybe_declare(queue)
+            self._declared.add(qname)
+        return replace(envelope, route={**envelope.route, "declare": []})
 
     def _fire_points(
         self,
         producer: Any,
         errors: tuple[type[BaseException], ...],
         points: list[tuple[int, ClaimedJob, Envelope]],
-    ) -> None:
-        """Publish due schedule points (per their missed-run policy) and advance each schedule."""
+        sent: list[int],
+    ) -> list[ScriptCall]:
+        """Publish due schedule points (per their missed-run policy); return the fire calls that
+        ack them and advance each schedule (run once the publishes reached the broker)."""
         from .rules import rule_from_json
         from .schedules import Schedules, plan_point
 
@@ -306,6 +462,7 @@ class Dispatcher:
                     if outcome is not _SENT:
                         continue  # retried after its lease
                     published = job.id
+                    sent.append(at_ms)
                 if nxt is not None:
                     try:
                         next_id, next_envelope = self._schedules.envelope_for(definition, nxt)
@@ -330,9 +487,7 @@ class Dispatcher:
                     ],
                 )
             )
-        for result in run_pipelined(self.store.client, calls):
-            if int(result) == 0:
-                self.stats.stale_acks += 1
+        return calls
 
     def _broker_errors(self, producer: Any) -> tuple[type[BaseException], ...]:
         if self._connection_errors is None:

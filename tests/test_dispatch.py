@@ -460,3 +460,71 @@ def test_other_publish_errors_are_retried_then_dead_lettered(
     reason = dict(dq.dead())[job.id]["reason"]
     assert f"publish failed {PUBLISH_ATTEMPTS} times" in reason and "codec unavailable" in reason
     assert calls["n"] == PUBLISH_ATTEMPTS
+
+
+def test_a_failure_inside_the_publish_batch_publishes_and_acks_nothing(
+    app_factory: AppFactory, dispatchers: Callable[..., Dispatcher], r: redis.Redis
+) -> None:
+    """On a Redis broker a pass publishes through one kombu batch: if the pass dies before the
+    batch is sent, no message reaches the broker, nothing is acked, and every job is delivered
+    exactly once after its lease."""
+
+    class Crash(BaseException):
+        pass
+
+    app = app_factory(delayq_reclaim_ttl=0.2)
+    jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(5)]
+    calls = {"n": 0}
+
+    def die_on_third(sender: Any = None, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise Crash
+
+    before_task_publish.connect(die_on_third, weak=False)
+    try:
+        with pytest.raises(Crash):
+            dispatchers(app).run_once()
+    finally:
+        before_task_publish.disconnect(die_on_third)
+    assert r.llen("celery") == 0
+    assert all(DelayQ(app).get(j.id).state == "leased" for j in jobs)  # type: ignore[union-attr]
+    time.sleep(0.3)
+    dispatchers(app).run_once()
+    bodies = [json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1)]
+    assert sorted(bodies) == sorted(j.id for j in jobs)
+
+
+def test_direct_and_signal_paths_publish_the_same_message(
+    app_factory: AppFactory, dispatchers: Callable[..., Dispatcher], r: redis.Redis
+) -> None:
+    """With no publish-signal receivers the beat hands messages to kombu itself; with one it
+    goes through Celery's send_task_message. The broker sees the same message either way."""
+    app = app_factory()
+    options = {"queue": "q2", "priority": 3, "headers": {"h": 1}, "expires": 600}
+    seen: list[Any] = []
+
+    def receiver(sender: Any = None, **kwargs: Any) -> None:
+        seen.append(sender)
+
+    direct = dispatchers(app)
+    app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), task_id="direct", **options)
+    direct.run_once()
+    assert direct._direct is True
+    before_task_publish.connect(receiver, weak=False)
+    try:
+        app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), task_id="signal", **options)
+        via_signal = dispatchers(app)
+        via_signal.run_once()
+        assert via_signal._direct is False and seen == ["t.add"]
+    finally:
+        before_task_publish.disconnect(receiver)
+    (key,) = [k for k in r.keys("q2*") if not k.startswith("_kombu")]
+    a, b = (json.loads(m) for m in r.lrange(key, 0, -1))
+    for message in (a, b):
+        message["properties"].pop("delivery_tag")
+        message["properties"].pop("correlation_id")
+        for name in ("id", "root_id", "delayq_due", "expires"):
+            message["headers"].pop(name)
+        message["properties"].pop("expiration")
+    assert a == b

@@ -15,7 +15,6 @@ import pytest
 import redis
 from celery import Celery
 from celery.schedules import BaseSchedule, crontab, schedule, solar
-from celery.signals import after_task_publish
 
 from celery_delayq import (
     CronRule,
@@ -608,20 +607,16 @@ def test_a_crash_between_claim_and_fire_gives_one_extra_run_and_skips_nothing(
     schedules.add("cr", "t.noop", IntervalRule(1500, int(time.time() * 1000) - 1400))
     at = _due_point(app, r, "cr")
     pid = point_id("cr", at)
-    crashing = [True]
 
-    def die_after_publish(sender: Any = None, headers: Any = None, **kwargs: Any) -> None:
-        if crashing[0]:
-            crashing[0] = False
+    class DiesAfterPublish(Dispatcher):
+        """The beat process dies once its publishes reached the broker, before ack/fire."""
+
+        def _settle(self, to_ack: Any, fires: Any) -> None:
             raise Crash
 
-    beat_a = dispatchers(app)
-    after_task_publish.connect(die_after_publish, weak=False)
-    try:
-        with pytest.raises(Crash):
-            beat_a.run_once()  # claimed, published, died before its fire
-    finally:
-        after_task_publish.disconnect(die_after_publish)
+    beat_a = dispatchers(app, cls=DiesAfterPublish)
+    with pytest.raises(Crash):
+        beat_a.run_once()  # claimed, published, died before its fire
     beat_a.close()
     assert ids_of(r, "cr") == [pid]
     job = DelayQ(app).get(pid)
