@@ -16,7 +16,7 @@ from typing import Any
 
 from .config import DelayQConfig
 from .exceptions import InvalidSchedule
-from .message import due_ms_from_eta, ms_to_datetime
+from .message import decode_envelope, due_ms_from_eta, ms_to_datetime
 from .store import (
     CANCEL_WAITING,
     RESCHEDULE_MOVED,
@@ -58,14 +58,14 @@ class PendingJob:
         kwargs: Any = None
         queue = None
         try:
-            envelope = json.loads(record.envelope)
-            task = envelope["task"]
-            queue = envelope.get("route", {}).get("queue")
-            if envelope.get("ct") == "application/json" and not envelope.get("b64"):
-                args, kwargs, _ = json.loads(envelope["body"])
+            envelope = decode_envelope(record.envelope)
+            task = envelope.task
+            queue = envelope.route.get("queue")
+            if envelope.content_type == "application/json":
+                args, kwargs, _ = json.loads(envelope.body)
             else:
-                args = envelope["headers"].get("argsrepr")
-                kwargs = envelope["headers"].get("kwargsrepr")
+                args = envelope.headers.get("argsrepr")
+                kwargs = envelope.headers.get("kwargsrepr")
         except (ValueError, KeyError, TypeError):
             task = "<corrupt envelope>"
         return cls(
@@ -125,7 +125,7 @@ class DelayQ:
         if record is None or record.state == "dead":
             return
         try:
-            sched = json.loads(record.envelope).get("sched")
+            sched = decode_envelope(record.envelope).schedule
         except ValueError:
             return
         if sched:

@@ -94,7 +94,11 @@ class ShardKeys:
     @property
     def core(self) -> list[str]:
         """KEYS for the scripts, in the order every script expects them."""
-        return [self.due, self.jobs, self.leases, self.wake, self.dead, self.schedules, self.history]
+        return list(self._core)
+
+    @cached_property
+    def _core(self) -> tuple[str, ...]:
+        return (self.due, self.jobs, self.leases, self.wake, self.dead, self.schedules, self.history)
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ class KeySpace:
         """Set: names of the schedules that came from ``beat_schedule`` (one key, no shard)."""
         return f"{self.prefix}:config-schedules"
 
-    @property
+    @cached_property
     def wake_channel(self) -> str:
         """Pub/sub channel on which enqueue announces ``"<shard>:<due ms>"``."""
         return f"{self.prefix}:wake"

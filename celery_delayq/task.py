@@ -14,12 +14,18 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery import Task, shared_task
-from celery.utils import uuid
 
 from .api import get_store
 from .config import DelayQConfig
 from .exceptions import InvalidOptions
-from .message import build_envelope, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
+from .message import (
+    app_state,
+    build_envelopes,
+    due_ms_from_delay,
+    due_ms_from_eta,
+    ms_to_datetime,
+    new_task_ids,
+)
 from .result import ScheduledResult
 from .store import ENQUEUE_KEPT
 
@@ -74,30 +80,24 @@ class DelayQTaskMixin:
         options = dict(options)
         replace = bool(options.pop("replace", False))
         given_id = options.pop("task_id", None)
-        if app.conf.task_always_eager:
+        state = app_state(app)
+        if state.always_eager:
             # Celery's eager mode runs tasks at once and ignores eta; do the same.
             return [self.apply_async(args, kwargs, task_id=given_id, **options) for _, args, kwargs in items]
         config = DelayQConfig.from_app(app)
-        jobs: list[tuple[str, int, str]] = []
-        for due_ms, args, kwargs in items:
-            task_id = given_id or uuid()
-            envelope = build_envelope(
-                app, self, task_id, due_ms, args, kwargs, options, max_payload=config.max_payload
-            )
-            jobs.append((task_id, due_ms, envelope))
-        statuses = get_store(app).enqueue(jobs, replace=replace)
-        backend = app.backend
-        return [
-            ScheduledResult(
-                task_id,
-                backend=backend,
-                task_name=self.name,
-                app=app,
-                due=ms_to_datetime(stored_due),
-                created=status != ENQUEUE_KEPT,
-            )
-            for (task_id, _, _), (status, stored_due) in zip(jobs, statuses, strict=True)
+        ids = [given_id] * len(items) if given_id else new_task_ids(len(items))
+        to_build = [(job_id, due, a, k) for job_id, (due, a, k) in zip(ids, items, strict=True)]
+        envelopes = build_envelopes(app, self, to_build, options, max_payload=config.max_payload, state=state)
+        jobs = [
+            (task_id, due_ms, envelope)
+            for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
         ]
+        statuses = get_store(app).enqueue(jobs, replace=replace)
+        done = [
+            (task_id, ms_to_datetime(stored_due), status != ENQUEUE_KEPT)
+            for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
+        ]
+        return ScheduledResult.many(done, app.backend, self.name, app)
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any

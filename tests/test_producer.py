@@ -29,7 +29,7 @@ from celery_delayq import (
 )
 from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
-from celery_delayq.message import ms_to_datetime
+from celery_delayq.message import decode_envelope, ms_to_datetime
 from celery_delayq.scripts import SCRIPTS
 from tests.conftest import make_app
 from tests.helpers import broker_lists, command_calls, snapshot
@@ -64,10 +64,12 @@ def ms(dt: datetime) -> int:
 
 
 def stored_envelope(app: Celery, job_id: str) -> dict[str, Any]:
+    """The stored envelope, decoded: headers and properties as the beat will publish them."""
     record = get_store(app).get(job_id)
     assert record is not None, f"job {job_id} is not stored"
-    envelope: dict[str, Any] = json.loads(record.envelope)
-    return envelope
+    envelope = decode_envelope(record.envelope)
+    return {"task": envelope.task, "headers": envelope.headers, "props": envelope.props,
+            "route": envelope.route, "expires": envelope.expires_ms}
 
 
 def dispatch(app: Celery) -> None:

@@ -20,37 +20,53 @@ Returns a flat array, two entries per job in ARGV order: status, due ms.
             leased), so it is not touched by the stale holder's ack
   status 0  kept: a waiting job with this id exists (mode "keep"); due ms is
             the existing job's due time
+Jobs are handled in ARGV order: a job with the same id as an earlier one of
+the same call sees that job as waiting. A new job costs HSETNX (HSET when
+replacing) and one ZADD per call for all stored jobs.
 When the earliest stored due time is earlier than the wake marker (or there is
 no marker), the marker is lowered to it and "<shard>:<due ms>" is published on
 the wake channel, so a sleeping beat wakes within milliseconds.
 ]]
-local mode = ARGV[1]
+local keep = ARGV[1] == 'keep'
 local out = {}
+local members = {}  -- due, id pairs of the jobs stored: one ZADD at the end
+local pending = {}  -- id -> due of the job this call stored with that id
 local earliest = nil
 for i = 4, #ARGV, 3 do
   local id = ARGV[i]
   local due = tonumber(ARGV[i + 1])
-  local status = 1
-  if redis.call('HEXISTS', KEYS[2], id) == 1 then
-    if redis.call('HEXISTS', KEYS[3], id) == 1 then
+  local status
+  if keep then
+    if redis.call('HSETNX', KEYS[2], id, ARGV[i + 2]) == 1 then
+      status = 1
+    elseif redis.call('HDEL', KEYS[3], id) == 1 then
+      -- it was leased (being delivered): store the new job, drop the stale lease
+      redis.call('HSET', KEYS[2], id, ARGV[i + 2])
       status = 3
-      redis.call('HDEL', KEYS[3], id)
-    elseif mode == 'keep' then
-      status = 0
-      due = tonumber(redis.call('ZSCORE', KEYS[1], id))
     else
-      status = 2
+      status = 0
+      due = pending[id] or tonumber(redis.call('ZSCORE', KEYS[1], id))
     end
+  elseif redis.call('HSET', KEYS[2], id, ARGV[i + 2]) == 1 then
+    status = 1
+  elseif redis.call('HDEL', KEYS[3], id) == 1 then
+    status = 3
+  else
+    status = 2
   end
   if status ~= 0 then
-    redis.call('ZADD', KEYS[1], due, id)
-    redis.call('HSET', KEYS[2], id, ARGV[i + 2])
+    members[#members + 1] = due
+    members[#members + 1] = id
+    pending[id] = due
     if earliest == nil or due < earliest then
       earliest = due
     end
   end
   out[#out + 1] = status
   out[#out + 1] = due
+end
+if #members > 0 then
+  redis.call('ZADD', KEYS[1], unpack(members))
 end
 if earliest ~= nil then
   local marker = tonumber(redis.call('GET', KEYS[4]))
