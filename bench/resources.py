@@ -1,0 +1,221 @@
+"""Rows 7, 9 and 10: what an idle beat costs, worker RSS, Redis bytes per pending job."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import threading
+import time
+from collections import Counter
+
+import psutil
+
+from celery_delayq.embedded import EmbeddedRedis
+
+from .celery_eta import celery_eta
+from .harness import (
+    BenchError,
+    Child,
+    Context,
+    fill,
+    producer,
+    rss_mib,
+    used_memory,
+    wait_until,
+    wake_channel,
+)
+from .report import Line, RowResult
+
+_MONITOR_LINE = re.compile(r'^\+\d+\.\d+ \[\d+ ([^\]]+)\] "([^"]+)"')
+
+
+class Monitor:
+    """Counts the commands clients send to one server (``MONITOR``), by command name.
+
+    Commands that Lua scripts run (``[0 lua]``) are not counted: they are not sent.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.counts: Counter[str] = Counter()
+        self.clients: set[str] = set()
+        self._stop = threading.Event()
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+        self._sock.sendall(b"MONITOR\r\n")
+        self._thread = threading.Thread(target=self._read, name="bench-monitor", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        buf = b""
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            *lines, buf = buf.split(b"\r\n")
+            for raw in lines:
+                match = _MONITOR_LINE.match(raw.decode(errors="replace"))
+                if match and match.group(1) != "lua":
+                    self.clients.add(match.group(1))
+                    self.counts[match.group(2).upper()] += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+class IdleBeat:
+    """Row 7, in two halves so it can run alongside the other rows: :meth:`start` brings up a
+    dedicated Redis and one beat and opens the window, which a timer closes after
+    ``idle_seconds``; :meth:`finish` waits for that and reports. The beat's commands are counted
+    on its own server (nothing else is connected to it), its CPU from its own process times, so
+    the rows that run meanwhile do not count."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.server: EmbeddedRedis | None = None
+        self.beat: Child | None = None
+        self.monitor: Monitor | None = None
+        self.t0 = 0.0
+        self.cpu0 = 0.0
+        self.elapsed = 0.0
+        self.cpu = 0.0
+        self.closed = threading.Event()
+        self.timer: threading.Timer | None = None
+
+    def start(self) -> None:
+        ctx = self.ctx
+        self.server = ctx.redis()
+        url = self.server.url + "/0"
+        self.beat = ctx.start_beat(url, url)
+        with producer(url, url) as p:
+            ctx.wait_beats(p.client, wake_channel(p), [self.beat])
+        time.sleep(2.0)  # settle: the start-up passes are over
+        self.monitor = Monitor(self.server.port)
+        self.t0 = time.time()
+        self.cpu0 = _cpu_seconds(self.beat.pid)
+        self.timer = threading.Timer(ctx.sizes.idle_seconds, self._close)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _close(self) -> None:
+        assert self.beat is not None and self.monitor is not None
+        try:
+            self.cpu = _cpu_seconds(self.beat.pid) - self.cpu0
+        except psutil.Error:
+            self.cpu = float("nan")
+        self.elapsed = time.time() - self.t0
+        self.monitor.stop()
+        self.closed.set()
+
+    def finish(self) -> RowResult:
+        assert self.beat is not None and self.monitor is not None and self.server is not None
+        ctx = self.ctx
+        left = self.t0 + ctx.sizes.idle_seconds - time.time()
+        if left > 0:
+            ctx.say(f"idle_beat: {left:.0f} s left of the idle window")
+        self.closed.wait(timeout=max(0.0, left) + 30)
+        alive = self.beat.alive()
+        counts = self.monitor.counts
+        total = sum(counts.values())
+        clients = len(self.monitor.clients)
+        ctx.stop(self.beat)
+        ctx.stop_redis(self.server)
+        if not alive:
+            raise BenchError(f"the idle beat exited\n{self.beat.log_tail()}")
+        elapsed, cpu = self.elapsed, self.cpu
+        result = RowResult("idle_beat")
+        result.lines.append(Line(f"idle_beat: Redis commands/s sent by an idle beat ({elapsed:.0f} s)",
+                                 total / elapsed, "cmd/s", target="<=1", on="ours"))
+        result.lines.append(Line("idle_beat: CPU of an idle beat, % of a core", 100.0 * cpu / elapsed,
+                                 "%", target="<=1", on="ours"))
+        breakdown = ", ".join(f"{name} {k}" for name, k in counts.most_common()) or "none"
+        result.notes.append(
+            f"one beat, nothing stored, on a Redis server of its own (broker and store); {total} "
+            f"commands from {clients} connection(s) in {elapsed:.1f} s counted with MONITOR (commands "
+            f"run inside Lua scripts not counted): {breakdown}; CPU = user+system time of the beat "
+            f"process ({cpu * 1000:.0f} ms); the window runs while the other rows run"
+        )
+        if ctx.sizes.idle_seconds < 20:
+            result.notes.append(f"the {ctx.sizes.idle_seconds:g} s window is shorter than delayq_max_sleep "
+                                "(20 s): it may hold no safety poll")
+        return result
+
+
+def _cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def row_idle_beat(ctx: Context) -> RowResult:
+    idle = IdleBeat(ctx)
+    idle.start()
+    return idle.finish()
+
+
+def row_worker_rss(ctx: Context) -> RowResult:
+    """Worker RSS with ``rss_jobs`` pending in delayq vs none; Celery ETA worker holding tasks."""
+    result = RowResult("worker_rss")
+    n = ctx.sizes.rss_jobs
+    server = ctx.redis()
+    url = server.url + "/0"
+    with producer(url, url) as p:
+        worker = ctx.start_worker(url, url)
+        ctx.wait_worker(worker)
+        p.task.apply_async()
+        wait_until(lambda: p.client.llen("bench:starts") >= 1, 60, 0.05, [worker], "warm-up task")
+        time.sleep(2.0)
+        none = rss_mib(worker.pid)
+        later = time.time() + 3600
+        ctx.say(f"worker_rss: storing {n:,} jobs in delayq")
+        fill(p, n, lambda i: later + i * 0.01, 5.0)
+        time.sleep(3.0)
+        pending = rss_mib(worker.pid)
+        ctx.stop(worker)
+    ctx.stop_redis(server)
+    eta = celery_eta(ctx, result.notes)
+    result.lines.append(Line(f"worker_rss: worker RSS, {n:,} pending in delayq vs none", pending, "MiB",
+                             baseline=none, target="<=1.05"))
+    result.lines.append(Line(f"worker_rss: vs a Celery ETA worker holding {eta.n:,}", pending, "MiB",
+                             baseline=eta.rss_mib))
+    result.notes.append(
+        "one worker (-P threads -c 8: one process), median RSS over 1 s, after a warm-up task, then "
+        f"again 3 s after {n:,} jobs due in an hour were stored in delayq on the same Redis"
+    )
+    if eta.n < n:
+        result.notes.append(
+            f"Celery ETA worker: {eta.n:,} ETA tasks, not {n:,}: the worker fetched them at "
+            f"{eta.n / eta.fetch_s:,.0f}/s here, so {n:,} would not fit the time budget "
+            "(--full runs 100,000)"
+        )
+    return result
+
+
+def row_redis_memory(ctx: Context) -> RowResult:
+    """``used_memory`` growth per pending no-argument job, vs Celery's bytes per ETA message."""
+    result = RowResult("redis_memory")
+    n = ctx.sizes.memory_jobs
+    server = ctx.redis()
+    url = server.url + "/0"
+    with producer(url, url) as p:
+        later = time.time() + 3600
+        p.task.apply_at(later)  # scripts loaded, shard keys exist
+        before = used_memory(p.client)
+        filled = fill(p, n, lambda i: later + i * 0.01, 5.0)
+        per_job = (used_memory(p.client) - before) / n
+    ctx.stop_redis(server)
+    eta = celery_eta(ctx, result.notes)
+    result.lines.append(Line("redis_memory: bytes per pending job (no-arg task)", per_job, "B",
+                             baseline=eta.bytes_per_message, target="<=500", on="ours"))
+    result.notes.append(
+        f"(used_memory after - before) / N on a dedicated server: {n:,} delayq jobs ({filled.method}), "
+        f"vs {eta.n:,} Celery apply_async(eta=) messages of the same task in a Redis broker list"
+    )
+    return result

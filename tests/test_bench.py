@@ -1,0 +1,53 @@
+"""Smoke test of the benchmark suite: ``python -m bench --quick`` runs every row to the end.
+
+It checks that the suite works (exit 0, every row in the table), never that a target is met:
+the figures depend on the machine and on the work in progress.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cli import NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_quick_benchmark_runs_every_row() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        stdin=subprocess.DEVNULL,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    for name in NAMES:
+        assert any(line.startswith(f"| {name}: ") or line.startswith(f"| {name} ") for line in table), (
+            f"row {name!r} missing from the table\n{proc.stdout}"
+        )
+    assert "| what " in proc.stdout and "| met? |" in proc.stdout
+
+
+def test_rows_are_listed() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "--list"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == NAMES
+
+
+def test_unknown_row_is_refused() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "--only", "nope"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown row" in proc.stderr
