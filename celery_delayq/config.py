@@ -51,6 +51,11 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         1_048_576,
         "Largest stored envelope in bytes; a larger job is refused at apply_at.",
     ),
+    "delayq_atomic_publish": (
+        True,
+        "When the broker is the store's Redis server and database, push each message and remove "
+        "its job in one script (no duplicate window); False: always publish through kombu.",
+    ),
 }
 
 
@@ -114,6 +119,7 @@ class DelayQConfig:
     intercept_eta: bool
     dead_letter_unknown: bool
     max_payload: int
+    atomic_publish: bool = True
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -159,6 +165,7 @@ class DelayQConfig:
             intercept_eta=_flag("delayq_intercept_eta", get["delayq_intercept_eta"]),
             dead_letter_unknown=_flag("delayq_dead_letter_unknown", get["delayq_dead_letter_unknown"]),
             max_payload=_number("delayq_max_payload", get["delayq_max_payload"], int, 1024),
+            atomic_publish=_flag("delayq_atomic_publish", get["delayq_atomic_publish"]),
         )
 
     @classmethod

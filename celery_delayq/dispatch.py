@@ -25,6 +25,7 @@ import random
 import socket
 import time
 import uuid
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +39,7 @@ from .api import get_store
 from .message import DUE_HEADER, Envelope, decode_envelope, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 from .store import ClaimedJob, Store
+from .wire import WireTemplates, wire_message
 
 __all__ = ["DispatchStats", "Dispatcher"]
 
@@ -51,7 +53,11 @@ PUBLISH_ATTEMPTS = 5
 #: publishes, so the batch is sent once, when it closes, and acks follow it.
 PUBLISH_BATCH_MAX = 1_000_000
 
-_SENT, _OUTAGE, _RETRY, _BURIED = object(), object(), object(), object()
+_SENT, _OUTAGE, _RETRY, _BURIED, _WIRED = object(), object(), object(), object(), object()
+
+#: Error replies of a refused push (deliver.lua) that say the server cannot take writes
+#: now, not that something is wrong with the message: the job is kept, never buried.
+SERVER_BUSY_REPLIES = ("OOM", "READONLY", "MISCONF", "LOADING", "BUSY", "NOREPLICAS", "MASTERDOWN")
 
 #: Publish errors that say the message itself cannot be published (Celery's
 #: QueueNotFound is a KeyError): buried at once.
@@ -94,6 +100,10 @@ class Dispatcher:
         self._declared: set[str] = set()
         self._direct = False
         self._conf: dict[str, Any] = {}
+        # kombu channel -> whether its Redis is the store's server and database (deliver.lua)
+        self._same_server: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self.wire = False  # whether the last pass pushed messages with deliver.lua
+        self._templates: WireTemplates | None = None
 
     # -- clock -------------------------------------------------------------------------------
 
@@ -192,26 +202,30 @@ class Dispatcher:
         fires: list[ScriptCall] = []
         points: list[tuple[int, ClaimedJob, Envelope]] = []
         sent: list[int] = []
+        wired: dict[int, list[tuple[ClaimedJob, str, str, str]]] = defaultdict(list)
         registered = self.app.tasks
+        dead_letter_unknown = self.config.dead_letter_unknown
         self._declared = set()
         with self.app.producer_or_acquire() as producer:
             errors = self._broker_errors(producer)
             self._direct = self._can_publish_direct(producer)
-            conf = self.app.conf
-            self._conf = {
-                name: conf[name]
-                for name in (
-                    "task_compression",
-                    "task_default_delivery_mode",
-                    "task_default_routing_key",
-                    "task_serializer",
-                )
-            }
+            channel = self._wire_channel(producer) if self._direct else None
+            self.wire = channel is not None
+            templates = self._templates_for(channel, producer)
+            self._conf = self._publish_conf()
             batch = getattr(producer, "batch", None)
             try:
                 with batch(max_size=PUBLISH_BATCH_MAX) if batch else contextlib.nullcontext():
                     outage = False
                     for shard, job in claimed:
+                        if templates is not None:
+                            built = templates.build(job.envelope, job.due_ms)
+                            if built is not None and (built[3] in registered or not dead_letter_unknown):
+                                key, text, qname, task = built
+                                if qname not in self._declared:
+                                    self._declare(producer, qname)
+                                wired[shard].append((job, task, key, text))
+                                continue
                         try:
                             envelope = decode_envelope(job.envelope)
                         except ValueError as exc:
@@ -228,7 +242,8 @@ class Dispatcher:
                                 envelope,
                             )
                             continue
-                        outcome = self._try_publish(producer, errors, job, envelope)
+                        wire = wired[shard] if channel is not None else None
+                        outcome = self._try_publish(producer, errors, job, envelope, channel, wire)
                         if outcome is _OUTAGE:
                             outage = True
                             break
@@ -246,7 +261,9 @@ class Dispatcher:
                     exc,
                     self.config.reclaim_ttl,
                 )
-                return {}, []
+                to_ack, fires, sent = defaultdict(list), [], []
+            if channel is not None:
+                sent.extend(self._deliver(wired))
         now = self.server_now_ms()
         self.stats.published += len(sent)
         if self._keep_lateness:
@@ -255,13 +272,26 @@ class Dispatcher:
         return to_ack, fires
 
     def _try_publish(
-        self, producer: Any, errors: tuple[type[BaseException], ...], job: ClaimedJob, envelope: Envelope
+        self,
+        producer: Any,
+        errors: tuple[type[BaseException], ...],
+        job: ClaimedJob,
+        envelope: Envelope,
+        channel: Any = None,
+        wire: list[tuple[ClaimedJob, str, str, str]] | None = None,
     ) -> object:
         """Publish one job: ``_SENT``, ``_OUTAGE`` (broker unreachable), ``_RETRY`` (after its
-        lease) or ``_BURIED`` (moved to the dead letters)."""
+        lease) or ``_BURIED`` (moved to the dead letters); or ``_WIRED`` when its kombu message
+        was built and added to ``wire``, for :meth:`_deliver` to push and ack in one script."""
         try:
             if self._direct:
-                self._publish_direct(producer, envelope, job.due_ms)
+                kwargs = self._direct_args(producer, envelope, job.due_ms)
+                built = None if wire is None else wire_message(channel, producer, kwargs)
+                if built is not None:
+                    assert wire is not None
+                    wire.append((job, envelope.task, *built))
+                    return _WIRED
+                producer.publish(**kwargs)
             else:
                 envelope = self._declare_once(producer, envelope)
                 publish(self.app, producer, envelope, job.due_ms, now_ms=int(self.server_now_ms()))
@@ -286,29 +316,149 @@ class Dispatcher:
         except Exception as exc:
             # Not a lost connection: maybe this message, maybe a passing broker
             # fault. Retry through the lease; bury after PUBLISH_ATTEMPTS claims.
+            return self._failed(job, envelope, exc)
+        return _SENT
+
+    def _failed(self, job: ClaimedJob, envelope: Envelope | None, exc: object) -> object:
+        """A publish failed for a reason that may pass: ``_RETRY`` after the lease, or
+        ``_BURIED`` once the job has had PUBLISH_ATTEMPTS claims."""
+        self.stats.publish_errors += 1
+        if job.tries >= PUBLISH_ATTEMPTS:
+            self._bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
+            return _BURIED
+        logger.warning(
+            "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after its lease (%.0f s)",
+            job.id,
+            envelope.task if envelope else "?",
+            job.tries,
+            PUBLISH_ATTEMPTS,
+            exc,
+            self.config.reclaim_ttl,
+        )
+        return _RETRY
+
+    # -- one script that publishes and acks (the broker is the store's Redis) ------------------
+
+    def _wire_channel(self, producer: Any) -> Any:
+        """The kombu Redis channel when its server and database are the store's, else None.
+
+        Then :meth:`_deliver` pushes the messages itself (``lua/deliver.lua``), each with the
+        removal of its job, in one atomic step; otherwise they go through kombu's batch.
+        """
+        if not self.config.atomic_publish or not isinstance(self.store.client, redis.Redis):
+            return None
+        try:
+            channel = producer.channel
+            if not all(
+                hasattr(channel, name)
+                for name in ("_q_for_pri", "_get_message_priority", "encode_body", "conn_or_acquire")
+            ):
+                return None
+            same = self._same_server.get(channel)
+            if same is None:
+                same = self._is_store_server(channel)
+                self._same_server[channel] = same
+        except Exception as exc:  # broker unreachable: the kombu path reports it per job
+            logger.debug("delayq: cannot tell whether the broker is the store's Redis: %r", exc)
+            return None
+        return channel if same else None
+
+    def _is_store_server(self, channel: Any) -> bool:
+        store = self.store.client
+        with channel.conn_or_acquire() as client:
+            broker_db = int(client.connection_pool.connection_kwargs.get("db") or 0)
+            store_db = int(store.connection_pool.connection_kwargs.get("db") or 0)
+            if broker_db != store_db:
+                return False
+            same = bool(client.info("server").get("run_id") == store.info("server").get("run_id"))
+        if same:
+            logger.info(
+                "delayq: the broker is the store's Redis (db %d): each due job is pushed into its "
+                "queue and removed in one script",
+                store_db,
+            )
+        return same
+
+    def _templates_for(self, channel: Any, producer: Any) -> WireTemplates | None:
+        """The message templates of ``channel`` (kept across passes while it stays the same)."""
+        if channel is None:
+            return None
+        templates = self._templates
+        if templates is None or templates.channel is not channel:
+            templates = self._templates = WireTemplates(channel, producer, self._direct_args)
+        templates.producer = producer
+        return templates
+
+    def _declare(self, producer: Any, qname: str) -> None:
+        """Declare a queue once per pass, as ``send_task_message`` would before publishing."""
+        queue = self.app.amqp.queues.get(qname)
+        if queue is not None and not isinstance(queue, Broadcast):
+            producer.maybe_declare(queue)
+        self._declared.add(qname)
+
+    def _deliver(self, wired: dict[int, list[tuple[ClaimedJob, str, str, str]]]) -> list[int]:
+        """Push and ack the built messages (one script call per shard chunk); return the due
+        times of those pushed."""
+        items = {shard: [(job.id, key, body) for job, _, key, body in jobs] for shard, jobs in wired.items()}
+        if not any(items.values()):
+            return []
+        try:
+            results = self.store.deliver(self.token, items)
+        except redis.RedisError as exc:
+            # Push and removal are one step: each job is either in its queue and gone from the
+            # store, or still stored under its lease and delivered again when that expires.
             self.stats.publish_errors += 1
-            if job.tries >= PUBLISH_ATTEMPTS:
-                self._bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
-                return _BURIED
-            logger.warning(
-                "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after its lease (%.0f s)",
-                job.id,
-                envelope.task,
-                job.tries,
-                PUBLISH_ATTEMPTS,
+            logger.error(
+                "delayq: pushing %d message(s) to the broker (the store's Redis) failed: %r; "
+                "those not pushed are delivered again after their lease (%.0f s)",
+                sum(len(v) for v in items.values()),
                 exc,
                 self.config.reclaim_ttl,
             )
-            return _RETRY
-        return _SENT
+            return []
+        delivered: list[int] = []
+        stale = 0
+        for jobs in wired.values():
+            for job, task, key, _ in jobs:
+                result = results[job.id]
+                if result == 1:
+                    delivered.append(job.due_ms)
+                elif result == 0:
+                    stale += 1
+                elif str(result).startswith(SERVER_BUSY_REPLIES):
+                    self.stats.publish_errors += 1
+                    logger.error(
+                        "delayq: the broker refused %s (%s): %s; it stays stored and is retried after "
+                        "its lease (%.0f s)",
+                        job.id,
+                        task,
+                        result,
+                        self.config.reclaim_ttl,
+                    )
+                elif str(result).startswith("WRONGTYPE"):
+                    reason = f"publish failed: queue key {key!r} is not a list: {result}"
+                    self._bury(job, reason, _decoded(job))
+                else:
+                    self._failed(job, _decoded(job), f"LPUSH {key!r}: {result}")
+        self.stats.acked += len(delivered)
+        if stale:
+            self.stats.stale_acks += stale
+            logger.warning(
+                "delayq: %d claimed job(s) were no longer leased to this beat when pushed (lease "
+                "expired and re-claimed, or cancelled/replaced meanwhile); not published by this beat",
+                stale,
+            )
+        return delivered
 
     def _can_publish_direct(self, producer: Any) -> bool:
         """True when nothing would notice Celery's ``send_task_message`` being skipped.
 
         That is: no receiver of ``before_task_publish``/``after_task_publish``/
         ``task_sent``, no task-sent events, and a transport with kombu publish
-        batches (Redis). Then :meth:`_publish_direct` hands each message to
-        kombu's ``Producer.publish`` itself, which builds exactly the same message.
+        batches (Redis). Then each message is handed to kombu's ``Producer.publish``
+        with the arguments :meth:`_direct_args` works out (exactly the same message), or,
+        when the broker is the store's Redis, built by :func:`wire_message` and pushed by
+        :meth:`_deliver`.
         """
         if self.app.conf.task_send_sent_event:
             return False
@@ -322,8 +472,15 @@ class Dispatcher:
             channel, "supports_batch_publish", True
         )
 
-    def _publish_direct(self, producer: Any, envelope: Envelope, due_ms: int) -> None:
-        """``send_task_message``'s routing and ``Producer.publish``, without the signal machinery."""
+    def _publish_conf(self) -> dict[str, Any]:
+        """The settings :meth:`_direct_args` reads, looked up once per pass."""
+        conf = self.app.conf
+        names = ("task_compression", "task_default_delivery_mode", "task_default_routing_key")
+        return {name: conf[name] for name in (*names, "task_serializer")}
+
+    def _direct_args(self, producer: Any, envelope: Envelope, due_ms: int) -> dict[str, Any]:
+        """``send_task_message``'s routing, without the signal machinery: the keyword
+        arguments of the ``Producer.publish`` call it would make."""
         amqp, conf = self.app.amqp, self._conf
         headers = dict(envelope.headers)
         headers[DUE_HEADER] = due_ms / 1000.0
@@ -367,8 +524,8 @@ class Dispatcher:
             routing_key = routing_key or queue.routing_key or conf["task_default_routing_key"]
         properties = dict(envelope.props)
         properties.update(route)
-        producer.publish(
-            envelope.body,
+        return dict(
+            body=envelope.body,
             exchange=exchange,
             routing_key=routing_key,
             serializer=conf["task_serializer"],
@@ -565,3 +722,11 @@ class Dispatcher:
 
     def close(self) -> None:
         self._drop_pubsub()
+
+
+
+def _decoded(job: ClaimedJob) -> Envelope | None:
+    try:
+        return decode_envelope(job.envelope)
+    except ValueError:
+        return None

@@ -9,8 +9,8 @@ Pipelines send every ``EVALSHA`` in one round trip and repeat only the calls
 that came back NOSCRIPT (redis-py's own pipeline would ask ``SCRIPT EXISTS``
 before every execute, one more round trip each time).
 
->>> sorted(SCRIPTS)
-['ack', 'bury', 'cancel', 'claim', 'enqueue', 'fire', 'get', 'reschedule', 'sched_del', 'sched_put']
+>>> " ".join(sorted(SCRIPTS))
+'ack bury cancel claim deliver enqueue fire get reschedule sched_del sched_put'
 """
 
 from __future__ import annotations

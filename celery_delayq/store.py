@@ -47,6 +47,8 @@ RESCHEDULE_MISSING, RESCHEDULE_MOVED, RESCHEDULE_HELD = 0, 1, 2
 ENQUEUE_CHUNK = 1000
 #: Ids sent to one ack call at most.
 ACK_CHUNK = 5000
+#: Jobs per deliver script call (each carries its whole broker message).
+DELIVER_CHUNK = 1000
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,30 @@ class Store:
         for chunk, result in zip(owners, run_pipelined(self.client, calls), strict=True):
             removed.update({job_id: bool(r) for job_id, r in zip(chunk, result, strict=True)})
         return removed
+
+    def deliver(
+        self, token: str, items_by_shard: dict[int, list[tuple[str, str, str]]]
+    ) -> dict[str, int | str]:
+        """Push ``(id, list key, message)`` into broker lists and remove the jobs, each only
+        while ``token`` holds its lease (``lua/deliver.lua``; the broker must be this server).
+
+        Returns ``{id: 1}`` pushed and removed, ``0`` not held (nothing done), or the error
+        text of a refused push.
+        """
+        calls: list[ScriptCall] = []
+        owners: list[list[str]] = []
+        for shard, items in items_by_shard.items():
+            for start in range(0, len(items), DELIVER_CHUNK):
+                chunk = items[start : start + DELIVER_CHUNK]
+                args: list[Any] = [token]
+                for item in chunk:
+                    args.extend(item)
+                calls.append(ScriptCall(SCRIPTS["deliver"], self.keys.shard(shard).core, args))
+                owners.append([job_id for job_id, _, _ in chunk])
+        out: dict[str, int | str] = {}
+        for chunk_ids, result in zip(owners, run_pipelined(self.client, calls), strict=True):
+            out.update(zip(chunk_ids, result, strict=True))
+        return out
 
     def bury(self, token: str, job_id: str, record: dict[str, Any]) -> bool:
         """Move a job this ``token`` holds to the dead-letter hash with ``record``."""

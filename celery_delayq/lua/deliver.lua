@@ -1,0 +1,42 @@
+--[[ deliver: push ready broker messages into their queue lists and remove the jobs, in one step.
+
+Used only when the Celery broker is this same Redis server and database (kombu's
+Redis transport keeps a queue as a list it LPUSHes to and its consumer BRPOPs from).
+The beat builds each message exactly as kombu would; this script publishes it and
+acks the job atomically, so there is no moment at which a job is both in a queue and
+still stored: a beat that dies at any point duplicates nothing.
+
+KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
+KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+
+ARGV[1] token: the lease token the caller claimed with
+ARGV[2..] triples: job id, list key (the queue, as kombu names it), message (kombu's JSON)
+
+A job no longer holding the caller's lease (its lease expired and another beat
+re-claimed it, or it was cancelled, rescheduled or replaced meanwhile) is not pushed
+and not touched. The list keys are not declared in KEYS: this script is never sent
+to a Redis Cluster (the queue list lives outside the shard's slot there).
+
+Returns one entry per job, in order: 1 pushed and removed, 0 not held (nothing done),
+or the error text of a refused LPUSH (the job keeps its lease and is retried).
+]]
+local suffix = '|' .. ARGV[1]
+local out = {}
+for i = 2, #ARGV, 3 do
+  local id = ARGV[i]
+  local lease = redis.call('HGET', KEYS[3], id)
+  if lease and string.sub(lease, -#suffix) == suffix then
+    local pushed = redis.pcall('LPUSH', ARGV[i + 1], ARGV[i + 2])
+    if type(pushed) == 'table' and pushed.err then
+      out[#out + 1] = pushed.err
+    else
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[3], id)
+      out[#out + 1] = 1
+    end
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

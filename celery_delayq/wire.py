@@ -1,0 +1,264 @@
+"""Broker messages for kombu's Redis transport, built in the beat.
+
+When the Celery broker is the store's own Redis server and database, the claim loop
+does not hand due jobs to kombu one by one: it builds the JSON that kombu's Redis
+transport would ``LPUSH`` for each of them, and ``lua/deliver.lua`` pushes it into the
+queue's list and removes the job in one atomic step (see :mod:`.dispatch`).
+
+:func:`wire_message` is the reference: it follows ``Producer.publish``,
+``Channel.prepare_message``, ``Channel.basic_publish`` and the Redis transport's
+``_put`` step by step, with kombu's own helpers for the delivery mode, body encoding,
+delivery tag, priority list and JSON. A test compares its output with what kombu
+pushes for the same job, and runs a real worker on it.
+
+:class:`WireTemplates` makes that fast. Jobs of one task scheduled by one producer
+with the same options differ only in a few fields (id, argument reprs, body, due
+time, delivery tag), so the message of the first such job is built by
+:func:`wire_message` with placeholder values and cut into a template at the
+placeholders; every later job of that *shape* fills the template in with
+``json``'s own string encoder. Anything unusual (an expiry, a schedule point, a
+compressed body, an exchange to route through) goes the reference way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _jstr
+from typing import Any
+
+from kombu.entity import maybe_delivery_mode
+from kombu.utils.json import dumps as kombu_dumps
+
+from .message import Envelope, decode_envelope
+
+__all__ = ["WireTemplates", "wire_message"]
+
+#: Fields of a version-2 envelope a template can take (others go the reference way).
+_TEMPLATE_FIELDS = frozenset({"v", "i", "t", "a", "k", "o", "h", "r", "p", "j", "b", "ct", "ce", "q", "c"})
+_PLAIN_TAIL = ', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+
+# Placeholders: values no real job has, found again in the reference message's JSON.
+_ID, _ARGS, _KWARGS, _TAG = "\u2603id\u2603", "\u2603args\u2603", "\u2603kwargs\u2603", "\u2603tag\u2603"
+_BODY = b"\xe2\x98\x83body\xe2\x98\x83"
+_DUE_MS = 9_876_543_210_123
+#: Most templates kept (one per task, producer and set of options seen recently).
+MAX_TEMPLATES = 1024
+
+
+def wire_message(
+    channel: Any, producer: Any, kwargs: dict[str, Any], tag: str | None = None
+) -> tuple[str, str] | None:
+    """The list key and the JSON that kombu's Redis transport would ``LPUSH`` for
+    ``producer.publish(**kwargs)`` on ``channel``.
+
+    None when that publish would do more than one ``LPUSH`` into a queue's list (an
+    exchange to route through, compression, entities to declare, a queue with
+    ``x-expires``): such a message goes through kombu itself. ``tag`` replaces kombu's
+    random delivery tag (the templates use it for a placeholder).
+    """
+    return _wire(channel, producer, tag, **kwargs)
+
+
+def _wire(
+    channel: Any,
+    producer: Any,
+    tag: str | None,
+    body: Any,
+    routing_key: Any = None,
+    delivery_mode: Any = None,
+    mandatory: bool = False,
+    immediate: bool = False,
+    priority: Any = 0,
+    content_type: Any = None,
+    content_encoding: Any = None,
+    serializer: Any = None,
+    headers: Any = None,
+    compression: Any = None,
+    exchange: Any = None,
+    retry: bool = False,
+    retry_policy: Any = None,
+    declare: Any = None,
+    expiration: Any = None,
+    timeout: Any = None,
+    confirm_timeout: Any = None,
+    **properties: Any,
+) -> tuple[str, str] | None:
+    if exchange or compression or declare or not content_type or not isinstance(routing_key, str):
+        return None
+    expires = getattr(channel, "_expires", None)
+    if expires and routing_key in expires:
+        return None
+    reply_to = properties.get("reply_to")
+    if reply_to is not None and not isinstance(reply_to, str):
+        return None
+    headers = {} if headers is None else headers
+    # Producer.publish: an exchange given as a str (here the anonymous one) takes the
+    # delivery mode of the producer's own exchange.
+    properties["delivery_mode"] = maybe_delivery_mode(  # type: ignore[no-untyped-call]
+        delivery_mode or producer.exchange.delivery_mode
+    )
+    if expiration is not None:
+        properties["expiration"] = str(int(expiration * 1000))
+    # Producer._prepare with a content type: the body is sent as it is.
+    if isinstance(body, str):
+        content_encoding = content_encoding or "utf-8"
+        body = body.encode(content_encoding)
+    elif not content_encoding:
+        content_encoding = "binary"
+    # Channel.prepare_message
+    properties.setdefault("delivery_info", {})
+    properties.setdefault("priority", priority or channel.default_priority)
+    message = {
+        "body": body,
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": headers,
+        "properties": properties,
+    }
+    # Channel.basic_publish with the anonymous exchange (the routing key is the queue), _put
+    message["body"], body_encoding = channel.encode_body(body, channel.body_encoding)
+    properties.update(
+        body_encoding=body_encoding,
+        delivery_tag=channel._next_delivery_tag() if tag is None else tag,
+    )
+    properties["delivery_info"].update(exchange="", routing_key=routing_key)
+    key = channel._q_for_pri(routing_key, channel._get_message_priority(message, reverse=False))
+    text = kombu_dumps(message)  # type: ignore[no-untyped-call]
+    return getattr(channel, "global_keyprefix", "") + key, text
+
+
+@dataclass(frozen=True)
+class _Template:
+    key: str  # the list to push to
+    queue: str  # the queue it belongs to (declared once per pass)
+    literals: tuple[str, ...]  # len(holes) + 1 pieces of JSON around the holes
+    holes: tuple[int, ...]  # which value goes in each hole (index into the per-job values)
+    body_encoding: str | None  # "base64" (kombu's default for Redis) or None: the body as text
+    content_encoding: str
+
+
+_NOT_WIRE = object()
+
+
+class WireTemplates:
+    """Message templates per job shape, for one kombu Redis channel.
+
+    ``args_for(producer, envelope, due_ms)`` gives the ``Producer.publish`` keyword arguments
+    Celery would use (the dispatcher's routing); it is called once per shape.
+    """
+
+    def __init__(
+        self, channel: Any, producer: Any, args_for: Callable[[Any, Envelope, int], dict[str, Any]]
+    ) -> None:
+        self.channel = channel
+        self.producer = producer
+        self.args_for = args_for
+        self._templates: dict[tuple[Any, ...], Any] = {}
+
+    def build(self, raw: str, due_ms: int) -> tuple[str, str, str, str] | None:
+        """``(list key, message JSON, queue, task name)`` for the envelope ``raw`` due at ``due_ms``, or
+        None when it must go the reference way (decode_envelope, then kombu or
+        :func:`wire_message`)."""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if type(data) is not dict or data.get("v") != 2 or not _TEMPLATE_FIELDS.issuperset(data):
+            return None
+        job_id = data.pop("i", None)
+        args = data.pop("a", "()")
+        kwargs = data.pop("k", "{}")
+        data.pop("c", None)
+        if "j" in data:
+            text = data.pop("j")
+            plain = True
+        else:
+            text = data.pop("b", None)
+            plain = False
+        if not (type(job_id) is str and type(args) is str and type(kwargs) is str and type(text) is str):
+            return None
+        shape = (plain, repr(data))
+        template = self._templates.get(shape)
+        if template is None:
+            template = self._make(data)
+            if len(self._templates) >= MAX_TEMPLATES:
+                self._templates.clear()
+            self._templates[shape] = template
+        if template is _NOT_WIRE:
+            return None
+        assert isinstance(template, _Template)
+        try:
+            body = (text + _PLAIN_TAIL if plain else text).encode(template.content_encoding)
+        except (LookupError, UnicodeError):
+            return None
+        if template.body_encoding is None:
+            body_json = _jstr(body.decode(template.content_encoding))
+        else:
+            body_json = '"' + base64.b64encode(body).decode("ascii") + '"'
+        values = (
+            _jstr(job_id),
+            _jstr(args),
+            _jstr(kwargs),
+            body_json,
+            repr(due_ms / 1000.0),
+            '"' + str(uuid.uuid4()) + '"',
+        )
+        literals, holes = template.literals, template.holes
+        parts = [literals[0]]
+        for n, hole in enumerate(holes, 1):
+            parts.append(values[hole])
+            parts.append(literals[n])
+        return template.key, "".join(parts), template.queue, data["t"]
+
+    def _make(self, shape: dict[str, Any]) -> Any:
+        """The template of one shape: the reference message of a job of that shape with
+        placeholder values, cut at the placeholders; ``_NOT_WIRE`` when it has none."""
+        content_encoding = shape.get("ce", "utf-8")
+        try:
+            body_text = _BODY.decode(content_encoding)
+        except (LookupError, UnicodeError):
+            return _NOT_WIRE
+        synthetic = {"v": 2, "i": _ID, **shape, "a": _ARGS, "k": _KWARGS, "b": body_text}
+        try:
+            envelope = decode_envelope(json.dumps(synthetic))
+            kwargs = self.args_for(self.producer, envelope, _DUE_MS)
+            built = wire_message(self.channel, self.producer, kwargs, tag=_TAG)
+        except Exception:  # the reference way reports it, job by job
+            return _NOT_WIRE
+        if built is None:
+            return _NOT_WIRE
+        key, text = built
+        encoded_body = json.loads(text)["body"]
+        body_encoding = json.loads(text)["properties"].get("body_encoding")
+        if body_encoding == "base64":
+            body_hole = '"' + base64.b64encode(_BODY).decode("ascii") + '"'
+        elif body_encoding in (None, "utf-8") and encoded_body == body_text:
+            body_encoding, body_hole = None, _jstr(body_text)
+        else:
+            return _NOT_WIRE
+        holes_by_text = {
+            _jstr(_ID): 0,
+            _jstr(_ARGS): 1,
+            _jstr(_KWARGS): 2,
+            body_hole: 3,
+            repr(_DUE_MS / 1000.0): 4,
+            _jstr(_TAG): 5,
+        }
+        pieces = re.split("(" + "|".join(re.escape(h) for h in holes_by_text) + ")", text)
+        literals = tuple(pieces[0::2])
+        holes = tuple(holes_by_text[h] for h in pieces[1::2])
+        if any(holes.count(hole) != 1 for hole in (3, 4, 5)):
+            return _NOT_WIRE
+        return _Template(
+            key=key,
+            queue=str(kwargs["routing_key"]),
+            literals=literals,
+            holes=holes,
+            body_encoding=body_encoding,
+            content_encoding=content_encoding,
+        )

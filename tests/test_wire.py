@@ -1,0 +1,243 @@
+"""The atomic publish path: messages built in the beat and pushed by ``lua/deliver.lua``.
+
+When the broker is the store's Redis server and database, the beat builds kombu's
+message itself and one script pushes it and removes the job. These tests check that
+what reaches the queue is what kombu itself pushes for the same job, and what the
+one-step push changes: no duplicate when a lease was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kombu import Queue
+
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.api import get_store
+from celery_delayq.dispatch import Dispatcher
+from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.message import build_envelope, decode_envelope
+from celery_delayq.wire import WireTemplates, wire_message
+from tests.conftest import make_app
+
+AppFactory = Callable[..., Celery]
+
+
+@pytest.fixture
+def app_factory(redis_url: str) -> Iterator[AppFactory]:
+    """Apps with ``t.add`` and queues ``celery``/``q2``; broker and store default to the test server."""
+    apps: list[Celery] = []
+
+    def factory(broker: str | None = None, **conf: Any) -> Celery:
+        conf.setdefault("task_queues", [Queue("celery"), Queue("q2")])
+        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
+
+        @application.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: Any, y: Any = None) -> Any:
+            return x
+
+        apps.append(application)
+        return application
+
+    yield factory
+    for application in apps:
+        application.close()
+
+
+def take_lists(r: redis.Redis) -> dict[str, list[dict[str, Any]]]:
+    """Every list (queue) with its messages decoded, then delete them."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key in r.keys("*"):
+        if r.type(key) == "list":
+            out[key] = [json.loads(m) for m in reversed(r.lrange(key, 0, -1))]
+            r.delete(key)
+    return out
+
+
+def comparable(message: dict[str, Any]) -> dict[str, Any]:
+    """A message less what differs between two publishes of one job by design."""
+    message = json.loads(json.dumps(message))
+    props = message["properties"]
+    assert isinstance(props.pop("delivery_tag"), str)
+    props.pop("reply_to")  # each app has its own reply-to oid
+    if "expiration" in props:  # the time left, computed at publish
+        props["expiration"] = "<set>"
+    return message
+
+
+OPTION_SETS: list[tuple[str, tuple[Any, ...], dict[str, Any], dict[str, Any]]] = [
+    ("plain", (1,), {}, {}),
+    ("queue", (1,), {}, {"queue": "q2"}),
+    ("priority", (1,), {}, {"priority": 3}),
+    ("priority-queue", (1,), {}, {"priority": 9, "queue": "q2"}),
+    ("headers", (1,), {}, {"headers": {"h": 1, "nested": {"x": [1, "\u00e9"]}}}),
+    ("text", ('quote " back \\ \u00e9 \u2603 \U0001f600',), {"y": [None, True, 1.5, {"z": "\n"}]}, {}),
+    ("ids", (1,), {}, {"shadow": "nick", "root_id": "root-1", "parent_id": "parent-1"}),
+    ("transient", (1,), {}, {"delivery_mode": "transient"}),
+    ("expires", (1,), {}, {"expires": 600}),
+    ("pickle", ({1, 2},), {}, {"serializer": "pickle"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "options"), [o[1:] for o in OPTION_SETS], ids=[o[0] for o in OPTION_SETS]
+)
+def test_the_atomic_path_pushes_what_kombu_pushes(
+    app_factory: AppFactory,
+    r: redis.Redis,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+) -> None:
+    """The same job (same id, arguments, options, due time), published by kombu and by the
+    atomic path, lands in the same list as the same message (JSON compared as data)."""
+    conf = {"accept_content": ["json", "pickle"]}
+    via_kombu = app_factory(delayq_prefix="k", delayq_atomic_publish=False, **conf)
+    atomic = app_factory(delayq_prefix="a", **conf)
+    due = time.time() - 1
+    messages = []
+    for application in (via_kombu, atomic):
+        application.tasks["t.add"].apply_at(due, args, kwargs, task_id="same-job", **options)
+        dispatcher = Dispatcher(application)
+        dispatcher.run_once()
+        dispatcher.close()
+        assert dispatcher.wire is (application is atomic)
+        assert dispatcher.stats.published == dispatcher.stats.acked == 1
+        assert DelayQ(application).count() == 0
+        lists = take_lists(r)
+        assert len(lists) == 1 and len(next(iter(lists.values()))) == 1
+        messages.append(lists)
+    kombu_lists, atomic_lists = messages
+    assert list(kombu_lists) == list(atomic_lists)  # the same list key (queue, priority)
+    (key,) = kombu_lists
+    assert comparable(kombu_lists[key][0]) == comparable(atomic_lists[key][0])
+    if "priority" in options and options["priority"] >= 3:
+        assert key.endswith("\x06\x16" + str(options["priority"] // 3 * 3))
+
+
+@given(
+    args=st.text(max_size=40),
+    kwargs=st.text(max_size=40),
+    due_ms=st.integers(min_value=0, max_value=253_402_300_799_999),
+)
+@settings(max_examples=150, deadline=None)
+def test_templates_equal_the_reference_message(
+    template_env: tuple[Celery, Any, Any], args: str, kwargs: str, due_ms: int
+) -> None:
+    """A message filled in from a shape's template is the reference message of that job."""
+    application, producer, templates = template_env
+    dispatcher = Dispatcher(application)
+    dispatcher._conf = dispatcher._publish_conf()
+    templates.args_for = dispatcher._direct_args
+    job_id = str(uuid.uuid4())
+    envelope = build_envelope(application, application.tasks["t.add"], job_id, due_ms, (args,), {"y": kwargs})
+    built = templates.build(envelope, due_ms)
+    assert built is not None
+    key, text, queue, task = built
+    reference = wire_message(
+        templates.channel, producer, dispatcher._direct_args(producer, decode_envelope(envelope), due_ms)
+    )
+    assert reference is not None
+    assert (key, queue, task) == (reference[0], "celery", "t.add")
+    ours, theirs = json.loads(text), json.loads(reference[1])
+    assert ours["headers"]["id"] == job_id
+    assert ours["headers"]["delayq_due"] == due_ms / 1000.0
+    for message in (ours, theirs):
+        message["properties"].pop("delivery_tag")
+    assert ours == theirs
+
+
+@pytest.fixture(scope="module")
+def template_env() -> Iterator[tuple[Celery, Any, Any]]:
+    with EmbeddedRedis() as server:
+        application = make_app(server.url + "/0", delayq_url=server.url + "/0")
+
+        @application.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: Any, y: Any = None) -> Any:
+            return x
+
+        with application.producer_or_acquire() as producer:
+            templates = WireTemplates(producer.channel, producer, lambda *a: {})
+            yield application, producer, templates
+        application.close()
+
+
+def test_a_job_whose_lease_was_taken_over_is_not_pushed_again(
+    app_factory: AppFactory, r: redis.Redis
+) -> None:
+    """kombu's path publishes, then acks: a beat whose lease expired meanwhile has already
+    published, and the beat that re-claimed the job publishes it again. On the atomic path
+    the push happens only while the lease is held, so the slow beat pushes nothing."""
+    application = app_factory(delayq_reclaim_ttl=0.2)
+    jobs = [application.tasks["t.add"].apply_at(time.time() - 1, (i,)) for i in range(20)]
+    slow, fast = Dispatcher(application), Dispatcher(application)
+    store = get_store(application)
+    claimed = [
+        (res.shard, job) for res in store.claim(range(store.config.shards), slow.token) for job in res.jobs
+    ]
+    assert len(claimed) == 20
+    time.sleep(0.3)  # the slow beat's leases expire
+    fast.run_once()
+    assert fast.stats.published == 20 and fast.wire
+    slow._publish(claimed)  # the slow beat goes on with what it claimed
+    assert slow.stats.published == 0 and slow.stats.stale_acks == 20
+    ids = [m["headers"]["id"] for m in take_lists(r)["celery"]]
+    assert sorted(ids) == sorted(j.id for j in jobs)
+    for d in (slow, fast):
+        d.close()
+
+
+def test_a_cancel_while_the_beat_holds_the_job_wins(app_factory: AppFactory, r: redis.Redis) -> None:
+    application = app_factory()
+    job = application.tasks["t.add"].apply_at(time.time() - 1, (1,))
+    beat = Dispatcher(application)
+    store = get_store(application)
+    claimed = [
+        (res.shard, j) for res in store.claim(range(store.config.shards), beat.token) for j in res.jobs
+    ]
+    # cancel() cannot know which path the beat takes, so it says "may already be in the
+    # broker" (False); on the atomic path the job is then never pushed.
+    assert DelayQ(application).cancel(job.id) is False
+    assert DelayQ(application).get(job.id) is None
+    beat._publish(claimed)
+    assert beat.stats.published == 0 and take_lists(r) == {}
+    beat.close()
+
+
+def test_a_queue_key_that_is_not_a_list_dead_letters_only_its_jobs(
+    app_factory: AppFactory, r: redis.Redis
+) -> None:
+    application = app_factory()
+    r.set("q2", "not a list")
+    bad = application.tasks["t.add"].apply_at(time.time() - 1, (1,), queue="q2")
+    good = application.tasks["t.add"].apply_at(time.time() - 1, (2,))
+    beat = Dispatcher(application)
+    beat.run_once()
+    assert beat.wire and beat.stats.published == 1 and beat.stats.dead_lettered == 1
+    dead = dict(DelayQ(application).dead())
+    assert list(dead) == [bad.id] and "is not a list" in dead[bad.id]["reason"]
+    assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [good.id]
+    r.delete("q2")
+    beat.close()
+
+
+def test_the_atomic_path_needs_the_same_server_and_database(app_factory: AppFactory, redis_url: str) -> None:
+    other_db = redis_url.rsplit("/", 1)[0] + "/5"
+    with EmbeddedRedis() as other:
+        for broker, expected in ((redis_url, True), (other_db, False), (other.url + "/0", False)):
+            application = app_factory(broker=broker)
+            application.tasks["t.add"].apply_at(time.time() - 1, (1,))
+            beat = Dispatcher(application)
+            beat.run_once()
+            assert (beat.wire, beat.stats.published) == (expected, 1), broker
+            beat.close()
+    redis.Redis.from_url(other_db).flushdb()
