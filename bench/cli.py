@@ -92,7 +92,14 @@ def _machine() -> str:
             server = found[0]
     return (f"{os.cpu_count()} cores ({cpu}), {mem} RAM, {platform.system()} {platform.release()}; "
             f"Python {platform.python_version()}, celery {version('celery')}, kombu {version('kombu')}, "
-            f"redis-py {version('redis')}; {server}")
+            f"redis-py {version('redis')} ({_parser()}); {server}")
+
+
+def _parser() -> str:
+    """Which reply parser redis-py uses: hiredis (C) or its own Python one."""
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return f"hiredis {version('hiredis')}" if HIREDIS_AVAILABLE else "no hiredis: Python parser"
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -56,6 +56,14 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "When the broker is the store's Redis server and database, push each message and remove "
         "its job in one script (no duplicate window); False: always publish through kombu.",
     ),
+    "delayq_cluster": (
+        False,
+        "delayq_url names a node of a Redis Cluster: the store uses a cluster client.",
+    ),
+    "delayq_wait_replicas": (
+        0,
+        "Replicas each producer write waits for (WAIT) before it returns; 0: do not wait.",
+    ),
 }
 
 
@@ -120,6 +128,8 @@ class DelayQConfig:
     dead_letter_unknown: bool
     max_payload: int
     atomic_publish: bool = True
+    cluster: bool = False
+    wait_replicas: int = 0
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -147,6 +157,11 @@ class DelayQConfig:
             )
         if url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
             raise ConfigurationError(f"delayq_url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        cluster = _flag("delayq_cluster", get["delayq_cluster"])
+        if cluster and url.split("://", 1)[0] == "unix":
+            raise ConfigurationError(
+                f"delayq_cluster needs a redis:// or rediss:// URL of a cluster node, got {url!r}"
+            )
         prefix = get["delayq_prefix"]
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} "):
             raise ConfigurationError(
@@ -166,6 +181,8 @@ class DelayQConfig:
             dead_letter_unknown=_flag("delayq_dead_letter_unknown", get["delayq_dead_letter_unknown"]),
             max_payload=_number("delayq_max_payload", get["delayq_max_payload"], int, 1024),
             atomic_publish=_flag("delayq_atomic_publish", get["delayq_atomic_publish"]),
+            cluster=cluster,
+            wait_replicas=_number("delayq_wait_replicas", get["delayq_wait_replicas"], int, 0),
         )
 
     @classmethod

@@ -38,7 +38,7 @@ from kombu.exceptions import BatchPublishError, EncodeError
 from .api import get_store
 from .message import DUE_HEADER, Envelope, decode_envelope, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
-from .store import ClaimedJob, Store
+from .store import REDIS_ERRORS, ClaimedJob, Store
 from .wire import WireTemplates, wire_message
 
 __all__ = ["DispatchStats", "Dispatcher"]
@@ -54,6 +54,10 @@ PUBLISH_ATTEMPTS = 5
 PUBLISH_BATCH_MAX = 1_000_000
 
 _SENT, _OUTAGE, _RETRY, _BURIED, _WIRED = object(), object(), object(), object(), object()
+
+#: How soon (ms) a beat claims again the shards of a cluster node that failed while others
+#: answered (a primary failing over).
+CLUSTER_RETRY_MS = 1000.0
 
 #: Error replies of a refused push (deliver.lua) that say the server cannot take writes
 #: now, not that something is wrong with the message: the job is kept, never buried.
@@ -147,7 +151,10 @@ class Dispatcher:
 
     def _pass(self, shards: list[int]) -> None:
         sent = time.time()
-        results = self.store.claim(shards, self.token)
+        # On a cluster, a node that is down (failing over) must not hold up the other nodes'
+        # shards: their claims stand and are delivered now (see below).
+        failed: list[Exception] | None = [] if self.store.is_cluster else None
+        results = self.store.claim(shards, self.token, failed=failed)
         received = time.time()
         self.stats.passes += 1
         full = False
@@ -161,13 +168,30 @@ class Dispatcher:
                 full = True
                 self._next[result.shard] = None
             claimed.extend((result.shard, job) for job in result.jobs)
-        if not claimed:
-            return
-        self.stats.claimed += len(claimed)
-        to_ack, fires = self._publish(claimed)
-        self._settle(to_ack, fires)
-        if full:
-            logger.debug("delayq: a claimed batch was full; passing again at once")
+        if claimed:
+            self.stats.claimed += len(claimed)
+            to_ack, fires = self._publish(claimed)
+            self._settle(to_ack, fires)
+            if full:
+                logger.debug("delayq: a claimed batch was full; passing again at once")
+        if failed:
+            if not results:
+                raise failed[0]  # no node answered: the tick backs off as for any outage
+            # Some nodes answered (a primary is failing over): no back-off, the others' shards
+            # stay on time; the failed shards are tried again each second.
+            answered = {result.shard for result in results}
+            retry_at = self.server_now_ms() + CLUSTER_RETRY_MS
+            missed = [shard for shard in shards if shard not in answered]
+            for shard in missed:
+                self._next[shard] = retry_at
+            logger.error(
+                "delayq: %d of %d shard(s) could not be claimed (%r); the others were delivered; "
+                "trying those again in %.0f s",
+                len(missed),
+                len(shards),
+                failed[0],
+                CLUSTER_RETRY_MS / 1000,
+            )
 
     def _settle(self, to_ack: dict[int, list[str]], fires: list[ScriptCall]) -> None:
         """Ack the published jobs and fire the published schedule points (after the publish)."""
@@ -364,13 +388,19 @@ class Dispatcher:
         return channel if same else None
 
     def _is_store_server(self, channel: Any) -> bool:
+        """Same server (``run_id``), same database and same user: then the store's connection
+        may push into the broker's queues. A user that may not run ``INFO`` answers False."""
         store = self.store.client
         with channel.conn_or_acquire() as client:
-            broker_db = int(client.connection_pool.connection_kwargs.get("db") or 0)
-            store_db = int(store.connection_pool.connection_kwargs.get("db") or 0)
-            if broker_db != store_db:
+            broker_kw = client.connection_pool.connection_kwargs
+            store_kw = store.connection_pool.connection_kwargs
+            broker_db, store_db = int(broker_kw.get("db") or 0), int(store_kw.get("db") or 0)
+            if broker_db != store_db or broker_kw.get("username") != store_kw.get("username"):
                 return False
-            same = bool(client.info("server").get("run_id") == store.info("server").get("run_id"))
+            try:
+                same = bool(client.info("server").get("run_id") == store.info("server").get("run_id"))
+            except redis.ResponseError:  # INFO refused (ACL): assume not, and do not ask again
+                return False
         if same:
             logger.info(
                 "delayq: the broker is the store's Redis (db %d): each due job is pushed into its "
@@ -694,7 +724,7 @@ class Dispatcher:
                 return
             try:
                 message = pubsub.get_message(timeout=remaining)
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 self._drop_pubsub()
                 raise
             if message is None:
@@ -715,7 +745,7 @@ class Dispatcher:
 
     def _drop_pubsub(self) -> None:
         if self._pubsub is not None:
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(*REDIS_ERRORS):
                 self._pubsub.close()
         self._pubsub = None
         self._next = [None] * self.config.shards

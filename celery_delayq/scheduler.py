@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from celery import beat
 
 from .api import get_store
 from .dispatch import Dispatcher
+from .store import REDIS_ERRORS
 
 __all__ = ["Scheduler"]
 
@@ -52,7 +52,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         try:
             for warning in store.check_server():
                 logger.warning("delayq: %s", warning)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("delayq: cannot reach Redis at start (%r); will keep trying", exc)
         logger.info(
             "delayq: beat %s delivering from %d shards (prefix %r, batch %d, reclaim TTL %.0f s)",
@@ -93,7 +93,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self.data = in_memory
         try:
             report = Schedules(self.app).sync_config(storable)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("delayq: cannot store beat_schedule in Redis yet (%r); will retry", exc)
             return
         self._config_synced = True
@@ -119,7 +119,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 wait = min(wait, parent_wait)
             if wait > 0:
                 dispatcher.wait(wait)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
             logger.error("delayq: Redis unavailable (%r); retrying in %.1f s", exc, self._backoff)
             dispatcher.close()

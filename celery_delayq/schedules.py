@@ -341,7 +341,7 @@ class Schedules:
             self.keys.wake_channel,
             shard,
         ]
-        return bool(SCRIPTS["sched_put"](self.store.client, self.keys.shard(shard).core, args))
+        return bool(self.store.write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args))
 
     def _check_paused(self, definition: dict[str, Any]) -> None:
         """A schedule created paused stores no message: build one anyway, so arguments that do
@@ -528,7 +528,7 @@ class Schedules:
     def delete(self, name: str) -> bool:
         """Delete the schedule and its waiting point; False when there was none."""
         shard = self.keys.shard_of("{" + _check_name(name) + "}")
-        return bool(SCRIPTS["sched_del"](self.store.client, self.keys.shard(shard).core, [name]))
+        return bool(self.store.write(SCRIPTS["sched_del"], self.keys.shard(shard).core, [name]))
 
     def run_now(self, name: str) -> ScheduledResult:
         """Run the schedule's task once now, outside its rule (the schedule is unchanged)."""

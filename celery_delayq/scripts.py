@@ -7,7 +7,10 @@ A script that answered NOSCRIPT did not run, so repeating it is safe.
 
 Pipelines send every ``EVALSHA`` in one round trip and repeat only the calls
 that came back NOSCRIPT (redis-py's own pipeline would ask ``SCRIPT EXISTS``
-before every execute, one more round trip each time).
+before every execute, one more round trip each time). On a Redis Cluster
+(``redis.cluster.RedisCluster``) each call goes to the primary of its first
+key's slot (every key of a call shares one hash tag), all nodes in one round
+trip, and ``SCRIPT LOAD`` loads a script on every primary.
 
 >>> " ".join(sorted(SCRIPTS))
 'ack bury cancel claim deliver enqueue fire get reschedule sched_del sched_put'
@@ -16,14 +19,30 @@ before every execute, one more round trip each time).
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    AskError,
+    ConnectionError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    TimeoutError,
+    TryAgainError,
+)
 
-__all__ = ["SCRIPTS", "LuaScript", "ScriptCall", "run_pipelined"]
+__all__ = ["SCRIPTS", "WAIT_TIMEOUT_MS", "LuaScript", "ScriptCall", "run_pipelined", "run_replicated"]
+
+logger = logging.getLogger("celery_delayq.scripts")
+
+#: How long (ms) a write made with ``delayq_wait_replicas`` waits for its replicas (``WAIT``).
+WAIT_TIMEOUT_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -64,30 +83,146 @@ class ScriptCall:
     args: Sequence[Any]
 
 
-def run_pipelined(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+def run_pipelined(client: Any, calls: Sequence[ScriptCall], raise_errors: bool = True) -> list[Any]:
     """Run ``calls`` in one pipeline (no MULTI); return their results in order.
 
     A call answered with NOSCRIPT is repeated after loading its script; any
-    other error is raised after the whole pipeline has been read.
+    other error is raised after the whole pipeline has been read. With
+    ``raise_errors=False`` the errors are returned in place of their results
+    instead, and on a cluster a node that cannot be reached (a primary failing
+    over) fails only its own calls: the other nodes' calls still run.
     """
     if not calls:
         return []
-    results = _send(client, calls)
+    results = _send(client, calls, raise_errors)
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i].script for i in missing}:
             client.script_load(script.source)
-        again = _send(client, [calls[i] for i in missing])
+        again = _send(client, [calls[i] for i in missing], raise_errors)
         for i, result in zip(missing, again, strict=True):
             results[i] = result
+    if raise_errors:
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+    return results
+
+
+def _send_by_node(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+    """:func:`_send` node by node: a node's error is the result of each of its calls."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    results: list[Any] = [None] * len(calls)
+    for i, call in enumerate(calls):
+        try:
+            groups[client.get_node_from_key(call.keys[0]).name].append(i)
+        except RedisClusterException as exc:  # a slot no node serves
+            results[i] = exc
+    for positions in groups.values():
+        try:
+            replies = _pipeline(client, [calls[i] for i in positions])
+        except (RedisError, RedisClusterException) as exc:
+            replies = [exc] * len(positions)
+        for i, reply in zip(positions, replies, strict=True):
+            results[i] = reply
+    return results
+
+
+def _send(client: Any, calls: Sequence[ScriptCall], raise_errors: bool = True) -> list[Any]:
+    """One pipeline of ``calls``; the replies, errors in place. A pipeline that fails as a
+    whole raises, unless ``raise_errors`` is off on a cluster: then it is sent again node by
+    node, and only the unreachable node's calls get the error."""
+    try:
+        return _pipeline(client, calls)
+    except (RedisError, RedisClusterException):
+        if raise_errors or not isinstance(client, RedisCluster):
+            raise
+        return _send_by_node(client, calls)
+
+
+def _pipeline(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+    cluster = isinstance(client, RedisCluster)
+    with client.pipeline(transaction=False) as pipe:
+        for call in calls:
+            if cluster:
+                # The node of the call's slot, named here: left to itself, redis-py's cluster
+                # pipeline asks the server (COMMAND GETKEYS) where each EVALSHA goes, one more
+                # round trip a call. A redirected call (MOVED, a failover) is re-routed by slot.
+                node = client.get_node_from_key(call.keys[0])
+                pipe.execute_command(
+                    "EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args, target_nodes=node
+                )
+            else:
+                pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+        return list(pipe.execute(raise_on_error=False))
+
+
+#: Replies of a call that may not have run on the node it was sent to (repeated, unconfirmed).
+_REROUTE = (AskError, TryAgainError, ConnectionError, TimeoutError)
+
+
+def run_replicated(client: Any, calls: Sequence[ScriptCall], replicas: int) -> list[Any]:
+    """As :func:`run_pipelined`, then ``WAIT replicas WAIT_TIMEOUT_MS`` on each connection that
+    carried calls: it returns once that many replicas have every write (or the time is up).
+
+    ``WAIT`` covers the writes of its own connection, so on a cluster the calls are grouped by
+    node, each group and its ``WAIT`` in one pipeline on that node. Fewer replicas than asked
+    (a slow or missing replica, a redirected call) is logged as a warning: the writes are
+    stored on the primary, but a failover before they are replicated could lose them.
+    """
+    if not calls:
+        return []
+    targets: list[tuple[Any, list[int]]] = [(client, list(range(len(calls))))]
+    if isinstance(client, RedisCluster):
+        cluster: Any = client
+        groups: dict[str, list[int]] = defaultdict(list)
+        nodes: dict[str, Any] = {}
+        for i, call in enumerate(calls):
+            node = cluster.get_node_from_key(call.keys[0])
+            groups[node.name].append(i)
+            nodes[node.name] = node
+        targets = [(cluster.get_redis_connection(nodes[name]), idx) for name, idx in groups.items()]
+    results: list[Any] = [None] * len(calls)
+    confirmed = replicas
+    for target, positions in targets:
+        try:
+            with target.pipeline(transaction=False) as pipe:
+                for i in positions:
+                    call = calls[i]
+                    pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+                pipe.execute_command("WAIT", replicas, WAIT_TIMEOUT_MS)
+                replies = list(pipe.execute(raise_on_error=False))
+        except (RedisError, RedisClusterException) as exc:
+            replies = [exc] * (len(positions) + 1)
+        for i, reply in zip(positions, replies, strict=False):
+            results[i] = reply
+        waited = replies[-1]
+        confirmed = min(confirmed, waited if isinstance(waited, int) else 0)
+    # Calls the node did not take (moved slot, lost connection): through the cluster client's
+    # own routing and retries, unconfirmed. NOSCRIPT: loaded everywhere, repeated with WAIT.
+    again = [i for i, r in enumerate(results) if isinstance(r, _REROUTE)]
+    if again and isinstance(client, RedisCluster):
+        confirmed = 0
+        client.nodes_manager.initialize()
+        for i, result in zip(again, _pipeline(client, [calls[i] for i in again]), strict=True):
+            results[i] = result
+    missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+    if missing:
+        for script in {calls[i].script for i in missing}:
+            client.script_load(script.source)
+        repeated = run_replicated(client, [calls[i] for i in missing], replicas)
+        for i, result in zip(missing, repeated, strict=True):
+            results[i] = result
+    if confirmed < replicas:
+        logger.warning(
+            "delayq: %d write(s) reached %d of the %d replica(s) asked (delayq_wait_replicas) "
+            "within %d ms; they are stored on the primary but a failover now could lose them",
+            len(calls),
+            confirmed,
+            replicas,
+            WAIT_TIMEOUT_MS,
+        )
     for result in results:
         if isinstance(result, Exception):
             raise result
     return results
-
-
-def _send(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
-    with client.pipeline(transaction=False) as pipe:
-        for call in calls:
-            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-        return list(pipe.execute(raise_on_error=False))

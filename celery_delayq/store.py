@@ -17,22 +17,29 @@ from json.encoder import encode_basestring_ascii as _jstr
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from .config import DelayQConfig
 from .exceptions import UnsupportedServer
 from .keys import KeySpace, ShardKeys, shard_of
-from .scripts import SCRIPTS, ScriptCall, run_pipelined
+from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 __all__ = [
     "CANCEL_HELD",
     "CANCEL_WAITING",
     "ENQUEUE_KEPT",
+    "REDIS_ERRORS",
     "RESCHEDULE_HELD",
     "ClaimResult",
     "ClaimedJob",
     "JobRecord",
     "Store",
 ]
+
+#: What a Redis or Redis Cluster client raises when the store cannot be reached or answer
+#: (redis-py's cluster errors such as ``SlotNotCoveredError`` are not ``RedisError``s).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 
 # enqueue statuses (see lua/enqueue.lua)
 ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED, ENQUEUE_AFTER_HELD = 0, 1, 2, 3
@@ -116,9 +123,21 @@ def loaded_form(job_id: str, stored: str) -> str:
     return stored
 
 
-def make_client(url: str) -> Any:
-    """A redis-py client for ``url`` that returns ``str``."""
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+def make_client(url: str, cluster: bool = False) -> Any:
+    """A redis-py client for ``url`` that returns ``str``: a ``RedisCluster`` (``url`` names
+    any node; the others are discovered) when ``cluster``, else a ``Redis``.
+
+    Replies are decoded with ``surrogateescape``: a value that is not UTF-8 (bytes written
+    into the store's keys by something else) reads as a ``str`` that encodes back to the
+    same bytes, so the beat dead-letters such a job as corrupt instead of failing the whole
+    claim on it, and acks or buries an id of that kind exactly.
+    """
+    options: dict[str, Any] = dict(
+        decode_responses=True, encoding_errors="surrogateescape", health_check_interval=30
+    )
+    if cluster:
+        return RedisCluster.from_url(url, **options)
+    return redis.Redis.from_url(url, **options)
 
 
 class Store:
@@ -127,7 +146,18 @@ class Store:
     def __init__(self, config: DelayQConfig, client: Any | None = None) -> None:
         self.config = config
         self.keys = KeySpace(config.prefix, config.shards)
-        self.client = client if client is not None else make_client(config.url)
+        self.client = client if client is not None else make_client(config.url, config.cluster)
+
+    @property
+    def is_cluster(self) -> bool:
+        return isinstance(self.client, RedisCluster)
+
+    def write(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run one producer-side script (it stores or removes a job or a schedule); with
+        ``delayq_wait_replicas``, only return once that many replicas have it (``WAIT``)."""
+        if self.config.wait_replicas:
+            return run_replicated(self.client, [ScriptCall(script, keys, args)], self.config.wait_replicas)[0]
+        return script(self.client, keys, args)
 
     # -- producers -------------------------------------------------------------------------
 
@@ -143,7 +173,7 @@ class Store:
             job_id, due_ms, envelope = jobs[0]
             shard = self.keys.shard_of(job_id)
             one = [mode, channel, shard, job_id, int(due_ms), stored_form(job_id, envelope)]
-            status, due = SCRIPTS["enqueue"](self.client, self.keys.shard(shard).core, one)
+            status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
             return [(int(status), int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
@@ -164,7 +194,11 @@ class Store:
                 calls.append(ScriptCall(SCRIPTS["enqueue"], keys, args))
                 owners.append(chunk)
         out: list[tuple[int, int]] = [(0, 0)] * len(jobs)
-        for chunk, result in zip(owners, run_pipelined(self.client, calls), strict=True):
+        if self.config.wait_replicas:
+            results = run_replicated(self.client, calls, self.config.wait_replicas)
+        else:
+            results = run_pipelined(self.client, calls)
+        for chunk, result in zip(owners, results, strict=True):
             pairs = iter(result)
             for p, status, due in zip(chunk, pairs, pairs, strict=True):
                 out[p] = (int(status), int(due))
@@ -172,8 +206,19 @@ class Store:
 
     # -- beats -------------------------------------------------------------------------------
 
-    def claim(self, shards: Iterable[int], token: str, batch: int | None = None) -> list[ClaimResult]:
-        """Lease up to ``batch`` due jobs from each of ``shards`` (one round trip)."""
+    def claim(
+        self,
+        shards: Iterable[int],
+        token: str,
+        batch: int | None = None,
+        failed: list[Exception] | None = None,
+    ) -> list[ClaimResult]:
+        """Lease up to ``batch`` due jobs from each of ``shards`` (one round trip).
+
+        With ``failed`` (a list), a shard whose claim failed (its cluster node is down) is
+        left out of the results and its error appended, instead of raising: the jobs the
+        other shards leased are returned, to be published now rather than after their lease.
+        """
         shard_list = list(shards)
         batch = batch or self.config.batch_size
         ttl_ms = int(self.config.reclaim_ttl * 1000)
@@ -181,7 +226,12 @@ class Store:
             ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms]) for s in shard_list
         ]
         results: list[ClaimResult] = []
-        for shard, raw in zip(shard_list, run_pipelined(self.client, calls), strict=True):
+        raws = run_pipelined(self.client, calls, raise_errors=failed is None)
+        for shard, raw in zip(shard_list, raws, strict=True):
+            if isinstance(raw, Exception):
+                assert failed is not None
+                failed.append(raw)
+                continue
             jobs = [
                 ClaimedJob(raw[i], loaded_form(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
                 for i in range(2, len(raw), 4)
@@ -237,13 +287,13 @@ class Store:
 
     def cancel(self, job_id: str) -> int:
         """Remove a job; a ``CANCEL_*`` code (see ``lua/cancel.lua``)."""
-        return int(SCRIPTS["cancel"](self.client, self.keys.for_job(job_id).core, [job_id]))
+        return int(self.write(SCRIPTS["cancel"], self.keys.for_job(job_id).core, [job_id]))
 
     def reschedule(self, job_id: str, due_ms: int) -> int:
         """Move a waiting job; a ``RESCHEDULE_*`` code (see ``lua/reschedule.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), self.keys.wake_channel, shard]
-        return int(SCRIPTS["reschedule"](self.client, self.keys.shard(shard).core, args))
+        return int(self.write(SCRIPTS["reschedule"], self.keys.shard(shard).core, args))
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job (or dead letter) with this id, or None."""
@@ -340,15 +390,30 @@ class Store:
     # -- server ------------------------------------------------------------------------------
 
     def check_server(self) -> list[str]:
-        """Raise if the server cannot run the scripts; return warnings worth logging."""
-        info = self.client.info("server")
-        version = str(info.get("valkey_version") or info.get("redis_version") or "0")
-        parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-        if not info.get("valkey_version") and parts < (6, 2):
-            raise UnsupportedServer(
-                f"Redis {version} is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)"
-            )
+        """Raise if the server cannot run the scripts; return warnings worth logging.
+
+        A check the server refuses (an ACL user without ``INFO`` or ``CONFIG``, a managed
+        Redis, a renamed command; see docs/security.md) is skipped, with a warning for the
+        version check.
+        """
+        if self.is_cluster:
+            return self._check_cluster()
         warnings: list[str] = []
+        try:
+            info = self.client.info("server")
+        except redis.ResponseError as exc:  # NOPERM (a NoPermissionError) or unknown command
+            warnings.append(
+                f"cannot read INFO ({exc}): the server version was not checked "
+                "(celery-delayq needs Redis 6.2 or newer, or Valkey)"
+            )
+            info = None
+        if info is not None:
+            version = str(info.get("valkey_version") or info.get("redis_version") or "0")
+            parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+            if not info.get("valkey_version") and parts < (6, 2):
+                raise UnsupportedServer(
+                    f"Redis {version} is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)"
+                )
         try:
             policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.ResponseError:
@@ -358,6 +423,14 @@ class Store:
                 f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis may evict "
                 "scheduled jobs; set it to 'noeviction'"
             )
+        return warnings
+
+    def _check_cluster(self) -> list[str]:
+        """:meth:`check_server` on every primary of the cluster (each answers for itself)."""
+        warnings: list[str] = []
+        for node in self.client.get_primaries():
+            one = Store(self.config, self.client.get_redis_connection(node))
+            warnings.extend(f"{node.name}: {warning}" for warning in one.check_server())
         return warnings
 
     def close(self) -> None:

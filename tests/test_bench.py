@@ -40,14 +40,32 @@ def test_quick_benchmark_runs_every_row() -> None:
 
 
 def test_rows_are_listed() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "--list"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert [line.split()[0] for line in proc.stdout.splitlines()] == NAMES
 
 
 def test_unknown_row_is_refused() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "--only", "nope"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "unknown row" in proc.stderr
+
+
+@pytest.mark.parametrize("path", ["atomic (deliver.lua)", "kombu publish batch"])
+def test_the_dispatch_profile_runs(path: str) -> None:
+    """``python -m bench.profile`` drains the jobs on the path it names and prints the call tree."""
+    args = [sys.executable, "-m", "bench.profile", "3000"] + (["--kombu"] if "kombu" in path else [])
+    proc = subprocess.run(
+        args, cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"dispatch path: {path}; 3,000 jobs due at once" in proc.stdout
+    assert "Dispatcher.run_once" in proc.stdout and "Store.claim" in proc.stdout

@@ -170,6 +170,10 @@ def test_from_mapping_without_an_app_needs_a_url() -> None:
         ("delayq_prefix", "a b"),
         ("delayq_prefix", "{x}"),
         ("delayq_prefix", 5),
+        ("delayq_cluster", "maybe"),
+        ("delayq_wait_replicas", -1),
+        ("delayq_wait_replicas", 1.5),
+        ("delayq_wait_replicas", "some"),
     ],
 )
 def test_bad_values(name: str, value: Any) -> None:
@@ -191,3 +195,12 @@ def test_bad_setting_fails_the_call_and_stores_nothing(redis_url: str) -> None:
         DelayQ(app)
     assert snapshot(redis_url) == before
     app.close()
+
+
+def test_cluster_settings() -> None:
+    config = DelayQConfig.from_mapping(
+        {"delayq_url": "redis://node-1:7000", "delayq_cluster": "yes", "delayq_wait_replicas": "1"}
+    )
+    assert (config.cluster, config.wait_replicas) == (True, 1)
+    with pytest.raises(ConfigurationError, match="delayq_cluster"):
+        DelayQConfig.from_mapping({"delayq_url": "unix:///tmp/redis.sock", "delayq_cluster": True})

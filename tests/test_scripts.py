@@ -649,3 +649,38 @@ def test_all_keys_of_a_shard_share_one_hash_tag(store: Store, r: redis.Redis) ->
     for key in keys:
         tag = key[key.index("{") + 1 : key.index("}")]
         assert key_slot(key.encode()) == key_slot(tag.encode())
+
+
+# -- delayq_wait_replicas ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
+    redis_url: str, redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Producer writes are followed by ``WAIT n 1000`` on their connection: at once with a
+    replica attached; after the timeout, with a warning, without one (the write is stored)."""
+    from celery_delayq.embedded import EmbeddedRedis
+
+    caplog.set_level("WARNING", logger="celery_delayq.scripts")
+    store = make_store(redis_url, wait_replicas=1)
+    try:
+        started = time.monotonic()
+        assert store.enqueue([("a", 2_000_000_000_000, "env")]) == [(ENQUEUE_NEW, 2_000_000_000_000)]
+        assert time.monotonic() - started >= 0.9
+        assert "reached 0 of the 1 replica(s)" in caplog.text
+        caplog.clear()
+        with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(redis_server.port)]) as replica:
+            r = redis.Redis(host="127.0.0.1", port=replica.port, decode_responses=True)
+            assert wait_for(lambda: r.info("replication").get("master_link_status") == "up", 20, 0.05)
+            started = time.monotonic()
+            jobs = [(f"j{i}", 2_000_000_000_000 + i, "env") for i in range(50)]
+            store.enqueue(jobs)
+            assert store.cancel("j1") == CANCEL_WAITING
+            assert store.reschedule("j2", 2_000_000_000_001) == RESCHEDULE_MOVED
+            assert time.monotonic() - started < 0.9
+            assert caplog.text == ""
+            assert r.hget(store.keys.for_job("j3").jobs, "j3") == "env"  # on the replica already
+            r.close()
+    finally:
+        store.close()

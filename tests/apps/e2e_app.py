@@ -2,11 +2,14 @@
 
 Configured from the environment (set by ``tests/conftest.py``):
 ``DELAYQ_TEST_BROKER`` (broker URL), ``DELAYQ_TEST_STORE`` (delayq Redis URL,
-also where tasks record their runs), and optional ``DELAYQ_TEST_CONF`` (JSON of
-extra app settings).
+also where tasks record their runs), optional ``DELAYQ_TEST_CONF`` (JSON of
+extra app settings) and optional ``DELAYQ_TEST_RECORD`` (Redis URL where runs are
+recorded instead of the store: the reliability tests restart the store's server and
+must not lose the records with it).
 
-Every task run is recorded in the store's Redis: ``HINCRBY e2e:runs <task id> 1``
-and ``RPUSH e2e:starts <json {id, start, due}>`` (start: worker clock, s).
+Every task run is recorded in the store's Redis (or ``DELAYQ_TEST_RECORD``):
+``HINCRBY e2e:runs <task id> 1`` and ``RPUSH e2e:starts <json {id, start, due}>``
+(start: worker clock, s).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from celery_delayq import DelayedTask
 
 BROKER = os.environ.get("DELAYQ_TEST_BROKER", "redis://127.0.0.1:1/0")
 STORE = os.environ.get("DELAYQ_TEST_STORE", BROKER)
+RECORD = os.environ.get("DELAYQ_TEST_RECORD") or STORE
 
 app = Celery("e2e", broker=BROKER)
 app.conf.update(
@@ -39,7 +43,7 @@ _client: redis.Redis | None = None
 def recorder() -> redis.Redis:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(STORE)
+        _client = redis.Redis.from_url(RECORD)
     return _client
 
 
@@ -69,4 +73,19 @@ def flaky(self: Any, fail_times: int = 1, countdown: float = 1.0) -> None:
 @app.task(bind=True, name="e2e.plain")
 def plain(self: Any) -> None:
     """A task that is not a DelayedTask (used by beat_schedule tests)."""
+    _record(self)
+
+
+@app.task(
+    base=DelayedTask,
+    bind=True,
+    name="e2e.record_late",
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def record_late(self: Any, *args: Any, **kwargs: Any) -> None:
+    """``e2e.record`` acked only after it ran (``acks_late``): a message whose worker is
+    SIGKILLed before the ack stays in the broker's unacked set and is delivered again
+    (on the Redis broker, once ``visibility_timeout`` has passed). Used by the worker-kill
+    soak in ``tests/test_reliability.py``."""
     _record(self)

@@ -1,0 +1,496 @@
+"""The store, the API, the schedules and the dispatcher on a Redis Cluster (``delayq_cluster``).
+
+The session cluster (``redis_cluster`` in conftest) has three primaries. The store tests of
+``test_scripts.py`` and ``test_api.py`` run here again, unchanged, with their fixtures
+(``store``, ``r``, ``app``) pointed at the cluster; the ones that read a single server's
+``INFO commandstats`` or ``DUMP`` have cluster versions below. The broker is always the plain
+session Redis: kombu has no Redis Cluster transport.
+
+Run with ``-s`` to see how the shards spread over the nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq.api import get_store
+from celery_delayq.dispatch import Dispatcher
+from celery_delayq.scripts import SCRIPTS
+from celery_delayq.store import CANCEL_WAITING, ENQUEUE_NEW, Store
+from tests import test_api, test_scripts
+from tests.conftest import LocalCluster, make_app, wait_for
+from tests.helpers import broker_lists, ids_on_shard, make_store, server_ms
+
+pytestmark = pytest.mark.cluster
+
+# -- fixtures: the reused tests see the cluster ---------------------------------------------------
+
+
+@pytest.fixture
+def r(cluster_url: str) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(cluster_url: str) -> Iterator[Store]:
+    s = make_store(cluster_url, cluster=True, reclaim_ttl=30.0)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fast_store(cluster_url: str) -> Iterator[Store]:
+    s = make_store(cluster_url, cluster=True, reclaim_ttl=0.2)
+    yield s
+    s.close()
+
+
+def cluster_app(broker: str, cluster_url: str, **conf: Any) -> Celery:
+    application = make_app(broker, delayq_url=cluster_url, delayq_cluster=True, **conf)
+
+    @application.task(base=DelayedTask, name="t.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @application.task(base=DelayedTask, name="t.noop", shared=False)
+    def noop() -> None:
+        return None
+
+    return application
+
+
+@pytest.fixture
+def app(redis_url: str, cluster_url: str) -> Iterator[Celery]:
+    """The conftest ``app``, with its store on the cluster (its broker, unused here, the plain
+    session Redis)."""
+    application = cluster_app(redis_url, cluster_url)
+    yield application
+    get_store(application).close()
+    application.close()
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+# -- the store and API tests, again --------------------------------------------------------------
+
+_SINGLE_SERVER_ONLY = {
+    # INFO commandstats of one server: see the cluster versions below
+    "test_enqueue_groups_by_shard_in_one_pipeline",
+    "test_script_flush_before_a_single_call",
+    "test_script_flush_before_a_pipeline",
+    "test_run_pipelined_repeats_only_the_noscript_calls",
+    # DUMP/KEYS of one server (test_shards_spread_over_every_primary checks each node's keys)
+    "test_cancel",
+    "test_reschedule",
+    "test_all_keys_of_a_shard_share_one_hash_tag",
+}
+
+for _module in (test_scripts, test_api):
+    for _name in dir(_module):
+        if _name.startswith("test_") and _name not in _SINGLE_SERVER_ONLY:
+            globals()[_name] = getattr(_module, _name)
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def primaries(r: RedisCluster) -> list[Any]:
+    return sorted(r.get_primaries(), key=lambda n: n.port)
+
+
+def command_calls(r: RedisCluster, command: str) -> tuple[int, int]:
+    """``(calls, failed_calls)`` of ``command``, summed over every primary."""
+    calls = failed = 0
+    for node in primaries(r):
+        stats = r.info("commandstats", target_nodes=node).get(f"cmdstat_{command}", {})
+        calls += int(stats.get("calls", 0))
+        failed += int(stats.get("failed_calls", 0))
+    return calls, failed
+
+
+def slot_ranges(r: RedisCluster) -> dict[str, list[tuple[int, int]]]:
+    """Each primary's slots, as ranges, from the client's slot map."""
+    out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for slot in range(16384):
+        name = r.nodes_manager.slots_cache[slot][0].name
+        ranges = out[name]
+        if ranges and ranges[-1][1] == slot - 1:
+            ranges[-1] = (ranges[-1][0], slot)
+        else:
+            ranges.append((slot, slot))
+    return out
+
+
+def node_of(r: RedisCluster, key: str) -> Any:
+    return r.get_node_from_key(key)
+
+
+def node_client(node: Any) -> redis.Redis:
+    """A plain client of one cluster node (it answers for its own keys and slots only)."""
+    return redis.Redis(host=node.host, port=node.port, decode_responses=True)
+
+
+class ClusterWake(test_scripts.Wake):
+    """``test_scripts.Wake`` on a cluster: a script's PUBLISH reaches the subscriber's node over
+    the cluster bus from the node that ran it, so the sentinel that ends a drain is published
+    on every primary, and the drain waits for all of them (each link keeps its order)."""
+
+    def drain(self) -> list[str]:
+        nodes = self.client.get_primaries()  # type: ignore[attr-defined]
+        for node in nodes:
+            self.client.execute_command("PUBLISH", self.channel, "sentinel", target_nodes=node)
+        got: list[str] = []
+        sentinels = 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=1.0)
+            if message is None or message["type"] != "message":
+                continue
+            if message["data"] == "sentinel":
+                sentinels += 1
+                if sentinels == len(nodes):
+                    return got
+                continue
+            got.append(message["data"])
+        raise AssertionError(f"the sentinels never arrived; got {got}")
+
+
+@pytest.fixture
+def wake(store: Store, r: RedisCluster) -> Iterator[ClusterWake]:
+    w = ClusterWake(r, store.keys.wake_channel)  # type: ignore[arg-type]
+    yield w
+    w.close()
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+def test_the_store_uses_a_cluster_client_which_is_not_a_redis(store: Store) -> None:
+    assert isinstance(store.client, RedisCluster)
+    assert store.is_cluster
+    # The atomic deliver path (dispatch._wire_channel) is gated on isinstance(.., redis.Redis).
+    assert not isinstance(store.client, redis.Redis)
+    assert not issubclass(RedisCluster, redis.Redis)
+
+
+def test_shards_spread_over_every_primary(store: Store, r: RedisCluster) -> None:
+    """Each shard's keys live on the node of its hash tag's slot; the 16 shards cover all three
+    primaries. Prints the distribution."""
+    nodes = primaries(r)
+    assert len(nodes) == 3
+    past = server_ms(r) - 1
+    jobs = [(job_id, past, "env") for shard in range(store.config.shards)
+            for job_id in ids_on_shard(store.keys, shard, 5, stem=f"s{shard}")]
+    store.enqueue(jobs)
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for index, shard in enumerate(store.keys.all_shards()):
+        slot = int(r.cluster_keyslot(shard.due))  # the server's own CLUSTER KEYSLOT
+        assert slot == key_slot(shard.tag[1:-1].encode())
+        assert {int(r.cluster_keyslot(key)) for key in shard.core} == {slot}
+        owner = node_of(r, shard.due)
+        by_node[owner.name].append(index)
+        # The keys really are on that node, and only there (SCAN lists a node's own keys).
+        for node in nodes:
+            with node_client(node) as client:
+                held = sorted(client.scan_iter(match=f"delayq:{shard.tag}:*"))
+            assert held == (sorted([shard.due, shard.jobs, shard.wake]) if node.name == owner.name else []), (
+                index, node.name, held,
+            )
+    assert sorted(by_node) == sorted(n.name for n in nodes), "every primary holds shards"
+    print("\nshard distribution over the cluster (16 shards, 5 jobs each):")
+    for node in nodes:
+        with node_client(node) as client:
+            keys = client.dbsize()
+        ranges = slot_ranges(r)[node.name]
+        shards = by_node[node.name]
+        print(f"  {node.name} slots {ranges}: shards {shards} ({len(shards) * 5} jobs, {keys} keys)")
+    assert sum(len(v) for v in by_node.values()) == store.config.shards
+
+
+def test_pipelines_name_each_calls_node_without_asking_the_server(store: Store, r: RedisCluster) -> None:
+    """redis-py's cluster pipeline would send COMMAND GETKEYS for every EVALSHA (movable keys):
+    run_pipelined routes each call by its first key's slot instead."""
+    due = server_ms(r) + 60_000
+    store.enqueue([(f"warm{i}", due, "e") for i in range(40)])
+    getkeys_before, _ = command_calls(r, "command|getkeys")
+    evalsha_before, _ = command_calls(r, "evalsha")
+    jobs = [(f"j{i}", due + i, f"env{i}") for i in range(200)]
+    shards = {store.keys.shard_of(job_id) for job_id, _, _ in jobs}
+    assert store.enqueue(jobs) == [(ENQUEUE_NEW, due + i) for i in range(200)]
+    claimed = store.claim(range(store.config.shards), "beat-1")
+    assert all(result.jobs == [] for result in claimed)
+    assert command_calls(r, "command|getkeys")[0] == getkeys_before
+    assert command_calls(r, "evalsha")[0] - evalsha_before == len(shards) + store.config.shards
+
+
+def test_noscript_is_loaded_on_every_primary_and_repeated(store: Store, r: RedisCluster) -> None:
+    due = server_ms(r) - 1000
+    jobs = [(f"j{i}", due + i, f"env{i}") for i in range(60)]
+    shards = {store.keys.shard_of(job_id) for job_id, _, _ in jobs}
+    assert len({node_of(r, store.keys.shard(s).due).name for s in shards}) == 3
+    r.script_flush()  # every primary
+    hset_before, _ = command_calls(r, "hset")
+    _, failed_before = command_calls(r, "evalsha")
+    assert store.enqueue(jobs, replace=True) == [(ENQUEUE_NEW, due + i) for i in range(60)]
+    assert command_calls(r, "hset")[0] - hset_before == len(jobs)  # each job written once
+    assert command_calls(r, "evalsha")[1] - failed_before == len(shards)  # one NOSCRIPT a call
+    for node in primaries(r):  # loaded where it was missing: on every primary
+        with node_client(node) as client:
+            assert client.script_exists(SCRIPTS["enqueue"].sha) == [True]
+
+    r.script_flush()
+    claimed = store.claim(sorted(shards), "beat-1")
+    assert sorted(j.id for res in claimed for j in res.jobs) == sorted(j for j, _, _ in jobs)
+    r.script_flush()
+    acked = store.ack("beat-1", {res.shard: [j.id for j in res.jobs] for res in claimed})
+    assert set(acked.values()) == {True}
+
+    # A single call (no pipeline) too.
+    store.enqueue([("one", due + 60_000, "env")])
+    r.script_flush()
+    assert store.cancel("one") == CANCEL_WAITING
+    assert store.count() == 0
+
+
+def test_wake_messages_of_every_node_reach_a_subscriber_on_one_node(
+    store: Store, r: RedisCluster
+) -> None:
+    """Scripts PUBLISH on the node of their shard; classic pub/sub goes to the whole cluster."""
+    by_node: dict[str, int] = {}
+    for index, shard in enumerate(store.keys.all_shards()):
+        by_node.setdefault(node_of(r, shard.due).name, index)
+    assert len(by_node) == 3
+    listener_node = primaries(r)[0]
+    pubsub = r.pubsub(node=listener_node)
+    pubsub.subscribe(store.keys.wake_channel)
+    try:
+        confirm = pubsub.get_message(timeout=5.0)
+        assert confirm is not None and confirm["type"] == "subscribe"
+        due = server_ms(r) + 60_000
+        for index in by_node.values():
+            [job_id] = ids_on_shard(store.keys, index, 1)
+            store.enqueue([(job_id, due, "env")])
+        got: set[str] = set()
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=1.0)
+            if message and message["type"] == "message":
+                got.add(message["data"])
+        assert got == {f"{index}:{due}" for index in by_node.values()}
+    finally:
+        pubsub.close()
+
+
+def test_check_server_asks_every_primary(store: Store, r: RedisCluster) -> None:
+    assert store.check_server() == []
+    node = primaries(r)[1]
+    r.config_set("maxmemory-policy", "allkeys-lru", target_nodes=node)
+    try:
+        [warning] = store.check_server()
+        assert warning.startswith(f"{node.name}: Redis maxmemory-policy is 'allkeys-lru'")
+    finally:
+        r.config_set("maxmemory-policy", "noeviction", target_nodes=node)
+
+
+def test_wait_replicas_without_replicas_warns_and_keeps_the_job(
+    cluster_url: str, r: RedisCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``delayq_wait_replicas``: WAIT on each node that took writes; this cluster has no
+    replicas, so it times out (1 s) and says so, and the jobs are stored all the same."""
+    s = make_store(cluster_url, cluster=True, wait_replicas=1)
+    try:
+        due = server_ms(r) + 60_000
+        caplog.set_level(logging.WARNING, logger="celery_delayq.scripts")
+        started = time.monotonic()
+        assert s.enqueue([("a", due, "a"), ("b", due, "b"), ("c", due, "c")]) == [(ENQUEUE_NEW, due)] * 3
+        took = time.monotonic() - started
+        assert "reached 0 of the 1 replica(s)" in caplog.text
+        assert 0.9 < took < 10, took
+        assert s.count() == 3
+        caplog.clear()
+        assert s.cancel("a") == CANCEL_WAITING
+        assert "reached 0 of the 1 replica(s)" in caplog.text
+    finally:
+        s.close()
+
+
+# -- the dispatcher -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dispatchers() -> Iterator[Callable[..., Dispatcher]]:
+    made: list[Dispatcher] = []
+
+    def factory(app: Celery, **kwargs: Any) -> Dispatcher:
+        dispatcher = Dispatcher(app, **kwargs)
+        made.append(dispatcher)
+        return dispatcher
+
+    yield factory
+    for dispatcher in made:
+        dispatcher.close()
+
+
+def test_dispatcher_delivers_into_a_plain_redis_broker_once(
+    app: Celery, broker: redis.Redis, r: RedisCluster, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    add = app.tasks["t.add"]
+    due = (server_ms(r) - 1000) / 1000
+    results = add.apply_at_many([(due, (i, i), None) for i in range(300)])
+    later = add.apply_in(3600, (0, 0))
+    store = get_store(app)
+    assert store.count() == 301
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dispatcher.wire is False  # the broker is another server: kombu's batch, then acks
+    assert dispatcher.stats.published == 300 and dispatcher.stats.acked == 300
+    messages = broker_lists(broker)["celery"]
+    assert sorted(m["headers"]["id"] for m in messages) == sorted(res.id for res in results)
+    assert {m["headers"]["task"] for m in messages} == {"t.add"}
+    assert store.count() == 1
+    assert DelayQ(app).get(later.id) is not None
+    dispatcher.run_once()
+    assert len(broker_lists(broker)["celery"]) == 300  # nothing twice
+
+
+def test_two_dispatchers_share_the_cluster_store(
+    app: Celery, broker: redis.Redis, r: RedisCluster, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    due = (server_ms(r) - 1000) / 1000
+    results = app.tasks["t.add"].apply_at_many([(due, (i, 0), None) for i in range(1000)])
+    one, two = dispatchers(app, store=Store(get_store(app).config)), dispatchers(app)
+    threads = [threading.Thread(target=d.run_once) for d in (one, two)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    while get_store(app).count():
+        one.run_once()
+    ids = [m["headers"]["id"] for m in broker_lists(broker)["celery"]]
+    assert sorted(ids) == sorted(res.id for res in results)
+    one.store.close()
+
+
+def test_wait_wakes_on_a_job_stored_on_any_node(
+    app: Celery, r: RedisCluster, broker: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()  # subscribes; nothing stored
+    assert dispatcher.seconds_until_due() > 5
+    store = get_store(app)
+    listener = dispatcher._pubsub.get_pubsub_node()
+    # A shard held by another node than the one the subscription is on.
+    index = next(i for i, s in enumerate(store.keys.all_shards()) if node_of(r, s.due).name != listener.name)
+    [job_id] = ids_on_shard(store.keys, index, 1)
+
+    def later() -> None:
+        time.sleep(0.3)
+        app.tasks["t.add"].apply_in(0.2, (1, 1), task_id=job_id)
+
+    thread = threading.Thread(target=later)
+    started = time.monotonic()
+    thread.start()
+    dispatcher.wait(10.0)
+    woke = time.monotonic() - started
+    thread.join()
+    assert woke < 3.0, woke
+    assert dispatcher.stats.wakeups >= 1
+    assert wait_for(lambda: dispatcher.run_once() is not None and store.count() == 0, 5, 0.05)
+    assert [m["headers"]["id"] for m in broker_lists(broker)["celery"]] == [job_id]
+
+
+# -- recurring schedules ------------------------------------------------------------------------
+
+
+def test_schedules_fire_their_points_on_every_node(
+    app: Celery, r: RedisCluster, broker: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """A schedule lives in the shard of its name: one every-second schedule on each node's
+    shards (one of them from ``beat_schedule``), and a cron schedule that is not due."""
+    keys = get_store(app).keys
+    home_of = {}
+    for k in range(1000):  # a name whose shard is on each node
+        name = f"every-second-{k}"
+        home = node_of(r, keys.shard(keys.shard_of("{" + name + "}")).due).name
+        home_of.setdefault(home, name)
+        if len(home_of) == 3:
+            break
+    api_names = sorted(home_of.values())
+    config_name = api_names.pop()
+    schedules = Schedules(app)
+    for name in api_names:
+        schedules.upsert(name, app.tasks["t.noop"], timedelta(seconds=1))
+    schedules.upsert("nightly", app.tasks["t.add"], "0 3 * * *", args=(1, 2), tz="Europe/Paris")
+    report = schedules.sync_config({config_name: {"task": "t.noop", "schedule": 1.0}})
+    assert report["added"] == [config_name]
+    every = [*api_names, config_name]
+    assert {s.name for s in schedules.list()} == {*every, "nightly"}
+    assert schedules.count() == 4
+    dispatcher = dispatchers(app)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        wait = dispatcher.run_once()
+        fired = {s.name: s.run_count for s in schedules.list()}
+        if all(fired[name] >= 2 for name in every):
+            break
+        dispatcher.wait(min(wait, 0.5))
+    fired = {s.name: s.run_count for s in schedules.list()}
+    assert all(fired[name] >= 2 for name in every) and fired["nightly"] == 0, fired
+    ids = [m["headers"]["id"] for m in broker_lists(broker)["celery"]]
+    assert len(ids) == len(set(ids)) >= 6
+    assert {i[1 : i.index("}")] for i in ids} == set(every)
+    assert schedules.delete(api_names[0]) is True
+    assert schedules.count() == 3
+
+
+@pytest.fixture
+def six_node_cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(masters=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.mark.slow
+def test_wait_replicas_with_replicas_is_confirmed(
+    six_node_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = make_store(six_node_cluster.url, cluster=True, wait_replicas=1)
+    try:
+        caplog.set_level(logging.WARNING, logger="celery_delayq.scripts")
+        jobs = [(f"j{i}", 2_000_000_000_000 + i, "env") for i in range(100)]
+        started = time.monotonic()
+        assert s.enqueue(jobs) == [(ENQUEUE_NEW, due) for _, due, _ in jobs]
+        assert s.cancel("j1") == CANCEL_WAITING
+        took = time.monotonic() - started
+        assert "replica" not in caplog.text
+        assert took < 0.9, took  # confirmed at once, not after WAIT's 1 s timeout
+        # Every write is on the replicas already.
+        for node in six_node_cluster.nodes:
+            client = six_node_cluster.node_client(node)
+            try:
+                if client.info("replication")["role"] == "slave":
+                    keys = client.execute_command("KEYS", "delayq:*")
+                    assert keys, f"replica {node.port} has nothing"
+            finally:
+                client.close()
+    finally:
+        s.close()

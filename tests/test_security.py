@@ -1,0 +1,590 @@
+"""Security (docs/security.md): a store user limited by ACL to the key prefix, TLS, no
+unpickling in the beat, and prefix isolation, each against real Redis servers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import re
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu.exceptions import ContentDisallowed
+from kombu.serialization import loads as kombu_loads
+
+from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq.api import get_store
+from celery_delayq.dispatch import Dispatcher
+from celery_delayq.embedded import EmbeddedRedis, free_port
+from celery_delayq.store import make_client
+from tests.conftest import make_app, wait_for
+from tests.helpers import broker_lists, server_ms
+
+SECURITY = Path(__file__).resolve().parent.parent / "docs" / "security.md"
+HOUR = 3600.0
+ADMIN = ("admin", "admin-pw")
+STORE_PASSWORD = "store-pw"
+
+AppFactory = Callable[..., Celery]
+
+
+def documented_rule(user: str = "delayq", password: str = STORE_PASSWORD) -> list[str]:
+    """The ``ACL SETUSER`` arguments of docs/security.md (after ``<!-- acl-line -->``), for
+    ``user`` with ``password``."""
+    found = re.search(r"<!-- acl-line -->\n```text\n(ACL SETUSER .*?)\n```", SECURITY.read_text())
+    assert found, "docs/security.md has no ACL line after <!-- acl-line -->"
+    words = found.group(1).split()
+    assert words[:3] == ["ACL", "SETUSER", "delayq"] and ">CHANGE-ME" in words
+    return [user, *(f">{password}" if w == ">CHANGE-ME" else w for w in words[3:])]
+
+
+def rule_commands(rule: list[str]) -> set[str]:
+    return {w[1:] for w in rule if w.startswith("+") and not w.startswith("+@")}
+
+
+def top_level(commands: set[str]) -> set[str]:
+    return {c.split("|")[0] for c in commands}
+
+
+def set_user(admin: redis.Redis, rule: list[str]) -> None:
+    admin.execute_command("ACL", "SETUSER", *rule)
+
+
+def denied(admin: redis.Redis) -> list[tuple[str, str]]:
+    """``(reason, object)`` of every ``ACL LOG`` entry (reason: command, key or channel)."""
+    return [(str(e["reason"]), str(e["object"])) for e in admin.acl_log()]
+
+
+def used_commands(admin: redis.Redis) -> set[str]:
+    """Commands with calls since ``CONFIG RESETSTAT`` (calls made by scripts included), less the
+    handshake's ``HELLO``/``AUTH`` (which any user may send) and the reset itself."""
+    stats = admin.info("commandstats")
+    used = {name[len("cmdstat_") :] for name, s in stats.items() if int(s.get("calls", 0))}
+    return used - {"hello", "auth", "config|resetstat"}
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[EmbeddedRedis]:
+    """A server whose default user is off: an admin user does the setting up."""
+    with EmbeddedRedis() as server:
+        setup = redis.Redis(host="127.0.0.1", port=server.port)
+        setup.execute_command("ACL", "SETUSER", ADMIN[0], "on", f">{ADMIN[1]}", "~*", "&*", "+@all")
+        setup.execute_command("ACL", "SETUSER", "default", "off")
+        setup.close()
+        yield server
+
+
+@pytest.fixture
+def admin(acl_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """The admin client of the ACL server: empty, with the documented user, a fresh ACL LOG and
+    fresh command statistics."""
+    client = redis.Redis(
+        host="127.0.0.1", port=acl_server.port, username=ADMIN[0], password=ADMIN[1], decode_responses=True
+    )
+    client.flushall()
+    client.script_flush()
+    set_user(client, documented_rule())
+    client.execute_command("ACL", "LOG", "RESET")
+    client.config_resetstat()
+    yield client
+    client.flushall()
+    client.close()
+
+
+def acl_url(server: EmbeddedRedis, user: str = "delayq", password: str = STORE_PASSWORD, db: int = 0) -> str:
+    return f"redis://{user}:{password}@127.0.0.1:{server.port}/{db}"
+
+
+@pytest.fixture
+def apps() -> Iterator[AppFactory]:
+    """Apps with ``t.add`` (and any other task names given) on the given broker and store."""
+    made: list[Celery] = []
+
+    def factory(broker: str, store: str, *tasks: str, **conf: Any) -> Celery:
+        application = make_app(broker, delayq_url=store, **conf)
+        for name in ("t.add", *tasks):
+
+            @application.task(base=DelayedTask, name=name, shared=False)
+            def add(x: int, y: int = 0) -> int:
+                return x + y
+
+        made.append(application)
+        return application
+
+    yield factory
+    for application in made:
+        application.close()
+
+
+@pytest.fixture
+def dispatchers() -> Iterator[Callable[[Celery], Dispatcher]]:
+    made: list[Dispatcher] = []
+
+    def factory(app: Celery) -> Dispatcher:
+        made.append(Dispatcher(app))
+        return made[-1]
+
+    yield factory
+    for dispatcher in made:
+        dispatcher.close()
+
+
+def published(client: redis.Redis, queue: str = "celery") -> list[str]:
+    return [m["headers"]["id"] for m in broker_lists(client).get(queue, [])]
+
+
+def delivered(dispatcher: Dispatcher, broker: redis.Redis, job_id: str) -> bool:
+    """Pass until ``job_id`` is published (a woken beat may pass a few ms before the server's
+    clock reaches the due time; a real beat then simply passes again)."""
+    return bool(wait_for(lambda: dispatcher.run_once() is None or job_id in published(broker), timeout=3))
+
+
+# -- ACL -------------------------------------------------------------------------------------------
+
+
+def test_the_documented_acl_user_runs_everything_the_store_does(
+    admin: redis.Redis,
+    acl_server: EmbeddedRedis,
+    redis_url: str,
+    r: redis.Redis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    """Producers, DelayQ, Schedules and a beat's passes under the documented rule, with the
+    broker on another server: all work, nothing but CONFIG GET is refused, and every command
+    of the rule is used (database 1 needs SELECT, an idle connection's health check PING)."""
+    store_url = acl_url(acl_server, db=1) + "?health_check_interval=1"
+    app = apps(redis_url, store_url)
+    producer = apps(redis_url, store_url, "other.task")
+    add = app.tasks["t.add"]
+    dq = DelayQ(app)
+
+    assert get_store(app).check_server() == []  # INFO allowed; CONFIG GET refused: skipped
+    now = time.time()
+    due = add.apply_at(now - 5, (1, 2))
+    many = add.apply_at_many([(now - 5, (i, i), None) for i in range(40)])
+    later = add.apply_in(HOUR, (3, 4), task_id="later")
+    kept = add.apply_in(2 * HOUR, (0, 0), task_id="later")
+    job = dq.get("later")
+    assert not kept.created and job is not None and (job.args, job.state) == ([3, 4], "waiting")
+    moved = add.apply_in(HOUR, (5, 6))
+    assert dq.reschedule(moved.id, now + 2 * HOUR)
+    gone = add.apply_in(HOUR, (7, 8))
+    assert dq.cancel(gone.id) and dq.get(gone.id) is None
+    unknown = producer.tasks["other.task"].apply_at(now - 5, (1,))  # the beat's app lacks it
+
+    schedules = Schedules(app)
+    schedules.upsert("tick", add, timedelta(seconds=1), args=(1, 1))
+    schedules.add("nightly", add, "0 3 * * *", args=(2, 2))
+    assert not schedules.pause("nightly").enabled and schedules.resume("nightly").enabled
+    assert schedules.update("nightly", args=(3, 3)).args == [3, 3]
+    run_now = schedules.run_now("nightly")
+    assert schedules.sync_config({"cfg": {"task": "t.add", "schedule": 3600.0, "args": (4, 4)}})["added"] == [
+        "cfg"
+    ]
+    assert sorted(s.name for s in schedules.list()) == ["cfg", "nightly", "tick"]
+    assert schedules.sync_config({})["removed"] == ["cfg"]
+    assert schedules.delete("nightly") and schedules.count() == 1
+    # due, 40 more, later, moved, the unknown task's job, tick's next point, the run-now job
+    assert dq.count() == 46
+    assert {j.id for j in dq.pending(end=now)} == {due.id, unknown.id, *(res.id for res in many)}
+
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    points = {i for i in published(r) if i.startswith("{tick}@")}  # if a second has passed
+    assert set(published(r)) - points == {due.id, run_now.id, *(res.id for res in many)}
+    [(dead_id, record)] = list(dq.dead())
+    assert dead_id == unknown.id and "not registered" in record["reason"]
+
+    def ticked() -> bool:
+        dispatcher.run_once()
+        tick = schedules.get("tick")
+        return tick is not None and tick.run_count >= 1
+
+    assert wait_for(ticked, timeout=5)  # a schedule point fired (fire.lua) under the rule
+    assert schedules.delete("tick")
+
+    soon = add.apply_in(0.3, (9, 9))
+    wakeups = dispatcher.stats.wakeups
+    dispatcher.wait(5)  # woken through the wake channel, then sleeps until the job is due
+    assert dispatcher.stats.wakeups > wakeups
+    assert delivered(dispatcher, r, soon.id)
+    time.sleep(1.1)  # idle past health_check_interval: the next command is preceded by PING
+    assert {j.id for j in dq.pending()} == {later.id, moved.id}
+
+    # Every command of the rule was used, and no other (Redis 6.2 names no subcommands here).
+    assert top_level(used_commands(admin)) - {"config"} == top_level(rule_commands(documented_rule()))
+    # Refused: CONFIG GET (check_server skips it), and redis-py's CLIENT SETINFO on servers that
+    # have it (7.2+, Valkey; docs/security.md says to add +client|setinfo there)
+    assert top_level({obj for _, obj in denied(admin)}) - {"client"} == {"config"}
+
+
+def test_the_acl_user_is_refused_outside_its_prefix(admin: redis.Redis, acl_server: EmbeddedRedis) -> None:
+    admin.set("other", "untouched")
+    admin.lpush("celery", "queued")
+    user = make_client(acl_url(acl_server))
+    refusals: list[Callable[[], Any]] = [
+        lambda: user.get("other"),
+        lambda: user.set("other", "x"),
+        lambda: user.delete("other"),
+        lambda: user.lpush("celery", "x"),
+        lambda: user.keys("*"),
+        lambda: user.scan(0),
+        lambda: user.flushall(),
+        lambda: user.config_get("maxmemory-policy"),
+        lambda: user.config_set("maxmemory-policy", "allkeys-lru"),
+        lambda: user.eval("return 1", 0),
+        lambda: user.publish("other:wake", "1"),
+        lambda: user.execute_command("ACL", "WHOAMI"),
+        lambda: user.hset("delayqx:jobs", "a", "b"),  # the prefix is "delayq:", colon included
+    ]
+    for refused in refusals:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            refused()
+    # A script runs with its caller's permissions: loading one does not widen them.
+    sha = user.script_load("return redis.call('GET', KEYS[1])")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user.evalsha(sha, 1, "other")
+    sha = user.script_load("return redis.call('GET', 'other')")
+    with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)perm|acl|access"):
+        user.evalsha(sha, 0)
+    pubsub = user.pubsub()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        pubsub.subscribe("other:wake")
+        pubsub.get_message(timeout=1)
+    pubsub.close()
+    # Inside the prefix all is well.
+    user.set("delayq:mine", "1")
+    assert user.get("delayq:mine") == "1"
+    assert (admin.get("other"), admin.lrange("celery", 0, -1)) == ("untouched", ["queued"])
+    user.close()
+
+
+def test_check_server_degrades_when_info_and_config_are_refused(
+    admin: redis.Redis,
+    acl_server: EmbeddedRedis,
+    redis_url: str,
+    r: redis.Redis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        as_admin = apps(redis_url, f"redis://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{acl_server.port}/0")
+        assert any("maxmemory-policy" in w for w in get_store(as_admin).check_server())
+        # The documented user: CONFIG GET refused, so the policy check is skipped silently.
+        assert get_store(apps(redis_url, acl_url(acl_server))).check_server() == []
+        # A user without INFO either: a warning instead of the version check, and all else works.
+        set_user(admin, [w for w in documented_rule("no-info") if w != "+info"])
+        app = apps(redis_url, acl_url(acl_server, "no-info"))
+        [warning] = get_store(app).check_server()
+        assert warning.startswith("cannot read INFO") and "version was not checked" in warning
+        job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 1))
+        dispatchers(app).run_once()
+        assert published(r) == [job.id]
+    finally:
+        admin.config_set("maxmemory-policy", "noeviction")
+
+
+def test_a_broker_with_another_user_on_the_stores_server_goes_through_kombu(
+    admin: redis.Redis,
+    acl_server: EmbeddedRedis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    """The broker (admin user) is the store's server and database, but the store connects as the
+    limited user: the beat does not take the atomic path (it needs the same user), so kombu
+    publishes with the broker's user and nothing is refused."""
+    broker = f"redis://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{acl_server.port}/0"
+    app = apps(broker, acl_url(acl_server))
+    add = app.tasks["t.add"]
+    jobs = [add.apply_at(time.time() - 1, (i, i)) for i in range(3)]
+    jobs.append(add.apply_at(time.time() - 1, (3, 3), priority=3))  # list "celery\x06\x163"
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dispatcher.wire is False
+    assert sorted(published(admin) + published(admin, "celery\x06\x163")) == sorted(job.id for job in jobs)
+    assert DelayQ(app).count() == 0 and dispatcher.stats.publish_errors == 0
+    assert denied(admin) == []
+
+
+def test_one_user_for_store_and_broker_takes_the_atomic_path(
+    admin: redis.Redis,
+    acl_server: EmbeddedRedis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    """Store and broker as the same user, allowed the store's rule plus what publishing needs
+    (kombu's queue declaration, LPUSH on the queue lists): the atomic path pushes with it."""
+    extra = ["+lpush", "+sadd", "+llen", "+multi", "+exec", "~celery*", "~_kombu.*"]
+    admin.execute_command("ACL", "SETUSER", "delayq", *extra)
+    url = acl_url(acl_server)
+    app = apps(url, url)
+    add = app.tasks["t.add"]
+    jobs = [add.apply_at(time.time() - 1, (i, i)) for i in range(3)]
+    jobs.append(add.apply_at(time.time() - 1, (3, 3), priority=3))
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dispatcher.wire is True
+    assert sorted(published(admin) + published(admin, "celery\x06\x163")) == sorted(job.id for job in jobs)
+    assert DelayQ(app).count() == 0 and dispatcher.stats.publish_errors == 0
+    assert denied(admin) == []
+
+
+# -- TLS -------------------------------------------------------------------------------------------
+
+
+class TLSRedis(EmbeddedRedis):
+    """An EmbeddedRedis that listens on TLS only (``port`` is the TLS port)."""
+
+    ca_file: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"rediss://127.0.0.1:{self.port}"
+
+    def ping(self) -> bool:
+        context = ssl.create_default_context(cafile=self.ca_file)
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+            ):
+                conn.sendall(b"PING\r\n")
+                return conn.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
+def _no_tls_support(binary: str | None) -> str | None:
+    """What ``binary`` says when asked for a TLS port, when that says it has no TLS (a build
+    without TLS refuses the directive, or has no TLS connection type); None otherwise."""
+    if binary is None:
+        return None
+    args = ["--port", "0", "--tls-port", "1", "--tls-cert-file", "/nonexistent", "--logfile", ""]
+    probe = subprocess.run([binary, *args], capture_output=True, text=True, timeout=30, check=False)
+    for line in (probe.stdout + probe.stderr).splitlines():
+        if "Bad directive" in line or "TLS support" in line:
+            return line.strip()
+    return None
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRedis]:
+    """redis-server on TLS only, with a server certificate for 127.0.0.1 from a fresh CA."""
+    trustme = pytest.importorskip("trustme")
+    folder = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert_file, key_file = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    port = free_port()
+    server = TLSRedis(
+        port=port,
+        extra_args=[
+            "--port", "0",
+            "--tls-port", str(port),
+            "--tls-cert-file", str(cert_file),
+            "--tls-key-file", str(key_file),
+            "--tls-ca-cert-file", str(ca_file),
+            "--tls-auth-clients", "no",
+        ],
+    )  # fmt: skip
+    server.ca_file = str(ca_file)
+    try:
+        server.start()
+    except RuntimeError:
+        reason = _no_tls_support(server.binary)
+        if reason:
+            pytest.skip(f"{server.binary} has no TLS support: {reason}")
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_tls_store_url(
+    tls_server: TLSRedis,
+    redis_url: str,
+    r: redis.Redis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    """rediss:// with ssl_ca_certs: producers, DelayQ, Schedules, the beat's scripts and its
+    wake subscription all go over TLS (the broker is plain Redis on another server)."""
+    url = f"{tls_server.url}/0?ssl_ca_certs={tls_server.ca_file}"
+    app = apps(redis_url, url)
+    store = get_store(app)
+    assert store.client.connection_pool.connection_class is redis.SSLConnection
+    assert store.check_server() == []
+    add = app.tasks["t.add"]
+    dq = DelayQ(app)
+    due = add.apply_at(time.time() - 1, (1, 1))
+    many = add.apply_at_many([(time.time() - 1, (i, i), None) for i in range(20)])
+    later = add.apply_in(HOUR, (2, 2))
+    gone = add.apply_in(HOUR, (3, 3))
+    assert dq.cancel(gone.id) and dq.count() == 22
+    schedules = Schedules(app)
+    schedules.upsert("hourly", add, "0 * * * *", args=(4, 4))
+    assert [s.name for s in schedules.list()] == ["hourly"]
+
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert set(published(r)) == {due.id, *(res.id for res in many)}
+    soon = add.apply_in(0.3, (5, 5))
+    dispatcher.wait(5)
+    assert dispatcher.stats.wakeups >= 1
+    assert delivered(dispatcher, r, soon.id)
+    assert schedules.delete("hourly")
+    assert [j.id for j in dq.pending()] == [later.id]
+
+    # The server's certificate is verified: without the CA, no connection.
+    unverified = make_client(f"{tls_server.url}/0")
+    with pytest.raises(redis.exceptions.ConnectionError, match=r"(?i)certificate"):
+        unverified.ping()
+    unverified.close()
+
+
+# -- no unpickling -----------------------------------------------------------------------------------
+
+
+class Armed:
+    """Unpickling this touches ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def store_raw(app: Celery, job_id: str, due_ms: int, envelope: str | bytes) -> None:
+    """Write a job straight into its shard's keys (no script, no validation)."""
+    store = get_store(app)
+    keys = store.keys.for_job(job_id)
+    store.client.zadd(keys.due, {job_id: due_ms})
+    store.client.hset(keys.jobs, job_id, envelope)
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+def test_the_beat_never_unpickles(
+    atomic: bool,
+    redis_url: str,
+    r: redis.Redis,
+    tmp_path: Path,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    """A pickle body is published as it is (never loaded), and pickle bytes in place of the
+    envelope are dead-lettered as corrupt; the marker file a load would create never appears."""
+    pickle.loads(pickle.dumps(Armed(tmp_path / "armed")))
+    assert (tmp_path / "armed").exists()  # the payload works when loaded
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(Armed(marker))
+    app = apps(redis_url, redis_url, accept_content=["json"], delayq_atomic_publish=atomic)
+    past = server_ms(r) - 1000
+    envelope = {
+        "v": 2,
+        "i": "pickle-body",
+        "t": "t.add",
+        "z": base64.b64encode(payload).decode("ascii"),
+        "ct": "application/x-python-serialize",
+        "ce": "binary",
+        "c": past,
+    }
+    store_raw(app, "pickle-body", past, json.dumps(envelope, separators=(",", ":")))
+    ascii_pickle = pickle.dumps(Armed(marker), protocol=0)
+    binary_pickle = pickle.dumps(Armed(marker), protocol=5)  # not UTF-8 either
+    store_raw(app, "pickle-envelope-0", past, ascii_pickle)
+    store_raw(app, "pickle-envelope-5", past, binary_pickle)
+
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dispatcher.wire is atomic
+
+    assert not marker.exists()
+    [message] = broker_lists(r)["celery"]
+    assert message["headers"]["id"] == "pickle-body"
+    assert message["content-type"] == "application/x-python-serialize"
+    body = base64.b64decode(message["body"])
+    assert body == payload  # the stored bytes, as they were
+    with pytest.raises(ContentDisallowed):  # what a worker with accept_content=["json"] does
+        kombu_loads(body, message["content-type"], message["content-encoding"], accept=["json"])
+    dead = dict(DelayQ(app).dead())
+    assert sorted(dead) == ["pickle-envelope-0", "pickle-envelope-5"]
+    assert all(record["reason"].startswith("corrupt envelope") for record in dead.values())
+    # kept as they were: the client decodes with surrogateescape, which encodes back exactly
+    assert dead["pickle-envelope-0"]["envelope"].encode() == ascii_pickle
+    assert dead["pickle-envelope-5"]["envelope"].encode("utf-8", "surrogateescape") == binary_pickle
+    job = DelayQ(app).get("pickle-envelope-5")
+    assert job is not None and job.state == "dead"
+    assert DelayQ(app).count() == 0
+    assert not marker.exists()
+
+
+# -- prefixes --------------------------------------------------------------------------------------
+
+
+def test_two_prefixes_on_one_database_never_meet(
+    redis_url: str,
+    r: redis.Redis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    """Prefixes "alpha" and "alpha:beta" (one a prefix of the other) on one server and broker."""
+    one = apps(redis_url, redis_url, delayq_prefix="alpha")
+    two = apps(redis_url, redis_url, delayq_prefix="alpha:beta")
+    now = time.time()
+    jobs: dict[Celery, dict[str, str]] = {}
+    for app in (one, two):
+        add = app.tasks["t.add"]
+        jobs[app] = {
+            "due": add.apply_at(now - 5, (1, 1)).id,
+            "later": add.apply_in(HOUR, (2, 2)).id,
+            "same": add.apply_in(HOUR, (3, 3), task_id="same-id").id,
+        }
+        Schedules(app).upsert("digest", add, "0 18 * * *", args=(app.conf.delayq_prefix,))
+    keys = set(r.keys("*"))
+    assert keys and all(k.startswith(("alpha:{alpha:", "alpha:beta:")) for k in keys)
+
+    for app, other in ((one, two), (two, one)):
+        dq = DelayQ(app)
+        assert dq.count() == 4  # its three jobs and its schedule's next point
+        ids = {j.id for j in dq.pending()}
+        assert {jobs[app]["due"], jobs[app]["later"], "same-id"} <= ids
+        assert not ids & {jobs[other]["due"], jobs[other]["later"]}
+        assert dq.get(jobs[other]["later"]) is None and not dq.cancel(jobs[other]["later"])
+        [digest] = Schedules(app).list()
+        assert digest.args == [app.conf.delayq_prefix]
+
+    assert DelayQ(one).cancel("same-id")
+    assert DelayQ(one).get("same-id") is None and DelayQ(two).get("same-id") is not None
+    assert Schedules(one).delete("digest") and Schedules(two).get("digest") is not None
+
+    first, second = dispatchers(one), dispatchers(two)
+    first.run_once()
+    assert published(r) == [jobs[one]["due"]]
+    second.run_once()
+    assert published(r) == [jobs[one]["due"], jobs[two]["due"]]
+    wakeups = first.stats.wakeups, second.stats.wakeups
+    soon = two.tasks["t.add"].apply_in(0.3, (4, 4))  # wakes the beats of "alpha:beta" only
+    second.wait(3)
+    first.wait(0.2)
+    assert (first.stats.wakeups, second.stats.wakeups) == (wakeups[0], wakeups[1] + 1)
+    first.run_once()
+    assert delivered(second, r, soon.id)
+    assert published(r) == [jobs[one]["due"], jobs[two]["due"], soon.id]
+    assert (DelayQ(one).count(), DelayQ(two).count()) == (1, 3)
