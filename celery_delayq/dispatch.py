@@ -49,6 +49,9 @@ logger = logging.getLogger("celery_delayq.dispatch")
 #: retried after its lease; the claim that makes this many attempts buries it.
 PUBLISH_ATTEMPTS = 5
 
+#: Longest back-off (s) between claims while the broker is unreachable.
+BROKER_BACKOFF_MAX = 5.0
+
 #: Broker commands one kombu publish batch may buffer: more than a pass ever
 #: publishes, so the batch is sent once, when it closes, and acks follow it.
 PUBLISH_BATCH_MAX = 1_000_000
@@ -108,6 +111,8 @@ class Dispatcher:
         self._same_server: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self.wire = False  # whether the last pass pushed messages with deliver.lua
         self._templates: WireTemplates | None = None
+        self._broker_backoff = 0.0  # seconds; 0 while the broker answers
+        self._broker_retry_at = 0.0  # monotonic time before which no claim is made
 
     # -- clock -------------------------------------------------------------------------------
 
@@ -134,12 +139,31 @@ class Dispatcher:
         """
         if self._pubsub is None:
             self._subscribe()
+        if time.monotonic() < self._broker_retry_at:
+            return self.seconds_until_due()  # the broker was unreachable: wait out the back-off
         shards = self._shards_to_claim()
         if shards:
             self._pass(shards)
         return self.seconds_until_due()
 
+    def _broker_state(self, outage: bool, published: bool) -> None:
+        """After a pass: back off from claiming while the broker is unreachable (0.5 s, doubling
+        up to BROKER_BACKOFF_MAX or delayq_max_sleep), so a beat does not claim, fail and log
+        at every due job; reset once something was published."""
+        if outage:
+            limit = min(BROKER_BACKOFF_MAX, self.config.max_sleep)
+            self._broker_backoff = min(limit, self._broker_backoff * 2) if self._broker_backoff else 0.5
+            self._broker_retry_at = time.monotonic() + self._broker_backoff
+            logger.warning("delayq: broker unreachable; next claim in %.1f s", self._broker_backoff)
+        elif published and self._broker_backoff:
+            logger.warning("delayq: broker reachable again; publishing")
+            self._broker_backoff = 0.0
+            self._broker_retry_at = 0.0
+
     def seconds_until_due(self) -> float:
+        backoff = self._broker_retry_at - time.monotonic()
+        if backoff > 0:
+            return min(backoff, self.config.max_sleep)
         now = self.server_now_ms()
         known = [n for n in self._next if n is not None]
         if len(known) < len(self._next):
@@ -230,6 +254,7 @@ class Dispatcher:
         registered = self.app.tasks
         dead_letter_unknown = self.config.dead_letter_unknown
         self._declared = set()
+        outage = False
         with self.app.producer_or_acquire() as producer:
             errors = self._broker_errors(producer)
             self._direct = self._can_publish_direct(producer)
@@ -240,7 +265,6 @@ class Dispatcher:
             batch = getattr(producer, "batch", None)
             try:
                 with batch(max_size=PUBLISH_BATCH_MAX) if batch else contextlib.nullcontext():
-                    outage = False
                     for shard, job in claimed:
                         if templates is not None:
                             built = templates.build(job.envelope, job.due_ms)
@@ -278,16 +302,20 @@ class Dispatcher:
                         fires = self._fire_points(producer, errors, points, sent)
             except BatchPublishError as exc:
                 self.stats.publish_errors += 1
+                outage = True
                 logger.error(
-                    "delayq: sending %d message(s) to the broker failed (%r), delivery uncertain; "
-                    "they stay stored and are delivered again after their lease (%.0f s)",
+                    "delayq: sending %d message(s) to the broker failed (%r; cause: %r); any that "
+                    "reached it may run twice: they stay stored and are delivered again after their "
+                    "lease (%.0f s)",
                     len(sent),
                     exc,
+                    exc.__cause__ or exc.__context__,
                     self.config.reclaim_ttl,
                 )
                 to_ack, fires, sent = defaultdict(list), [], []
             if channel is not None:
                 sent.extend(self._deliver(wired))
+        self._broker_state(outage, bool(sent or to_ack))
         now = self.server_now_ms()
         self.stats.published += len(sent)
         if self._keep_lateness:

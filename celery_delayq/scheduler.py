@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from celery import beat
+from kombu.exceptions import OperationalError
 
 from .api import get_store
 from .dispatch import Dispatcher
@@ -123,6 +124,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
             logger.error("delayq: Redis unavailable (%r); retrying in %.1f s", exc, self._backoff)
             dispatcher.close()
+            return self._backoff
+        except (OperationalError, OSError) as exc:
+            # kombu could not even hand out a connection to the broker: nothing was published,
+            # the claimed jobs keep their leases. Back off as for Redis; never end the beat.
+            self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
+            logger.error("delayq: broker unavailable (%r); retrying in %.1f s", exc, self._backoff)
             return self._backoff
         if self._backoff:
             logger.info("delayq: Redis reachable again")

@@ -277,6 +277,37 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
     assert [job.id for job in dq.pending()] == [later.id]
 
 
+def test_an_unreachable_broker_makes_the_beat_back_off(
+    app: Celery, app_factory: AppFactory, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """While the broker is down a beat does not claim, fail and log at every due job: it waits
+    0.5 s, then 1 s, ... (at most 5 s or delayq_max_sleep) between claims."""
+    down = app_factory(
+        broker=f"redis://127.0.0.1:{free_port()}/0",
+        broker_connection_retry=False,
+        broker_connection_max_retries=0,
+        broker_transport_options={"max_retries": 0},
+        delayq_reclaim_ttl=0.05,
+    )
+    down.tasks["t.add"].apply_at(time.time() - 5, (1, 1))
+    dispatcher = dispatchers(down)
+    assert dispatcher.run_once() == pytest.approx(0.5, abs=0.1)
+    passes = dispatcher.stats.passes
+    time.sleep(0.1)  # the lease has expired: the job is due again
+    assert 0 < dispatcher.run_once() <= 0.5
+    assert dispatcher.stats.passes == passes  # no claim during the back-off
+    time.sleep(0.5)
+    assert dispatcher.run_once() == pytest.approx(1.0, abs=0.1)  # claimed, failed, doubled
+    assert dispatcher.stats.passes == passes + 1
+    # With the broker back, the next claim after the back-off publishes and resets it.
+    healthy = dispatchers(app)
+    healthy._broker_backoff, healthy._broker_retry_at = 1.0, time.monotonic() + 0.2
+    assert healthy.run_once() > 0 and healthy.stats.published == 0
+    time.sleep(0.25)
+    healthy.run_once()
+    assert healthy.stats.published == 1 and healthy._broker_backoff == 0.0
+
+
 def test_cancel_during_publish_makes_the_ack_stale(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -418,6 +449,8 @@ def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
             dispatcher.run_once()
             stored = dq.get(job.id)
             assert stored is not None and stored.state == "leased" and stored.tries == attempt
+            assert dispatcher._broker_backoff > 0  # an outage: the beat backs off
+            dispatcher._broker_retry_at = 0.0  # (skip the wait: the back-off has its own test)
             time.sleep(0.1)  # let the lease expire
         assert list(dq.dead()) == []
         broker.config_set("maxmemory", 0)

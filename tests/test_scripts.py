@@ -284,6 +284,21 @@ def test_expired_lease_is_reclaimed_with_original_due(fast_store: Store, r: redi
     assert store.count() == 0
 
 
+def test_a_job_due_before_1970_is_reclaimed_like_any_other(fast_store: Store, r: redis.Redis) -> None:
+    """The public API refuses due times before the epoch, but a job stored with one through the
+    Store must not wedge its shard: its lease ("-5|1|token") is read back as any other."""
+    store = fast_store
+    store.enqueue([("neg", -5, "env")])
+    shard = store.keys.shard_of("neg")
+    first = claim_one(store, shard, "beat-1")
+    assert [(j.id, j.due_ms, j.tries) for j in first.jobs] == [("neg", -5, 1)]
+    record = store.get("neg")
+    assert record is not None and (record.state, record.due_ms, record.tries) == ("leased", -5, 1)
+    assert wait_for(lambda: server_ms(r) > first.now_ms + 205, timeout=10)
+    second = claim_one(store, shard, "beat-2")
+    assert [(j.id, j.due_ms, j.tries) for j in second.jobs] == [("neg", -5, 2)]
+
+
 def test_unexpired_lease_is_not_reclaimed(store: Store, r: redis.Redis) -> None:
     store.enqueue([("a", server_ms(r) - 1, "env")])
     shard = store.keys.shard_of("a")

@@ -40,7 +40,7 @@ for i = 1, #found, 2 do
     local tries = 0
     local lease = redis.call('HGET', KEYS[3], id)
     if lease then
-      local d, n = string.match(lease, '^(%d+)|(%d+)|')
+      local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
       due = tonumber(d)
       tries = tonumber(n)
     end

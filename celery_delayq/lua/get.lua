@@ -18,7 +18,7 @@ if envelope then
   local score = tonumber(redis.call('ZSCORE', KEYS[1], id))
   local lease = redis.call('HGET', KEYS[3], id)
   if lease then
-    local d, n = string.match(lease, '^(%d+)|(%d+)|')
+    local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
     return {'job', envelope, tonumber(d), tonumber(n), score}
   end
   return {'job', envelope, score, 0, -1}
