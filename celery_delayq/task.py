@@ -149,7 +149,12 @@ def delayed_task(*args: Any, **options: Any) -> Any:
     >>> isinstance(ping, DelayedTask)
     True
     """
-    options.setdefault("base", DelayedTask)
+    base = options.setdefault("base", DelayedTask)
+    if not (isinstance(base, type) and issubclass(base, DelayQTaskMixin)):
+        raise InvalidOptions(
+            f"delayed_task(base={base!r}): the base must derive from DelayQTaskMixin (as DelayedTask "
+            "does), or the task would have no apply_at; use class MyBase(DelayQTaskMixin, YourBase)"
+        )
     if len(args) == 1 and callable(args[0]) and not hasattr(args[0], "conf"):
         return shared_task(**options)(args[0])
     if args and hasattr(args[0], "conf"):

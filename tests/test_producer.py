@@ -427,6 +427,27 @@ def test_delayed_task_with_app(app: Celery) -> None:
     assert job is not None and job.task == "t.deco1" and job.args == [5]
 
 
+def test_delayed_task_refuses_a_base_without_the_mixin(app: Celery) -> None:
+    """A base that is not a DelayQTaskMixin would make a task with no apply_at: refused at once."""
+    from celery import Task
+
+    from celery_delayq import DelayQTaskMixin
+    from celery_delayq.exceptions import InvalidOptions
+
+    with pytest.raises(InvalidOptions, match="must derive from DelayQTaskMixin"):
+        delayed_task(app, base=Task, shared=False)
+    assert "t.plain" not in app.tasks
+
+    class Mixed(DelayQTaskMixin, Task):  # type: ignore[misc]
+        pass
+
+    @delayed_task(app, name="t.mixed", base=Mixed, shared=False)
+    def mixed() -> None:
+        return None
+
+    assert isinstance(mixed, Mixed) and hasattr(mixed, "apply_at")
+
+
 def test_delayed_task_shared_forms(app_factory: AppFactory) -> None:
     @delayed_task
     def delayq_test_shared_bare(x: int) -> int:

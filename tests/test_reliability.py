@@ -8,6 +8,9 @@ processes of ``tests/apps/e2e_app.py`` (see ``tests/test_e2e.py``):
    Worker kills (an ``acks_late`` task): every job reaches the broker and every message a
    worker received runs; kombu's Redis consumer can still lose the one message its BRPOP
    handed a worker in the instant before that worker died (see the soak's assertions).
+   With RabbitMQ as the broker (store on Redis; skipped when no RabbitMQ answers on
+   127.0.0.1:5672), a killed worker's unacked messages go back to the queue and nothing
+   is lost.
 2. **Redis restart.** The one Redis server behind store and broker (AOF, fsync every second)
    is SIGKILLed and started again on the same port and folder: every job stored more than
    1 s before is delivered, the beat and the worker reconnect by themselves, and producers
@@ -23,10 +26,14 @@ duplicates with their ids). The soak size comes from ``DELAYQ_SOAK``: ``ci`` (de
 ``<jobs>x<seconds>``::
 
     DELAYQ_SOAK=full .venv/bin/python -m pytest -s tests/test_reliability.py -k soak
+
+The RabbitMQ worker-kill soak is smaller (5,000 jobs over 45 s); ``DELAYQ_SOAK_RABBITMQ``
+(``<jobs>x<seconds>``) changes it.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import random
@@ -41,6 +48,7 @@ from typing import Any
 
 import pytest
 import redis
+from kombu import Connection
 
 from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.api import get_store
@@ -50,8 +58,10 @@ from tests.conftest import Procs, subprocess_env, wait_for
 from tests.test_e2e import (
     CLOCK_TOL,
     Producer,
+    _delete_queue,
     lateness_line,
     log_of,
+    rabbitmq_or_skip,
     runs,
     spread,
     start_stack,
@@ -114,6 +124,13 @@ def soak_size(value: str | None) -> SoakSize:
 SOAK = soak_size(os.environ.get("DELAYQ_SOAK"))
 #: Per soak test: the soak itself, start-up, the drain after it and the checks.
 SOAK_TIMEOUT = int(SOAK.seconds * 1.5) + 300
+#: The RabbitMQ worker-kill soak: smaller, so that it runs in about a minute and a half.
+RABBITMQ_SOAK = soak_size(os.environ.get("DELAYQ_SOAK_RABBITMQ") or "5000x45")
+RABBITMQ_SOAK_TIMEOUT = int(RABBITMQ_SOAK.seconds * 1.5) + 240
+#: Seconds between two worker kills of the RabbitMQ soak (before aiming at a clump).
+RABBITMQ_KILL_EVERY = (3.0, 5.0)
+#: Jobs of the RabbitMQ soak due at the same moment: a clump of messages in flight to aim at.
+RABBITMQ_CLUMP = 100
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -173,6 +190,11 @@ def beat_ready(procs: Procs, i: int) -> bool:
     return "delayq: beat" in log_of(procs, i)
 
 
+def worker_ready(procs: Procs, i: int) -> bool:
+    """The worker consumes: it logged ``<name> ready.``."""
+    return " ready." in log_of(procs, i)
+
+
 def count_in_logs(procs: Procs, kind: str, text: str) -> int:
     return sum(log_of(procs, i).count(text) for i in indexes(procs, kind))
 
@@ -194,11 +216,20 @@ def lease_tries(store: Store) -> dict[str, int]:
     return {job_id: int(lease.split("|", 2)[1]) for leases in found for job_id, lease in leases.items()}
 
 
-def broker_backlog(url: str) -> tuple[int, int]:
-    """``(messages waiting in the celery queue, messages unacked)`` on a Redis broker."""
+def broker_backlog(url: str, queue: str = "celery") -> tuple[int, int]:
+    """``(messages waiting in the queue, messages unacked)`` on a Redis broker.
+
+    On RabbitMQ (``amqp://``): the ready count of a passive ``queue.declare``, and 0 for
+    unacked, which AMQP does not tell; RabbitMQ puts a dead consumer's unacked messages
+    back in the queue as soon as its connection closes, and a live worker runs its own.
+    """
+    if url.startswith(("amqp://", "pyamqp://")):
+        with Connection(url, connect_timeout=5) as conn:
+            _, ready, _ = conn.default_channel.queue_declare(queue=queue, passive=True)
+        return int(ready), 0
     client = redis.Redis.from_url(url)
     try:
-        return int(client.llen("celery")), int(client.hlen("unacked"))
+        return int(client.llen(queue)), int(client.hlen("unacked"))
     finally:
         client.close()
 
@@ -240,18 +271,23 @@ def describe(ids: set[str] | list[str], limit: int = 200) -> str:
     return f"[{shown}{more}]"
 
 
-def wait_all_ran(r: redis.Redis, ids: set[str], timeout: float, producer: Producer, broker: str) -> set[str]:
+def wait_all_ran(
+    r: redis.Redis, ids: set[str], timeout: float, producer: Producer, broker: str, queue: str = "celery"
+) -> set[str]:
     """Wait until every id in ``ids`` ran once at least, or nothing is left to deliver (the
-    store, the queue and the unacked set stay empty for a few seconds); return those that
-    did not run."""
+    store, the queue and the unacked set stay empty, and no new id runs, for a few seconds);
+    return those that did not run."""
     deadline = time.monotonic() + timeout
     idle_since: float | None = None
+    last_done = -1
     while True:
-        if r.hlen("e2e:runs") >= len(ids) and ids <= set(r.hkeys("e2e:runs")):
+        done = r.hlen("e2e:runs")
+        if done >= len(ids) and ids <= set(r.hkeys("e2e:runs")):
             break
         now = time.monotonic()
-        if producer.dq.count() or broker_backlog(broker) != (0, 0):
+        if done != last_done or producer.dq.count() or broker_backlog(broker, queue) != (0, 0):
             idle_since = None
+            last_done = done
         elif idle_since is None:
             idle_since = now
         elif now - idle_since > RECLAIM_TTL + 2.0:
@@ -266,12 +302,12 @@ def wait_all_ran(r: redis.Redis, ids: set[str], timeout: float, producer: Produc
     return lost
 
 
-def quiesce(producer: Producer, broker: str, timeout: float = 60.0) -> None:
+def quiesce(producer: Producer, broker: str, timeout: float = 60.0, queue: str = "celery") -> None:
     """Wait until nothing is left to deliver: store, queue and unacked set empty; then a
     little more, for a late duplicate (a lease that expires and is delivered again)."""
-    wait_for(lambda: producer.dq.count() == 0 and broker_backlog(broker) == (0, 0), timeout, 0.25)
+    wait_for(lambda: producer.dq.count() == 0 and broker_backlog(broker, queue) == (0, 0), timeout, 0.25)
     time.sleep(RECLAIM_TTL + 1.0)
-    wait_for(lambda: broker_backlog(broker) == (0, 0), timeout, 0.25)
+    wait_for(lambda: broker_backlog(broker, queue) == (0, 0), timeout, 0.25)
 
 
 def kill_beat(
@@ -332,15 +368,21 @@ def kill_loop(
     store: Store,
     until: float,
     rng: random.Random,
+    every: tuple[float, float] = KILL_EVERY,
+    aim: Callable[[float], float] | None = None,
 ) -> Kills:
-    """Until ``until``: every 5-10 s SIGKILL one running ``kind`` process and start a new one."""
+    """Until ``until``: every ``every`` s (5-10 s) SIGKILL one running ``kind`` process and
+    start a new one. ``aim``, if given, moves each kill from the time it falls due (epoch s)
+    to the time it returns (no earlier)."""
     kills = Kills()
     lease_keys = [store.keys.shard(i).leases for i in range(store.config.shards)]
     while True:
-        pause = rng.uniform(*KILL_EVERY)
-        if time.time() + pause > until:
+        when = time.time() + rng.uniform(*every)
+        if aim is not None:
+            when = max(when, aim(when))
+        if when > until:
             break
-        time.sleep(pause)
+        time.sleep(max(0.0, when - time.time()))
         live = running(procs, kind)
         if kind == "beat":
             ready = [i for i in live if beat_ready(procs, i)]
@@ -350,7 +392,8 @@ def kill_loop(
             kills.held |= held
             kills.published |= published
         else:
-            victim = procs.procs[rng.choice(live)][0]
+            ready = [i for i in live if worker_ready(procs, i)]
+            victim = procs.procs[rng.choice(ready or live)][0]
             victim.kill()
             victim.wait(timeout=30)
             assert victim.returncode == -signal.SIGKILL, victim.returncode
@@ -360,6 +403,23 @@ def kill_loop(
 
 
 # -- 1. crash soak ---------------------------------------------------------------------------
+
+
+def record_late_task(producer: Producer) -> Any:
+    """The e2e app's ``e2e.record_late`` (``acks_late``, ``reject_on_worker_lost``) in ``producer``."""
+
+    @producer.app.task(
+        base=DelayedTask,
+        bind=True,
+        name="e2e.record_late",
+        acks_late=True,
+        reject_on_worker_lost=True,
+        shared=False,
+    )
+    def record_late(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    return record_late
 
 
 def soak(
@@ -378,21 +438,7 @@ def soak(
         conf["broker_transport_options"] = TRANSPORT
     env = env_for(redis_url, redis_url, conf)
     producer = producers(redis_url, redis_url, **conf)
-    task: Any = producer.record
-    if victim == "worker":
-
-        @producer.app.task(
-            base=DelayedTask,
-            bind=True,
-            name="e2e.record_late",
-            acks_late=True,
-            reject_on_worker_lost=True,
-            shared=False,
-        )
-        def record_late(self: Any, *args: Any, **kwargs: Any) -> None:
-            return None
-
-        task = record_late
+    task: Any = record_late_task(producer) if victim == "worker" else producer.record
 
     start_stack(procs, env, beats=3)
     procs.start("worker", env)
@@ -506,6 +552,121 @@ def test_soak_worker_kills_acks_late_no_loss(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:
     soak("worker", True, redis_url, r, procs, producers)
+
+
+def task_ids_logged(text: str, what: str) -> set[str]:
+    """Ids of the ``Task <name>[<id>] <what>`` lines of a worker log (``received``, ``succeeded``)."""
+    return set(re.findall(r"Task [\w.]+\[([^\]]+)\] " + re.escape(what), text))
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(RABBITMQ_SOAK_TIMEOUT)
+def test_soak_worker_kills_acks_late_rabbitmq_no_loss(
+    redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
+) -> None:
+    """The worker-kill soak with RabbitMQ as the broker and the store on Redis: one beat and
+    two workers deliver ``RABBITMQ_SOAK.jobs`` jobs of ``e2e.record_late`` (``acks_late``,
+    ``reject_on_worker_lost``) while a worker is SIGKILLed and restarted every 3-5 s, each
+    kill aimed just after a clump of jobs falls due, so that the worker dies holding
+    messages. RabbitMQ puts a dead consumer's unacked messages back in the queue: nothing is
+    lost (kombu's Redis consumer has no such guarantee, see the Redis soak). A message whose
+    task had run on the killed worker but was not acked yet runs again: a duplicate."""
+    broker = rabbitmq_or_skip()
+    queue = f"delayq-soak-{uuid.uuid4().hex[:12]}"
+    size = RABBITMQ_SOAK
+    # broker_heartbeat=0: with AMQP heartbeats on, the worker's warm shutdown takes ~9 s.
+    conf: dict[str, Any] = {
+        "delayq_reclaim_ttl": RECLAIM_TTL,
+        "task_default_queue": queue,
+        "broker_heartbeat": 0,
+    }
+    try:
+        t_begin = time.monotonic()
+        env = env_for(broker, redis_url, conf)
+        producer = producers(broker, redis_url, **conf)
+        task = record_late_task(producer)
+        start_stack(procs, env, beats=1)
+        procs.start("worker", env)
+        warm_up(producer, r, procs)
+        assert wait_for(lambda: all(worker_ready(procs, i) for i in indexes(procs, "worker")), 60.0, 0.1)
+        store = get_store(producer.app)
+        seed = int(time.time())
+        rng = random.Random(seed)
+
+        first_due = time.time() + 3.0
+        results: list[ScheduledResult] = task.apply_at_many(
+            clumped(size.jobs, first_due, size.seconds, clump=RABBITMQ_CLUMP)
+        )
+        due_of = {res.id: res.due.timestamp() for res in results if res.due is not None}
+        ids = set(due_of)
+        assert len(ids) == size.jobs
+        clump_dues = sorted(set(due_of.values()))
+
+        def aim(when: float) -> float:
+            """Just after the first clump due at ``when`` or later: its messages are in flight."""
+            i = bisect.bisect_left(clump_dues, when)
+            return (clump_dues[i] if i < len(clump_dues) else when) + rng.uniform(0.05, 0.3)
+
+        kills = kill_loop(
+            "worker", procs, env, r, store, first_due + size.seconds, rng, every=RABBITMQ_KILL_EVERY, aim=aim
+        )
+
+        lost = wait_all_ran(r, ids, 120.0, producer, broker, queue)
+        quiesce(producer, broker, queue=queue)
+        counts = runs(r)
+        duplicates = {job_id: n for job_id, n in counts.items() if n > 1}
+        extra = sum(n - 1 for n in duplicates.values())
+        late = first_lateness(r)
+        stale = count_in_logs(procs, "beat", "no longer leased")
+        in_store, dead = producer.dq.count(), list(producer.dq.dead())
+        # What each killed worker held when it died: messages it logged as received and never
+        # as succeeded (unacked; RabbitMQ must deliver them again).
+        killed = [i for i in indexes(procs, "worker") if procs.procs[i][0].poll() is not None]
+        held: set[str] = set()
+        for i in killed:
+            text = log_of(procs, i)
+            held |= (task_ids_logged(text, "received") - task_ids_logged(text, "succeeded")) & ids
+        # Each duplicate's runs straddle a kill: the first before it, the next after it.
+        run_starts: dict[str, list[float]] = {}
+        for rec in starts(r):
+            run_starts.setdefault(rec["id"], []).append(rec["start"])
+        unexplained = {
+            job_id
+            for job_id in duplicates
+            if not any(
+                min(run_starts[job_id]) <= t <= sorted(run_starts[job_id])[1] + 1.0 for t in kills.times
+            )
+        }
+        print(
+            f"\nRELIABILITY soak [{size}] worker kills, RabbitMQ broker, Redis store, acks_late, "
+            f"seed {seed}: jobs={len(ids)} kills={len(kills)} lost={len(lost)} "
+            f"duplicates={len(duplicates)} (extra runs {extra}); held unacked by killed workers "
+            f"{len(held)} (all ran: {held <= set(counts)}); left in the store {in_store}, "
+            f"dead-lettered {len(dead)}; stale-ack warnings {stale}; "
+            f"run time {time.monotonic() - t_begin:.0f} s"
+        )
+        print(f"  duplicate ids ({len(duplicates)}): {describe(set(duplicates), limit=len(duplicates))}")
+        print(f"  lost ids ({len(lost)}): {describe(lost, limit=len(lost))}")
+        print(f"  kills at {[round(t - first_due, 2) for t in kills.times]} s into the soak")
+        print("  " + lateness_line("first runs, worker kills, RabbitMQ broker", late))
+
+        assert not lost, f"{len(lost)} job(s) never ran: {describe(lost, 20)}"
+        assert len(kills) >= 6, len(kills)
+        assert held, "no killed worker held a message: the kills tested nothing"
+        assert in_store == 0 and dead == [], (in_store, dead)
+        assert set(counts) <= ids, f"runs of unknown ids: {describe(set(counts) - ids, 20)}"
+        if not stale:  # no beat outlived its lease: every duplicate comes from a worker kill
+            assert not unexplained, f"duplicates no kill explains: {describe(unexplained, 20)}"
+        # No process ended but those the test killed; one beat and two workers run at the end.
+        ended = [(log.name, proc.returncode) for proc, log in procs.procs if proc.poll() is not None]
+        assert len(ended) == len(kills), f"{ended}\n{procs.logs()}"
+        assert all(code == -signal.SIGKILL for _, code in ended), f"{ended}\n{procs.logs()}"
+        assert len(running(procs, "beat")) == 1 and len(running(procs, "worker")) == 2
+        # The broker is not the store's Redis: the beat publishes through kombu.
+        assert count_in_logs(procs, "beat", "the broker is the store's Redis") == 0
+    finally:
+        procs.stop_all()
+        _delete_queue(broker, queue)
 
 
 # -- 2. Redis restart ------------------------------------------------------------------------
