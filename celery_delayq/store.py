@@ -11,7 +11,7 @@ import heapq
 import json
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _jstr
 from typing import Any
@@ -121,6 +121,23 @@ def loaded_form(job_id: str, stored: str) -> str:
     if stored.startswith(_WITHOUT_ID):
         return _WITH_ID + _jstr(job_id) + "," + stored[7:]
     return stored
+
+
+def version_problem(info: Mapping[str, Any]) -> str | None:
+    """Why a server that answers ``info`` (its ``INFO server``) cannot run the scripts, or None.
+
+    >>> version_problem({"redis_version": "6.0.9"})
+    'Redis 6.0.9 is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)'
+    >>> version_problem({"redis_version": "5.0.14"}) is None, version_problem({"redis_version": "6.2.0"})
+    (False, None)
+    >>> version_problem({"redis_version": "7.2.4", "valkey_version": "8.1.1"}) is None
+    True
+    """
+    version = str(info.get("valkey_version") or info.get("redis_version") or "0")
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if not info.get("valkey_version") and parts < (6, 2):
+        return f"Redis {version} is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)"
+    return None
 
 
 def make_client(url: str, cluster: bool = False) -> Any:
@@ -407,13 +424,9 @@ class Store:
                 "(celery-delayq needs Redis 6.2 or newer, or Valkey)"
             )
             info = None
-        if info is not None:
-            version = str(info.get("valkey_version") or info.get("redis_version") or "0")
-            parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-            if not info.get("valkey_version") and parts < (6, 2):
-                raise UnsupportedServer(
-                    f"Redis {version} is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)"
-                )
+        problem = None if info is None else version_problem(info)
+        if problem is not None:
+            raise UnsupportedServer(problem)
         try:
             policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.ResponseError:

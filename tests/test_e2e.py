@@ -23,6 +23,7 @@ from kombu import Connection
 
 from celery_delayq import DelayedTask, DelayQ, ScheduledResult
 from celery_delayq.api import get_store
+from celery_delayq.embedded import EmbeddedRedis
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -442,3 +443,18 @@ def test_beat_schedule_entries_keep_firing(
     (mine,) = (s for s in recs if s["id"] == job.id)
     assert mine["due"] - CLOCK_TOL <= mine["start"] < mine["due"] + 1.0
     assert_alive(procs)
+
+
+def test_beat_warns_at_start_when_redis_may_evict_jobs(procs: Procs) -> None:
+    """A real beat on a Redis with ``maxmemory-policy allkeys-lru``: it starts, says why that
+    policy can lose jobs, and keeps running."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]) as server:
+        url = server.url + "/0"
+        procs.start("beat", subprocess_env(url, url))
+        warned = wait_for(lambda: "maxmemory-policy is 'allkeys-lru'" in log_of(procs, 0), STARTUP, 0.1)
+        log = log_of(procs, 0)
+        assert warned, log
+        assert "may evict scheduled jobs; set it to 'noeviction'" in log
+        assert wait_for(lambda: "delayq: beat" in log_of(procs, 0), STARTUP, 0.1)
+        assert_alive(procs)
+        procs.stop_all()
