@@ -620,12 +620,19 @@ def test_soak_worker_kills_acks_late_rabbitmq_no_loss(
         stale = count_in_logs(procs, "beat", "no longer leased")
         in_store, dead = producer.dq.count(), list(producer.dq.dead())
         # What each killed worker held when it died: messages it logged as received and never
-        # as succeeded (unacked; RabbitMQ must deliver them again).
-        killed = [i for i in indexes(procs, "worker") if procs.procs[i][0].poll() is not None]
+        # as succeeded (acks_late acks after that line: unacked, so RabbitMQ must deliver them
+        # again); and what the broker delivered again: received by a killed worker, then by
+        # another one.
+        received_by = {
+            i: task_ids_logged(log_of(procs, i), "received") & ids for i in indexes(procs, "worker")
+        }
+        killed = [i for i in received_by if procs.procs[i][0].poll() is not None]
         held: set[str] = set()
+        redelivered: set[str] = set()
         for i in killed:
-            text = log_of(procs, i)
-            held |= (task_ids_logged(text, "received") - task_ids_logged(text, "succeeded")) & ids
+            held |= received_by[i] - task_ids_logged(log_of(procs, i), "succeeded")
+            elsewhere = set[str]().union(*(got for j, got in received_by.items() if j != i))
+            redelivered |= received_by[i] & elsewhere
         # Each duplicate's runs straddle a kill: the first before it, the next after it.
         run_starts: dict[str, list[float]] = {}
         for rec in starts(r):
@@ -640,9 +647,9 @@ def test_soak_worker_kills_acks_late_rabbitmq_no_loss(
         print(
             f"\nRELIABILITY soak [{size}] worker kills, RabbitMQ broker, Redis store, acks_late, "
             f"seed {seed}: jobs={len(ids)} kills={len(kills)} lost={len(lost)} "
-            f"duplicates={len(duplicates)} (extra runs {extra}); held unacked by killed workers "
-            f"{len(held)} (all ran: {held <= set(counts)}); left in the store {in_store}, "
-            f"dead-lettered {len(dead)}; stale-ack warnings {stale}; "
+            f"duplicates={len(duplicates)} (extra runs {extra}); delivered again after a kill "
+            f"{len(redelivered)} (of which held unfinished by the killed worker {len(held)}); "
+            f"left in the store {in_store}, dead-lettered {len(dead)}; stale-ack warnings {stale}; "
             f"run time {time.monotonic() - t_begin:.0f} s"
         )
         print(f"  duplicate ids ({len(duplicates)}): {describe(set(duplicates), limit=len(duplicates))}")
@@ -652,11 +659,14 @@ def test_soak_worker_kills_acks_late_rabbitmq_no_loss(
 
         assert not lost, f"{len(lost)} job(s) never ran: {describe(lost, 20)}"
         assert len(kills) >= 6, len(kills)
-        assert held, "no killed worker held a message: the kills tested nothing"
+        assert redelivered, "no killed worker held an unacked message: the kills tested nothing"
+        assert held <= redelivered, f"held by a killed worker, never delivered again: {held - redelivered}"
         assert in_store == 0 and dead == [], (in_store, dead)
         assert set(counts) <= ids, f"runs of unknown ids: {describe(set(counts) - ids, 20)}"
         if not stale:  # no beat outlived its lease: every duplicate comes from a worker kill
             assert not unexplained, f"duplicates no kill explains: {describe(unexplained, 20)}"
+            not_again = set(duplicates) - redelivered
+            assert not not_again, f"duplicates not delivered again after a kill: {describe(not_again, 20)}"
         # No process ended but those the test killed; one beat and two workers run at the end.
         ended = [(log.name, proc.returncode) for proc, log in procs.procs if proc.poll() is not None]
         assert len(ended) == len(kills), f"{ended}\n{procs.logs()}"
