@@ -594,9 +594,11 @@ def test_soak_worker_kills_acks_late_rabbitmq_no_loss(
         rng = random.Random(seed)
 
         first_due = time.time() + 3.0
-        results: list[ScheduledResult] = task.apply_at_many(
-            clumped(size.jobs, first_due, size.seconds, clump=RABBITMQ_CLUMP)
-        )
+        # Each task holds 50 ms after recording its start: a clump of 100 keeps the two workers
+        # (8 threads each) busy for about 0.3 s, so an aimed kill finds messages unacked.
+        items = [(due, args, {"hold": 0.05}) for due, args, _ in clumped(size.jobs, first_due, size.seconds,
+                                                                          clump=RABBITMQ_CLUMP)]
+        results: list[ScheduledResult] = task.apply_at_many(items)
         due_of = {res.id: res.due.timestamp() for res in results if res.due is not None}
         ids = set(due_of)
         assert len(ids) == size.jobs

@@ -87,5 +87,9 @@ def record_late(self: Any, *args: Any, **kwargs: Any) -> None:
     """``e2e.record`` acked only after it ran (``acks_late``): a message whose worker is
     SIGKILLed before the ack stays in the broker's unacked set and is delivered again
     (on the Redis broker, once ``visibility_timeout`` has passed). Used by the worker-kill
-    soak in ``tests/test_reliability.py``."""
+    soak in ``tests/test_reliability.py``. A ``hold`` keyword (seconds) keeps the task
+    running that long after it recorded its start, so that a kill finds messages unacked."""
     _record(self)
+    hold = kwargs.get("hold")
+    if hold:
+        time.sleep(float(hold))
