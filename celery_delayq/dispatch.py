@@ -271,7 +271,7 @@ class Dispatcher:
                             if built is not None and (built[3] in registered or not dead_letter_unknown):
                                 key, text, qname, task = built
                                 if qname not in self._declared:
-                                    self._declare(producer, qname)
+                                    self._declare(producer, self.app.amqp.queues[qname])
                                 wired[shard].append((job, task, key, text))
                                 continue
                         try:
@@ -447,12 +447,14 @@ class Dispatcher:
         templates.producer = producer
         return templates
 
-    def _declare(self, producer: Any, qname: str) -> None:
-        """Declare a queue once per pass, as ``send_task_message`` would before publishing."""
-        queue = self.app.amqp.queues.get(qname)
-        if queue is not None and not isinstance(queue, Broadcast):
-            producer.maybe_declare(queue)
-        self._declared.add(qname)
+    def _declare(self, producer: Any, queue: Any) -> None:
+        """Declare a kombu queue once per pass, as ``send_task_message`` would before publishing
+        (it would on every publish, and kombu binds (copies) the queue each time before finding
+        it already declared: half the cost of a publish)."""
+        if queue.name not in self._declared:
+            if not isinstance(queue, Broadcast):
+                producer.maybe_declare(queue)
+            self._declared.add(queue.name)
 
     def _deliver(self, wired: dict[int, list[tuple[ClaimedJob, str, str, str]]]) -> list[int]:
         """Push and ack the built messages (one script call per shard chunk); return the due
@@ -563,12 +565,8 @@ class Dispatcher:
             if isinstance(queue, str):
                 queue = amqp.queues[queue]
             qname = queue.name
-            if declare is None and qname not in self._declared:
-                # Declared once per pass here, so kombu need not re-bind it every publish.
-                if not isinstance(queue, Broadcast):
-                    producer.maybe_declare(queue)
-                self._declared.add(qname)
             if declare is None:
+                self._declare(producer, queue)
                 declare = []
         if delivery_mode is None:
             delivery_mode = getattr(getattr(queue, "exchange", None), "delivery_mode", None)
@@ -598,20 +596,14 @@ class Dispatcher:
         )
 
     def _declare_once(self, producer: Any, envelope: Envelope) -> Envelope:
-        """Declare the job's queue once per pass and publish with ``declare=[]``.
-
-        ``send_task_message`` would declare it on every publish, and kombu binds
-        (copies) the queue each time before finding it already declared: half
-        the cost of a publish. Raises KeyError for a queue the app does not know.
+        """Declare the job's queue once per pass (:meth:`_declare`) and publish with
+        ``declare=[]``. Raises KeyError for a queue the app does not know.
         """
         qname = envelope.route.get("queue")
         if not isinstance(qname, str) or "declare" in envelope.route:
             return envelope
         if qname not in self._declared:
-            queue = self.app.amqp.queues[qname]
-            if not isinstance(queue, Broadcast):
-                producer.maybe_declare(queue)
-            self._declared.add(qname)
+            self._declare(producer, self.app.amqp.queues[qname])
         return replace(envelope, route={**envelope.route, "declare": []})
 
     def _fire_points(

@@ -233,8 +233,9 @@ class WireTemplates:
         if built is None:
             return _NOT_WIRE
         key, text = built
-        encoded_body = json.loads(text)["body"]
-        body_encoding = json.loads(text)["properties"].get("body_encoding")
+        reference = json.loads(text)
+        encoded_body = reference["body"]
+        body_encoding = reference["properties"].get("body_encoding")
         if body_encoding == "base64":
             body_hole = '"' + base64.b64encode(_BODY).decode("ascii") + '"'
         elif body_encoding in (None, "utf-8") and encoded_body == body_text:
