@@ -473,6 +473,11 @@ def _clean_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
         options.pop(name, None)
     for name in _CALL_ONLY:
         options.pop(name, None)
+    headers = options.get("headers")
+    if isinstance(headers, Mapping) and DUE_HEADER in headers:
+        # A retry (``self.retry``) passes the request's headers on, with the due time of the
+        # attempt that is running; the beat sets the new job's own at publish.
+        options["headers"] = {k: v for k, v in headers.items() if k != DUE_HEADER}
     return options
 
 

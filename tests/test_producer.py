@@ -742,3 +742,19 @@ def test_payload_too_large(app_factory: AppFactory) -> None:
         )
     assert snapshot_of(app) == before
     assert DelayQ(app).get(small.id) is not None
+
+
+def test_a_due_header_passed_on_is_not_stored(app: Celery, r: redis.Redis) -> None:
+    """``self.retry`` passes the running request's headers on, ``delayq_due`` included: the
+    stored job must not keep it (it would override the retry's own due time at publish)."""
+    res = app.tasks["t.add"].apply_in(60, (1, 2), headers={"delayq_due": 1.0, "tenant": "acme"})
+    record = get_store(app).get(res.id)
+    assert record is not None
+    envelope = decode_envelope(record.envelope)
+    assert envelope.route.get("headers") == {"tenant": "acme"}
+    dispatcher = Dispatcher(app)
+    DelayQ(app).reschedule(res.id, time.time() - 1)
+    dispatcher.run_once()
+    (message,) = broker_lists(r)["celery"]
+    assert message["headers"]["delayq_due"] == pytest.approx(time.time() - 1, abs=5)
+    assert message["headers"]["delayq_due"] != 1.0 and message["headers"]["tenant"] == "acme"
