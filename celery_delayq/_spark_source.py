@@ -1,0 +1,215 @@
+"""The ``delayq`` Spark Python Data Source. This module imports pyspark: import
+:mod:`celery_delayq.spark` instead, which loads it only when Spark asks for it.
+
+Spark pickles the source, its reader and its writer (options only) to every
+executor; each partition opens its own Redis client.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from .exceptions import ConfigurationError
+from .spark import READ_COLUMNS, READ_SCHEMA, JobWriter, ReadOptions, WriteOptions, read_shard
+from .store import Store
+
+__all__ = ["DelayQDataSource"]
+
+
+class DelayQDataSource(DataSource):
+    """``format("delayq")``: write one job per row, read the pending jobs back."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "delayq"
+
+    def schema(self) -> str:
+        return READ_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        names = tuple(schema.fieldNames())
+        if names != READ_COLUMNS:
+            raise ConfigurationError(
+                f"delayq read: the schema is fixed ({READ_SCHEMA}); do not pass one, select columns instead"
+            )
+        options = ReadOptions.parse(self.options)
+        _ping(options.store.config())  # a bad URL or password fails the query now, on the driver
+        return _PushdownReader(options) if _pushdown_enabled() else _Reader(options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        if overwrite:
+            raise ConfigurationError(
+                "delayq write: mode('overwrite') would mean dropping every pending job; use "
+                "mode('append') (with option replace=true to overwrite jobs that have the same id)"
+            )
+        options = WriteOptions.parse(self.options)
+        options.check_schema({f.name: f.dataType.simpleString() for f in schema.fields})
+        _ping(options.store.config())
+        return _Writer(options)
+
+
+def _ping(config: Any) -> None:
+    store = Store(config)
+    try:
+        store.client.ping()
+    finally:
+        store.close()
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+@dataclass
+class WriteCommit(WriterCommitMessage):
+    """What one partition did."""
+
+    rows: int
+    stored: int
+    replaced: int
+    kept: int
+
+
+class _Writer(DataSourceArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> WriteCommit:
+        with JobWriter(self.options) as writer:
+            for batch in iterator:
+                writer.add_batch(batch)
+        s = writer.stats
+        return WriteCommit(s.rows, s.stored, s.replaced, s.kept)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to do: every partition's jobs are stored when its task ends."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Jobs of partitions that finished stay stored; with ids from the rows, running the
+        write again stores the rest and keeps those (see docs/spark.md)."""
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardPartition(InputPartition):
+    shard: int
+
+
+class _Reader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[ShardPartition]:
+        config = self.options.store.config()
+        wanted = self.options.shards
+        shards = range(config.shards) if wanted is None else [s for s in wanted if 0 <= s < config.shards]
+        return [ShardPartition(s) for s in shards] or [ShardPartition(-1)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        shard = partition.shard if isinstance(partition, ShardPartition) else -1
+        if shard < 0:
+            return
+        o = self.options
+        store = Store(o.store.config())
+        try:
+            yield from read_shard(store, shard, o.due_from, o.due_until, o.include_dead, o.page_size)
+        finally:
+            store.close()
+
+
+class _PushdownReader(_Reader):
+    """Takes filters on ``due`` (a score range) and on ``shard`` (fewer partitions)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        low: int | None = None
+        high: int | None = None
+        shards: set[int] | None = None
+        for f in filters:
+            column = getattr(f, "attribute", None)
+            value = getattr(f, "value", None)
+            if column == ("due",) and isinstance(value, datetime):
+                us = _micros(value)
+                if isinstance(f, EqualTo):
+                    if us % 1000:  # no stored due time (whole ms) equals it
+                        low, high = 1, 0
+                        continue
+                    low = _max(low, us // 1000)
+                    high = _min(high, us // 1000)
+                elif isinstance(f, GreaterThan):
+                    low = _max(low, us // 1000 + 1)
+                elif isinstance(f, GreaterThanOrEqual):
+                    low = _max(low, -(-us // 1000))
+                elif isinstance(f, LessThan):
+                    high = _min(high, (us + 999) // 1000 - 1)
+                elif isinstance(f, LessThanOrEqual):
+                    high = _min(high, us // 1000)
+                else:
+                    yield f
+                    continue
+            elif column == ("shard",) and isinstance(f, EqualTo | In):
+                values = (value,) if isinstance(f, EqualTo) else tuple(value or ())
+                if not all(type(v) is int for v in values):
+                    yield f
+                    continue
+                picked = set(values)
+                shards = picked if shards is None else shards & picked
+            else:
+                yield f
+        self.options = self.options.narrowed(low, high, shards)
+
+
+def _micros(value: datetime) -> int:
+    """Microseconds since the epoch of a filter's timestamp (naive: UTC, as Spark sends it)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _max(a: int | None, b: int) -> int:
+    return b if a is None else max(a, b)
+
+
+def _min(a: int | None, b: int) -> int:
+    return b if a is None else min(a, b)
+
+
+def _pushdown_enabled() -> bool:
+    """Whether Spark will hand this reader filters.
+
+    Spark refuses a reader that implements ``pushFilters`` unless
+    ``spark.sql.python.filterPushdown.enabled`` is on, and the source cannot
+    read that setting; the planning worker that calls :meth:`DelayQDataSource.reader`
+    can. With pushdown on, Spark plans in ``data_source_pushdown_filters``; with
+    it off, in ``plan_data_source_read`` with ``enable_pushdown`` false.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        if filename.endswith("/data_source_pushdown_filters.py"):
+            return True
+        if filename.endswith("/plan_data_source_read.py"):
+            return bool(frame.f_locals.get("enable_pushdown", False))
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
