@@ -1,0 +1,184 @@
+"""Lateness histograms kept in Redis: cheap to record, bounded in size, readable by anyone.
+
+Two histograms per key prefix, each one Redis hash (a single key, no shard tag):
+
+- ``<prefix>:lateness:publish``: due time -> the beat published the message (every beat);
+- ``<prefix>:lateness:start``: due time -> a worker started the task (workers with
+  ``delayq_record_lateness`` on; the due time travels in the message's ``delayq_due`` header).
+
+Fields: ``le:<bound ms>`` for each bound of :data:`BOUNDS` and ``le:inf``, each the number
+of observations at most that bound and above the previous one (not cumulative), plus
+``count`` and ``sum_ms``. A :class:`Histogram` adds observations in memory and
+:meth:`Histogram.flush` sends them as one pipeline of ``HINCRBY``/``HINCRBYFLOAT``, so a
+recorder costs one round trip per flush, whatever the rate; the hash never holds more than
+``len(BOUNDS) + 3`` fields.
+
+>>> h = Histogram()
+>>> for ms in (0.4, 3, 3, 70, 12_000):
+...     h.observe(ms)
+>>> h.pending["le:1"], h.pending["le:5"], h.pending["le:100"], h.pending["le:30000"]
+(1, 2, 1, 1)
+>>> snap = Snapshot.from_fields({k: str(v) for k, v in h.pending.items()})
+>>> snap.count, snap.quantile(0.5), snap.quantile(0.99)
+(5, 5.0, 30000.0)
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BOUNDS", "Histogram", "Snapshot", "key_for", "read", "tally"]
+
+#: Upper bounds of the buckets, in ms (the last bucket, ``le:inf``, takes the rest).
+BOUNDS: tuple[float, ...] = (
+    1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000,
+)  # fmt: skip
+_FIELDS = (*(f"le:{b:g}" for b in BOUNDS), "le:inf")
+KINDS = ("publish", "start")
+
+
+def key_for(prefix: str, kind: str) -> str:
+    """The hash holding ``kind`` (``"publish"`` or ``"start"``) lateness of ``prefix``.
+
+    >>> key_for("delayq", "start")
+    'delayq:lateness:start'
+    """
+    if kind not in KINDS:
+        raise ValueError(f"lateness kind must be one of {KINDS}, got {kind!r}")
+    return f"{prefix}:lateness:{kind}"
+
+
+def tally(values_ms: Iterable[float]) -> dict[str, float]:
+    """The fields that observing each of ``values_ms`` adds (bucket each value once, then add
+    the result to several histograms with :meth:`Histogram.add`).
+
+    >>> tally([0.4, 3, 3, -2]) == {"le:1": 2, "le:5": 2, "count": 4, "sum_ms": 6.4}
+    True
+    """
+    out: dict[str, float] = {}
+    fields, bounds, find = _FIELDS, BOUNDS, bisect.bisect_left
+    total = 0.0
+    n = 0
+    for ms in values_ms:
+        if ms < 0:
+            ms = 0.0
+        name = fields[find(bounds, ms)]
+        out[name] = out.get(name, 0) + 1
+        total += ms
+        n += 1
+    if n:
+        out["count"] = n
+        out["sum_ms"] = total
+    return out
+
+
+@dataclass
+class Histogram:
+    """Observations not yet sent to Redis. Thread-safe: a worker's pool threads share one."""
+
+    pending: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def observe(self, ms: float) -> None:
+        """Count one lateness of ``ms`` (a job started early counts as 0)."""
+        ms = max(0.0, ms)
+        name = _FIELDS[bisect.bisect_left(BOUNDS, ms)]
+        with self._lock:
+            pending = self.pending
+            pending[name] = pending.get(name, 0) + 1
+            pending["count"] = pending.get("count", 0) + 1
+            pending["sum_ms"] = pending.get("sum_ms", 0.0) + ms
+
+    def add(self, fields: Mapping[str, float]) -> None:
+        """Add field increments (from :func:`tally`, or another histogram's ``pending``)."""
+        if not fields:
+            return
+        with self._lock:
+            pending = self.pending
+            for name, value in fields.items():
+                pending[name] = pending.get(name, 0) + value
+
+    def snapshot(self) -> Snapshot:
+        """What this histogram holds now (not yet flushed), as a :class:`Snapshot`.
+
+        >>> h = Histogram()
+        >>> h.add(tally([3, 700]))
+        >>> h.snapshot().cumulative()[2:4], h.snapshot().count
+        ([(5.0, 1), (10.0, 1)], 2)
+        """
+        with self._lock:
+            fields = dict(self.pending)
+        return Snapshot.from_fields(fields)
+
+    def flush(self, client: Any, key: str) -> int:
+        """Add what was observed to ``key`` in one pipeline; returns how many observations.
+
+        On an error the observations are put back (counted at the next flush)."""
+        with self._lock:
+            pending, self.pending = self.pending, {}
+        if not pending:
+            return 0
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for name, value in pending.items():
+                    if name == "sum_ms":
+                        pipe.hincrbyfloat(key, name, round(value, 3))
+                    else:
+                        pipe.hincrby(key, name, int(value))
+                pipe.execute()
+        except Exception:
+            with self._lock:
+                for name, value in pending.items():
+                    self.pending[name] = self.pending.get(name, 0) + value
+            raise
+        return int(pending.get("count", 0))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A histogram as read from Redis."""
+
+    buckets: tuple[int, ...]  # one count per bound of BOUNDS, then the +inf bucket
+    count: int
+    sum_ms: float
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> Snapshot:
+        buckets = tuple(int(float(fields.get(name, 0) or 0)) for name in _FIELDS)
+        return cls(buckets, int(float(fields.get("count", 0) or 0)), float(fields.get("sum_ms", 0) or 0))
+
+    @property
+    def mean_ms(self) -> float | None:
+        return self.sum_ms / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """The upper bound of the bucket holding the ``q`` quantile (``inf`` past the last
+        bound), or None when empty: a histogram says "at most", not the exact value."""
+        total = sum(self.buckets)
+        if not total:
+            return None
+        rank = q * total
+        seen = 0
+        for bound, n in zip((*BOUNDS, float("inf")), self.buckets, strict=True):
+            seen += n
+            if seen >= rank and n:
+                return float(bound)
+        return float("inf")
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound ms, observations <= it)`` for each bucket, as Prometheus wants them."""
+        out: list[tuple[float, int]] = []
+        seen = 0
+        for bound, n in zip((*BOUNDS, float("inf")), self.buckets, strict=True):
+            seen += n
+            out.append((float(bound), seen))
+        return out
+
+
+def read(client: Any, prefix: str, kind: str) -> Snapshot:
+    """The ``kind`` histogram of ``prefix`` as it is in Redis now."""
+    return Snapshot.from_fields(client.hgetall(key_for(prefix, kind)))

@@ -1,0 +1,51 @@
+--[[ requeue: put a dead-lettered job back as a waiting job, removing its dead letter.
+
+KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
+KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+
+ARGV[1] job id
+ARGV[2] due time in ms
+ARGV[3] the opening of a version-2 envelope that carries this id ('{"v":2,"i":<id as JSON>,'):
+        an envelope that opens with it is stored without its id, as enqueue stores it
+ARGV[4] wake channel
+ARGV[5] shard index, echoed in the wake message
+
+The envelope is the one kept in the dead-letter record. The job starts afresh:
+no lease, tries counted from zero.
+
+Returns
+  1  requeued: the job waits in the shard, due at ARGV[2]; the dead letter is gone
+  0  no dead letter with this id
+  2  refused: a job with this id is stored (waiting or being delivered); requeueing
+     would replace it. The dead letter is kept.
+  3  refused: the dead-letter record holds no envelope. The dead letter is kept.
+Requeueing earlier than the wake marker wakes a sleeping beat, as enqueue does.
+]]
+local id = ARGV[1]
+local raw = redis.call('HGET', KEYS[5], id)
+if not raw then
+  return 0
+end
+if redis.call('HEXISTS', KEYS[2], id) == 1 then
+  return 2
+end
+local ok, record = pcall(cjson.decode, raw)
+if not ok or type(record) ~= 'table' or type(record.envelope) ~= 'string' or record.envelope == '' then
+  return 3
+end
+local envelope = record.envelope
+local opening = ARGV[3]
+if string.sub(envelope, 1, #opening) == opening then
+  envelope = '{"v":2,' .. string.sub(envelope, #opening + 1)
+end
+local due = tonumber(ARGV[2])
+redis.call('HSET', KEYS[2], id, envelope)
+redis.call('HDEL', KEYS[3], id)
+redis.call('ZADD', KEYS[1], due, id)
+redis.call('HDEL', KEYS[5], id)
+local marker = tonumber(redis.call('GET', KEYS[4]))
+if marker == nil or due < marker then
+  redis.call('SET', KEYS[4], ARGV[2])
+  redis.call('PUBLISH', ARGV[4], ARGV[5] .. ':' .. ARGV[2])
+end
+return 1

@@ -1,0 +1,217 @@
+"""The beat's Prometheus endpoint: ``delayq_metrics_port`` (see docs/operations.md).
+
+One :class:`DispatcherCollector` per beat, in a :class:`~prometheus_client.CollectorRegistry`
+of its own (never the process-wide default registry), served by
+:func:`prometheus_client.start_http_server` on ``delayq_metrics_addr:delayq_metrics_port``.
+Nothing is observed on the dispatch path: at each scrape the collector turns the
+dispatcher's counters (:class:`~celery_delayq.dispatch.DispatchStats`) and its in-process
+lateness histogram into metric families, and reads the store's sizes and the workers'
+lateness histogram from Redis in one pipeline, at most every ``REDIS_READ_EVERY`` s (later
+scrapes in that time reuse the last read).
+
+>>> from celery_delayq.lateness import Snapshot
+>>> buckets = seconds_buckets(Snapshot.from_fields({"le:5": 2, "le:inf": 1, "count": 3}).cumulative())
+>>> buckets[:4], buckets[-1]
+([('0.001', 0.0), ('0.002', 0.0), ('0.005', 2.0), ('0.01', 2.0)], ('+Inf', 3.0))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from . import lateness
+from .dispatch import CLAIM_SIZE_BOUNDS, Dispatcher
+
+__all__ = ["REDIS_READ_EVERY", "DispatcherCollector", "MetricsServer", "seconds_buckets"]
+
+logger = logging.getLogger("celery_delayq.metrics")
+
+#: Seconds a read of the store's sizes and of the workers' lateness is reused by later scrapes.
+REDIS_READ_EVERY = 5.0
+
+
+def seconds_buckets(cumulative: Sequence[tuple[float, int]]) -> list[tuple[str, float]]:
+    """``(bound ms, count)`` pairs (:meth:`lateness.Snapshot.cumulative`) as Prometheus buckets
+    in seconds: ``(le, count)`` with ``le`` as the exposition writes it."""
+    out: list[tuple[str, float]] = []
+    for bound_ms, count in cumulative:
+        le = "+Inf" if bound_ms == float("inf") else f"{bound_ms / 1000.0:g}"
+        out.append((le, float(count)))
+    return out
+
+
+def _histogram(name: str, documentation: str, snapshot: lateness.Snapshot) -> HistogramMetricFamily:
+    return HistogramMetricFamily(
+        name,
+        documentation,
+        buckets=seconds_buckets(snapshot.cumulative()),
+        sum_value=snapshot.sum_ms / 1000.0,
+    )
+
+
+class DispatcherCollector(Collector):
+    """The metrics of one beat (its :class:`Dispatcher`) and of its store."""
+
+    def __init__(self, dispatcher: Dispatcher, read_every: float = REDIS_READ_EVERY) -> None:
+        self.dispatcher = dispatcher
+        self.read_every = read_every
+        self._lock = threading.Lock()
+        self._read_at = -float("inf")  # monotonic time of the last read from Redis
+        self._read: dict[str, Any] | None = None
+
+    # -- from Redis, cached ---------------------------------------------------------------------
+
+    def store_state(self) -> dict[str, Any] | None:
+        """Sizes of the store and the workers' lateness, as read at most ``read_every`` s ago;
+        None when Redis could not be read."""
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.read_every:
+                self._read_at = time.monotonic()
+                try:
+                    self._read = self._read_redis()
+                except Exception as exc:  # the scrape still answers, with store_up 0
+                    logger.warning("delayq: metrics cannot read the store: %r", exc)
+                    self._read = None
+            return self._read
+
+    def _read_redis(self) -> dict[str, Any]:
+        """One pipeline: per shard ZCARD due, ZCOUNT due up to now, HLEN leases, HLEN dead;
+        and the start lateness hash."""
+        store = self.dispatcher.store
+        now_ms = int(self.dispatcher.server_now_ms())
+        shards = store.keys.all_shards()
+        with store.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.zcard(shard.due)
+                pipe.zcount(shard.due, "-inf", now_ms)
+                pipe.hlen(shard.leases)
+                pipe.hlen(shard.dead)
+            pipe.hgetall(lateness.key_for(store.config.prefix, "start"))
+            replies = pipe.execute()
+        stored = sum(int(n) for n in replies[0:-1:4])
+        overdue = sum(int(n) for n in replies[1:-1:4])
+        leased = sum(int(n) for n in replies[2:-1:4])
+        dead = sum(int(n) for n in replies[3:-1:4])
+        return {
+            "pending": max(0, stored - leased),
+            "leased": leased,
+            "overdue": overdue,
+            "dead": dead,
+            "start": lateness.Snapshot.from_fields(replies[-1] or {}),
+        }
+
+    # -- the families -----------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        d = self.dispatcher
+        stats = d.stats
+        yield InfoMetricFamily(
+            "delayq_beat",
+            "This beat: its token (the field of its heartbeat in <prefix>:beats), host and pid.",
+            value={"token": d.token, "host": d.host, "pid": str(os.getpid()),
+                   "prefix": d.config.prefix},
+        )
+        counters = (
+            ("delayq_dispatched", "Jobs this beat published into their Celery queues.", stats.published),
+            ("delayq_claimed", "Jobs this beat claimed (leased) from the store.", stats.claimed),
+            ("delayq_dead_lettered", "Jobs this beat moved to the dead letters.", stats.dead_lettered),
+            (
+                "delayq_publish_errors",
+                "Failed publishes of this beat (broker unreachable or refusing; retried after "
+                "their lease).",
+                stats.publish_errors,
+            ),
+            (
+                "delayq_stale_acks",
+                "Published jobs that were no longer leased to this beat at ack (a duplicate may "
+                "have been delivered).",
+                stats.stale_acks,
+            ),
+            ("delayq_passes", "Claim passes of this beat.", stats.passes),
+            ("delayq_tick_errors", "Ticks of this beat that failed: Redis or the broker unreachable.",
+             stats.errors),
+            ("delayq_wakeups", "Wake messages that brought a shard's next claim forward.", stats.wakeups),
+        )
+        for name, documentation, value in counters:
+            yield CounterMetricFamily(name, documentation, value=value)
+        sizes = stats.claim_sizes
+        buckets: list[tuple[str, float]] = []
+        seen = 0
+        for bound, n in zip((*(str(b) for b in CLAIM_SIZE_BOUNDS), "+Inf"), sizes, strict=True):
+            seen += n
+            buckets.append((bound, float(seen)))
+        yield HistogramMetricFamily(
+            "delayq_claim_batch_size",
+            "Jobs taken by each claim of one shard that took any (delayq_batch_size at most).",
+            buckets=buckets,
+            sum_value=float(stats.claimed),
+        )
+        yield _histogram(
+            "delayq_publish_lateness_seconds",
+            "Due time -> publish of the jobs this beat published (since it started).",
+            d.lateness_seen.snapshot(),
+        )
+        state = self.store_state()
+        yield GaugeMetricFamily(
+            "delayq_store_up", "1 when the last read of the store's sizes worked, else 0.",
+            value=0 if state is None else 1,
+        )
+        if state is None:
+            return
+        gauges = (
+            ("delayq_pending_jobs", "Jobs waiting in the store (all shards), due or not; not leased.",
+             "pending"),
+            ("delayq_overdue_jobs", "Stored jobs whose due time (or expired lease) has passed and that "
+             "no beat holds yet.", "overdue"),
+            ("delayq_leased_jobs", "Jobs a beat has claimed and not yet published and acked.", "leased"),
+            ("delayq_dead_jobs", "Dead-lettered jobs (all shards).", "dead"),
+        )
+        for name, documentation, field in gauges:
+            yield GaugeMetricFamily(name, documentation, value=state[field])
+        yield _histogram(
+            "delayq_start_lateness_seconds",
+            "Due time -> task start, recorded by every worker with delayq_record_lateness "
+            "(<prefix>:lateness:start; the same in every beat).",
+            state["start"],
+        )
+
+
+class MetricsServer:
+    """The HTTP endpoint of one dispatcher: a registry of its own, a server thread."""
+
+    def __init__(self, dispatcher: Dispatcher, port: int, addr: str = "127.0.0.1") -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = DispatcherCollector(dispatcher)
+        self.registry.register(self.collector)
+        started: Any = start_http_server(port, addr, registry=self.registry)
+        # prometheus-client >= 0.20 returns (server, thread); older versions return None
+        self._server: Any = started[0] if isinstance(started, tuple) else None
+        self.port = int(self._server.server_address[1]) if self._server is not None else port
+        self.addr = addr
+        logger.info("delayq: metrics on http://%s:%d/metrics", addr, self.port)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
