@@ -23,6 +23,7 @@ from .lateness import row_lateness_burst, row_lateness_steady, row_wakeup
 from .produce import row_apply_at, row_apply_at_many
 from .report import RowResult, notes, table
 from .resources import IdleBeat, row_idle_beat, row_redis_memory, row_worker_rss
+from .spark import row_spark
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ ROWS: list[Row] = [
     Row("worker_rss", "worker RSS with jobs pending in delayq vs none, vs Celery ETA", row_worker_rss),
     Row("redis_memory", "Redis bytes per pending job vs Celery's ETA message", row_redis_memory),
     Row("scale", "dispatch rate with 1M pending vs 10k", row_scale),
+    # Last: its JVM and cached rows are gone before any row after it would start.
+    Row("spark", 'df.write.format("delayq") on local[2] vs the plain writer in 1 process', row_spark),
 ]
 NAMES = [row.name for row in ROWS]
 
@@ -51,7 +54,7 @@ NAMES = [row.name for row in ROWS]
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="tiny sizes (about a minute; the smoke test)")
+    size.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
     size.add_argument("--full", action="store_true",
                       help="the issue's full sizes where the default cuts (1M due, 100k Celery ETA; ~20 min)")
     parser.add_argument("--only", metavar="ROW", action="append", default=[],

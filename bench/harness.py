@@ -66,6 +66,7 @@ class Sizes:
     scale_small: int  # row 11: pending (not due) in the small store
     scale_large: int  # row 11: pending (not due) in the large store
     scale_due: int  # row 11: jobs due
+    spark_rows: int  # row 12: rows written by Spark (and by the plain writer)
 
 
 DEFAULT = Sizes(
@@ -83,6 +84,7 @@ DEFAULT = Sizes(
     scale_small=10_000,
     scale_large=1_000_000,
     scale_due=50_000,
+    spark_rows=200_000,
 )
 QUICK = Sizes(
     produce_seconds=0.5,
@@ -99,6 +101,7 @@ QUICK = Sizes(
     scale_small=1_000,
     scale_large=100_000,
     scale_due=5_000,
+    spark_rows=5_000,
 )
 #: The issue's sizes, where the default mode has to cut (takes about 20 minutes).
 FULL = Sizes(
@@ -116,6 +119,7 @@ FULL = Sizes(
     scale_small=10_000,
     scale_large=1_000_000,
     scale_due=50_000,
+    spark_rows=1_000_000,
 )
 
 

@@ -85,8 +85,8 @@ def fmt(value: float | None, unit: str) -> str:
     if not _ok(value):
         return ""
     assert value is not None
-    if unit == "jobs/s":
-        return f"{value:,.0f} jobs/s"
+    if unit in ("jobs/s", "rows/s"):
+        return f"{value:,.0f} {unit}"
     if unit == "ms":
         return f"{value:,.2f} ms" if abs(value) < 100 else f"{value:,.0f} ms"
     if unit == "s":

@@ -7,6 +7,7 @@ when due and publish them into their tasks' normal queues.
 
 from __future__ import annotations
 
+from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
 from .api import DelayQ, PendingJob
 from .config import DelayQConfig
 from .exceptions import (

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,14 +18,26 @@ from typing import Any
 from .config import DelayQConfig
 from .exceptions import InvalidSchedule
 from .message import decode_envelope, due_ms_from_eta, ms_to_datetime
+from .scripts import SCRIPTS, ScriptCall, run_pipelined, run_replicated
 from .store import (
+    CANCEL_HELD,
     CANCEL_WAITING,
+    REQUEUE_DONE,
+    REQUEUE_MISSING,
+    REQUEUE_NO_ENVELOPE,
+    RESCHEDULE_HELD,
     RESCHEDULE_MOVED,
     JobRecord,
     Store,
+    loaded_form,
 )
 
 __all__ = ["DelayQ", "PendingJob", "get_store"]
+
+#: What :meth:`DelayQ.cancel_outcome`, :meth:`DelayQ.reschedule_outcome` and
+#: :meth:`DelayQ.requeue_dead` report.
+CANCELLED, MOVED, REQUEUED = "cancelled", "moved", "requeued"
+DELIVERING, MISSING, STORED, NO_ENVELOPE = "delivering", "missing", "stored", "no-envelope"
 
 
 def get_store(app: Any) -> Store:
@@ -104,34 +117,53 @@ class DelayQ:
         that moment (it is removed, so it is not delivered again, but it may
         already be in the broker).
         """
+        return self.cancel_outcome(job_id) == CANCELLED
+
+    def cancel_outcome(self, job_id: str) -> str:
+        """:meth:`cancel`, saying what happened: ``"cancelled"`` (it was waiting: it will never
+        run), ``"delivering"`` (removed while a beat held it: it may already be in the broker)
+        or ``"missing"`` (no such job). A schedule's next point raises ``InvalidSchedule``."""
         self._refuse_schedule_point(job_id, "cancel")
-        return self.store.cancel(job_id) == CANCEL_WAITING
+        code = self.store.cancel(job_id)
+        return CANCELLED if code == CANCEL_WAITING else DELIVERING if code == CANCEL_HELD else MISSING
 
     def reschedule(self, job_id: str, eta: Any) -> bool:
         """Move a waiting job to ``eta`` (as ``apply_at`` takes it).
 
         False when there is no such job or a beat is delivering it now.
         """
+        return self.reschedule_outcome(job_id, eta) == MOVED
+
+    def reschedule_outcome(self, job_id: str, eta: Any) -> str:
+        """:meth:`reschedule`, saying what happened: ``"moved"``, ``"delivering"`` (refused: a
+        beat holds the job now) or ``"missing"``. A schedule's next point raises
+        ``InvalidSchedule``."""
         due_ms = due_ms_from_eta(eta, self.app)
         self._refuse_schedule_point(job_id, "reschedule")
-        return self.store.reschedule(job_id, due_ms) == RESCHEDULE_MOVED
+        code = self.store.reschedule(job_id, due_ms)
+        return MOVED if code == RESCHEDULE_MOVED else DELIVERING if code == RESCHEDULE_HELD else MISSING
+
+    def is_schedule_point(self, job_id: str) -> str | None:
+        """The name of the recurring schedule whose execution point ``job_id`` is, or None."""
+        if not (job_id.startswith("{") and "}@" in job_id):
+            return None
+        record = self.store.get(job_id)
+        if record is None or record.state == "dead":
+            return None
+        try:
+            sched = decode_envelope(record.envelope).schedule
+        except ValueError:
+            return None
+        return sched[0] if sched else None
 
     def _refuse_schedule_point(self, job_id: str, what: str) -> None:
         """A recurring schedule's next point is managed through Schedules, not by id:
         cancelling it would silently stop the schedule."""
-        if not (job_id.startswith("{") and "}@" in job_id):
-            return
-        record = self.store.get(job_id)
-        if record is None or record.state == "dead":
-            return
-        try:
-            sched = decode_envelope(record.envelope).schedule
-        except ValueError:
-            return
-        if sched:
+        name = self.is_schedule_point(job_id)
+        if name is not None:
             raise InvalidSchedule(
-                f"{job_id!r} is the next run of schedule {sched[0]!r}: {what} it with "
-                f"Schedules(app).pause/update/delete({sched[0]!r}) instead"
+                f"{job_id!r} is the next run of schedule {name!r}: {what} it with "
+                f"Schedules(app).pause/update/delete({name!r}) instead"
             )
 
     def pending(
@@ -165,3 +197,104 @@ class DelayQ:
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Dead-lettered jobs: ``(id, record)`` with the reason and the stored envelope."""
         return self.store.dead()
+
+    def requeue_dead(self, job_id: str, eta: Any = None) -> str:
+        """Put a dead-lettered job back as a waiting job due at ``eta`` (default: now), removing
+        its dead letter, in one script. ``"requeued"``; ``"missing"`` (no dead letter with this
+        id); ``"stored"`` (refused: a job with this id is stored, waiting or being delivered);
+        ``"no-envelope"`` (refused: the record holds no message)."""
+        due_ms = int(time.time() * 1000) if eta is None else due_ms_from_eta(eta, self.app)
+        code = self.store.requeue(job_id, due_ms)
+        if code == REQUEUE_DONE:
+            return REQUEUED
+        return MISSING if code == REQUEUE_MISSING else NO_ENVELOPE if code == REQUEUE_NO_ENVELOPE else STORED
+
+    def delete_dead(self, job_id: str) -> bool:
+        """Forget a dead-lettered job; False when there was no dead letter with this id."""
+        return bool(self.store.client.hdel(self.store.keys.for_job(job_id).dead, job_id))
+
+    def delete_all_dead(self, page: int = 1000) -> int:
+        """Forget every dead letter of this prefix (``HSCAN`` and ``HDEL`` a page at a time);
+        how many were removed."""
+        client = self.store.client
+        removed = 0
+        for shard in self.store.keys.all_shards():
+            batch: list[str] = []
+            for job_id, _ in client.hscan_iter(shard.dead, count=page):
+                batch.append(job_id)
+                if len(batch) >= page:
+                    removed += int(client.hdel(shard.dead, *batch))
+                    batch = []
+            if batch:
+                removed += int(client.hdel(shard.dead, *batch))
+        return removed
+
+    def purge(self, task: str | None = None, page: int = 1000) -> dict[str, int]:
+        """Remove every stored one-off job of this app's prefix (only those of ``task`` when
+        given), shard by shard, a page of ids (``ZRANGE`` by rank) per round trip or two.
+
+        Recurring schedules' execution points are kept (removing one would silently stop its
+        schedule: delete schedules with :meth:`Schedules.delete`). Dead letters are kept.
+        Jobs stored while it runs may or may not be removed. Returns the counts
+        ``{"cancelled": removed while waiting, "delivering": removed while a beat held them
+        (they may already be in the broker), "kept_points": schedule points left}``.
+        """
+        out = {CANCELLED: 0, DELIVERING: 0}
+        points: set[str] = set()
+        client = self.store.client
+        for shard in self.store.keys.all_shards():
+            for _ in range(3):  # a job a beat acks meanwhile shifts the ranks: look again
+                kept = 0  # members left in place so far: the next page starts after them
+                while True:
+                    ids = client.zrange(shard.due, kept, kept + page - 1)
+                    if not ids:
+                        break
+                    kept += len(ids) - self._purge_batch(shard.core, ids, task, out, points)
+                    if len(ids) < page:
+                        break
+                if int(client.zcard(shard.due)) <= kept:
+                    break
+        return {**out, "kept_points": len(points)}
+
+    def _purge_batch(
+        self, core: list[str], ids: list[str], task: str | None, out: dict[str, int], points: set[str]
+    ) -> int:
+        """Cancel the ids of one page that ``purge`` removes; how many it removed."""
+        jobs_key = core[1]
+        maybe_point = [i for i in ids if i.startswith("{") and "}@" in i]
+        wanted = ids if task is not None else maybe_point
+        envelopes: dict[str, str | None] = {}
+        if wanted:
+            envelopes = dict(zip(wanted, self.store.client.hmget(jobs_key, wanted), strict=True))
+        chosen: list[str] = []
+        for job_id in ids:
+            if job_id in envelopes:
+                stored = envelopes[job_id]
+                if stored is None:
+                    continue  # gone since the scan
+                try:
+                    envelope = decode_envelope(loaded_form(job_id, stored))
+                except ValueError:
+                    envelope = None
+                if task is not None and (envelope is None or envelope.task != task):
+                    continue
+                if envelope is not None and envelope.schedule:
+                    points.add(job_id)
+                    continue
+            chosen.append(job_id)
+        if not chosen:
+            return 0
+        calls = [ScriptCall(SCRIPTS["cancel"], core, [job_id]) for job_id in chosen]
+        replicas = self.config.wait_replicas
+        if replicas:
+            results = run_replicated(self.store.client, calls, replicas)
+        else:
+            results = run_pipelined(self.store.client, calls)
+        removed = 0
+        for code in results:
+            if int(code) == CANCEL_WAITING:
+                out[CANCELLED] += 1
+            elif int(code) == CANCEL_HELD:
+                out[DELIVERING] += 1
+            removed += int(code) in (CANCEL_WAITING, CANCEL_HELD)
+        return removed

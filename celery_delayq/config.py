@@ -64,6 +64,15 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         0,
         "Replicas each producer write waits for (WAIT) before it returns; 0: do not wait.",
     ),
+    "delayq_record_lateness": (
+        False,
+        "Workers record due -> start lateness of delayq messages in <prefix>:lateness:start.",
+    ),
+    "delayq_metrics_port": (
+        None,
+        "TCP port of the beat's Prometheus /metrics endpoint (1-65535); None: no endpoint.",
+    ),
+    "delayq_metrics_addr": ("127.0.0.1", "Address the beat's /metrics endpoint listens on."),
 }
 
 
@@ -114,6 +123,29 @@ def _flag(name: str, value: Any) -> bool:
     raise ConfigurationError(f"{name} must be true or false, got {value!r}")
 
 
+def _port(name: str, value: Any) -> int | None:
+    """A TCP port from 1 to 65535, or None (also an empty string): off.
+
+    >>> _port("p", "9808"), _port("p", None), _port("p", "")
+    (9808, None, None)
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    port = int(_number(name, value, int, -math.inf))
+    if not 1 <= port <= 65535:
+        raise ConfigurationError(
+            f"{name} must be a TCP port from 1 to 65535 (None turns the endpoint off), got {value!r}"
+        )
+    return port
+
+
+def _address(name: str, value: Any) -> str:
+    """A host name or IP address to listen on: a non-empty string without spaces."""
+    if not isinstance(value, str) or not value.strip() or " " in value.strip():
+        raise ConfigurationError(f"{name} must be a host name or IP address, got {value!r}")
+    return value.strip()
+
+
 @dataclass(frozen=True)
 class DelayQConfig:
     """The validated ``delayq_*`` settings of one app."""
@@ -130,6 +162,9 @@ class DelayQConfig:
     atomic_publish: bool = True
     cluster: bool = False
     wait_replicas: int = 0
+    record_lateness: bool = False
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -183,6 +218,9 @@ class DelayQConfig:
             atomic_publish=_flag("delayq_atomic_publish", get["delayq_atomic_publish"]),
             cluster=cluster,
             wait_replicas=_number("delayq_wait_replicas", get["delayq_wait_replicas"], int, 0),
+            record_lateness=_flag("delayq_record_lateness", get["delayq_record_lateness"]),
+            metrics_port=_port("delayq_metrics_port", get["delayq_metrics_port"]),
+            metrics_addr=_address("delayq_metrics_addr", get["delayq_metrics_addr"]),
         )
 
     @classmethod

@@ -13,10 +13,18 @@ on a pub/sub subscription: the enqueue script publishes on the wake channel
 when it stores a job earlier than the shard's wake marker, which wakes every
 beat at once. Every ``delayq_max_sleep`` seconds all shards are claimed anyway
 (the safety poll), and after any lost subscription.
+
+Besides delivering, a dispatcher keeps three things that cost no Redis call per job
+(:meth:`Dispatcher.chores`, run after a pass and from the sleep): the due -> publish
+lateness of what it published (``<prefix>:lateness:publish``, see :mod:`.lateness`), flushed
+at most every ``LATENESS_FLUSH_EVERY`` s; its heartbeat in ``<prefix>:beats``, every
+``HEARTBEAT_EVERY`` s; and, when ``delayq_metrics_port`` is set, the counters a
+Prometheus endpoint (:mod:`.metrics`) reads.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -28,7 +36,7 @@ import uuid
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery.signals import after_task_publish, before_task_publish, task_sent
@@ -36,10 +44,15 @@ from kombu.common import Broadcast
 from kombu.exceptions import BatchPublishError, EncodeError
 
 from .api import get_store
+from .lateness import Histogram, tally
+from .lateness import key_for as lateness_key
 from .message import DUE_HEADER, Envelope, decode_envelope, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 from .store import REDIS_ERRORS, ClaimedJob, Store
 from .wire import WireTemplates, wire_message
+
+if TYPE_CHECKING:
+    from .metrics import MetricsServer
 
 __all__ = ["DispatchStats", "Dispatcher"]
 
@@ -55,6 +68,22 @@ BROKER_BACKOFF_MAX = 5.0
 #: Broker commands one kombu publish batch may buffer: more than a pass ever
 #: publishes, so the batch is sent once, when it closes, and acks follow it.
 PUBLISH_BATCH_MAX = 1_000_000
+
+#: Seconds between two flushes of the due -> publish lateness histogram (at most; only when
+#: something was published).
+LATENESS_FLUSH_EVERY = 2.0
+
+#: Seconds between two heartbeats (this beat's entry in ``<prefix>:beats``).
+HEARTBEAT_EVERY = 5.0
+
+#: An entry of ``<prefix>:beats`` not refreshed for this long (ms) is removed by any beat.
+BEAT_FORGET_MS = 600_000
+
+#: Seconds between two looks for such entries (one HGETALL with a heartbeat).
+PRUNE_EVERY = 60.0
+
+#: Upper bounds of the claim batch size histogram: jobs taken by one claim of one shard.
+CLAIM_SIZE_BOUNDS: tuple[int, ...] = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 
 _SENT, _OUTAGE, _RETRY, _BURIED, _WIRED = object(), object(), object(), object(), object()
 
@@ -83,6 +112,10 @@ class DispatchStats:
     dead_lettered: int = 0
     publish_errors: int = 0
     wakeups: int = 0
+    #: ticks that failed as a whole (Redis or the broker unreachable; counted by the Scheduler)
+    errors: int = 0
+    #: claims that took jobs, by size: one count per bound of CLAIM_SIZE_BOUNDS, then larger
+    claim_sizes: list[int] = field(default_factory=lambda: [0] * (len(CLAIM_SIZE_BOUNDS) + 1))
     lateness_ms: list[float] = field(default_factory=list)
 
 
@@ -113,6 +146,18 @@ class Dispatcher:
         self._templates: WireTemplates | None = None
         self._broker_backoff = 0.0  # seconds; 0 while the broker answers
         self._broker_retry_at = 0.0  # monotonic time before which no claim is made
+        # due -> publish lateness: not yet flushed to Redis / everything since the start
+        self.lateness = Histogram()
+        self.lateness_seen = Histogram()
+        self._lateness_key = lateness_key(self.config.prefix, "publish")
+        self._flushed_at = time.monotonic()
+        self._flush_failing = False
+        self.host = socket.gethostname()
+        self.started_ms = int(time.time() * 1000)
+        self._heartbeat_at = 0.0  # monotonic: the first pass writes one
+        self._heartbeat_failing = False
+        self._prune_at = 0.0
+        self.metrics: MetricsServer | None = None  # the endpoint, once serve_metrics() started it
 
     # -- clock -------------------------------------------------------------------------------
 
@@ -140,10 +185,14 @@ class Dispatcher:
         if self._pubsub is None:
             self._subscribe()
         if time.monotonic() < self._broker_retry_at:
+            if time.monotonic() >= self._next_chore():
+                self.chores()
             return self.seconds_until_due()  # the broker was unreachable: wait out the back-off
         shards = self._shards_to_claim()
         if shards:
             self._pass(shards)
+        if time.monotonic() >= self._next_chore():
+            self.chores()
         return self.seconds_until_due()
 
     def _broker_state(self, outage: bool, published: bool) -> None:
@@ -183,7 +232,10 @@ class Dispatcher:
         self.stats.passes += 1
         full = False
         claimed: list[tuple[int, ClaimedJob]] = []
+        sizes = self.stats.claim_sizes
         for result in results:
+            if result.jobs:
+                sizes[bisect.bisect_left(CLAIM_SIZE_BOUNDS, len(result.jobs))] += 1
             self._offset_ms = result.now_ms - (sent + received) * 500.0
             self._next[result.shard] = result.next_ms
             if result.next_ms is None:
@@ -318,6 +370,11 @@ class Dispatcher:
         self._broker_state(outage, bool(sent or to_ack))
         now = self.server_now_ms()
         self.stats.published += len(sent)
+        if sent:
+            # bucketed once per job here; one pipeline per LATENESS_FLUSH_EVERY s (chores)
+            observed = tally([now - due for due in sent])
+            self.lateness.add(observed)
+            self.lateness_seen.add(observed)
         if self._keep_lateness:
             room = self._keep_lateness - len(self.stats.lateness_ms)
             self.stats.lateness_ms.extend(now - due for due in sent[: max(0, room)])
@@ -723,6 +780,101 @@ class Dispatcher:
             self.stats.dead_lettered += 1
             logger.error("delayq: job %s moved to dead letters: %s", job.id, reason)
 
+    # -- lateness, heartbeat, metrics ---------------------------------------------------------
+
+    def _next_chore(self) -> float:
+        """Monotonic time of the next :meth:`chores` work: the next heartbeat, or the next
+        lateness flush when something waits to be flushed."""
+        at = self._heartbeat_at
+        if self.lateness.pending:
+            at = min(at, self._flushed_at + LATENESS_FLUSH_EVERY)
+        return at
+
+    def chores(self, force: bool = False) -> None:
+        """Flush the lateness histogram (at most every LATENESS_FLUSH_EVERY s), write the
+        heartbeat (every HEARTBEAT_EVERY s) and, every PRUNE_EVERY s, remove the heartbeats
+        of beats not seen for BEAT_FORGET_MS; ``force``: all of it now.
+
+        Never raises: delivery must not stop because of them. On a Redis error the
+        observations are kept for the next flush, and one warning is logged until one works.
+        """
+        now = time.monotonic()
+        if self.lateness.pending and (force or now - self._flushed_at >= LATENESS_FLUSH_EVERY):
+            self._flushed_at = now
+            try:
+                self.lateness.flush(self.store.client, self._lateness_key)
+            except Exception as exc:
+                if not self._flush_failing:
+                    logger.warning(
+                        "delayq: cannot write the lateness histogram to Redis (%r); the counts are "
+                        "kept and written at the next try",
+                        exc,
+                    )
+                self._flush_failing = True
+            else:
+                self._flush_failing = False
+        if force or now >= self._heartbeat_at:
+            self._heartbeat_at = now + HEARTBEAT_EVERY
+            prune = force or now >= self._prune_at
+            try:
+                self._heartbeat(prune)
+            except Exception as exc:
+                if not self._heartbeat_failing:
+                    logger.warning("delayq: cannot write this beat's heartbeat to Redis (%r)", exc)
+                self._heartbeat_failing = True
+            else:
+                self._heartbeat_failing = False
+                if prune:
+                    self._prune_at = now + PRUNE_EVERY
+
+    def heartbeat(self) -> dict[str, Any]:
+        """This beat's entry in ``<prefix>:beats`` (the value is its JSON)."""
+        stats = self.stats
+        return {
+            "token": self.token,
+            "host": self.host,
+            "pid": os.getpid(),
+            "started_ms": self.started_ms,
+            "seen_ms": int(self.server_now_ms()),
+            "passes": stats.passes,
+            "published": stats.published,
+            "dead_lettered": stats.dead_lettered,
+            "errors": stats.publish_errors + stats.errors,
+        }
+
+    def _heartbeat(self, prune: bool) -> None:
+        """One pipeline: HSET this beat's entry (and HGETALL the hash when ``prune``); then
+        HDEL the entries not refreshed for BEAT_FORGET_MS, if any."""
+        entry = self.heartbeat()
+        key, client = self.store.keys.beats, self.store.client
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hset(key, self.token, json.dumps(entry, separators=(",", ":")))
+            if prune:
+                pipe.hgetall(key)
+            replies = pipe.execute()
+        if prune:
+            oldest = entry["seen_ms"] - BEAT_FORGET_MS
+            gone = [token for token, raw in replies[1].items() if _seen_ms(raw) < oldest]
+            if gone:
+                client.hdel(key, *gone)
+                logger.info("delayq: forgot %d beat(s) not seen for %d min: %s", len(gone),
+                            BEAT_FORGET_MS // 60_000, ", ".join(gone))
+
+    def serve_metrics(self, port: int | None = None, addr: str | None = None) -> int:
+        """Start the Prometheus endpoint (``/metrics``) of this dispatcher on ``port``/``addr``
+        (default ``delayq_metrics_port``/``delayq_metrics_addr``); returns the port.
+
+        Raises OSError when the port cannot be bound. See :mod:`.metrics`."""
+        from .metrics import MetricsServer
+
+        if self.metrics is not None:
+            return self.metrics.port
+        port = self.config.metrics_port if port is None else port
+        if port is None:
+            raise ValueError("no port: set delayq_metrics_port")
+        self.metrics = MetricsServer(self, port, addr or self.config.metrics_addr)
+        return self.metrics.port
+
     # -- sleeping ----------------------------------------------------------------------------
 
     def _subscribe(self) -> Any:
@@ -739,11 +891,16 @@ class Dispatcher:
         deadline = time.monotonic() + timeout
         pubsub = self._subscribe()
         while True:
-            remaining = min(deadline - time.monotonic(), self.seconds_until_due())
+            now = time.monotonic()
+            remaining = min(deadline - now, self.seconds_until_due())
             if remaining <= 0:
                 return
+            chore_in = self._next_chore() - now
+            if chore_in <= 0:
+                self.chores()
+                continue
             try:
-                message = pubsub.get_message(timeout=remaining)
+                message = pubsub.get_message(timeout=min(remaining, chore_in))
             except REDIS_ERRORS:
                 self._drop_pubsub()
                 raise
@@ -771,8 +928,37 @@ class Dispatcher:
         self._next = [None] * self.config.shards
 
     def close(self) -> None:
+        """Drop the wake subscription (the Scheduler does on a Redis error; a later pass
+        subscribes again). See :meth:`stop` for the end of the beat."""
         self._drop_pubsub()
 
+    def stop(self) -> None:
+        """The beat is stopping: flush the lateness histogram, remove this beat's heartbeat,
+        stop the metrics endpoint, drop the subscription. Never raises for Redis."""
+        if self.lateness.pending:
+            try:
+                self.lateness.flush(self.store.client, self._lateness_key)
+            except Exception as exc:
+                logger.warning("delayq: lateness of the last %.0f s not written: %r",
+                               LATENESS_FLUSH_EVERY, exc)
+        try:
+            self.store.client.hdel(self.store.keys.beats, self.token)
+        except Exception as exc:
+            logger.warning("delayq: cannot remove this beat's heartbeat (%r); it is forgotten "
+                           "after %d min", exc, BEAT_FORGET_MS // 60_000)
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+        self.close()
+
+
+
+def _seen_ms(raw: str) -> float:
+    """``seen_ms`` of a heartbeat entry; 0 (forget it) for one that does not read."""
+    try:
+        return float(json.loads(raw)["seen_ms"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def _decoded(job: ClaimedJob) -> Envelope | None:

@@ -129,6 +129,11 @@ class KeySpace:
         """Set: names of the schedules that came from ``beat_schedule`` (one key, no shard)."""
         return f"{self.prefix}:config-schedules"
 
+    @property
+    def beats(self) -> str:
+        """Hash: beat token -> JSON heartbeat (host, pid, times, counters), written by each beat."""
+        return f"{self.prefix}:beats"
+
     @cached_property
     def wake_channel(self) -> str:
         """Pub/sub channel on which enqueue announces ``"<shard>:<due ms>"``."""

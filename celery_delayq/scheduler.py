@@ -12,6 +12,11 @@ number of beats may run at once.
 When Redis is unreachable the tick logs one line and backs off (0.5 s,
 doubling to 10 s) instead of crashing the beat; claimed jobs it could not ack
 are delivered again after their lease.
+
+With ``delayq_metrics_port`` set, the beat serves Prometheus metrics on
+``http://<delayq_metrics_addr>:<port>/metrics`` (see :mod:`.metrics`); a port that cannot
+be bound is logged as an error and the beat delivers without it. On a clean shutdown the
+beat removes its heartbeat from ``<prefix>:beats``.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._config_synced = False
         self._sync_config()
         store = get_store(self.app)
+        if self.dispatcher is not None:  # set up again: the old one's endpoint must go
+            self.dispatcher.stop()
         self.dispatcher = Dispatcher(self.app, store)
         try:
             for warning in store.check_server():
@@ -63,6 +70,16 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             store.config.batch_size,
             store.config.reclaim_ttl,
         )
+        if store.config.metrics_port is not None:
+            try:
+                self.dispatcher.serve_metrics()
+            except OSError as exc:
+                logger.error(
+                    "delayq: cannot serve metrics on %s:%d (%r); delivering without them",
+                    store.config.metrics_addr,
+                    store.config.metrics_port,
+                    exc,
+                )
 
     def _sync_config(self) -> None:
         """Move ``beat_schedule`` entries into the Redis schedule store (once per beat start).
@@ -121,6 +138,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             if wait > 0:
                 dispatcher.wait(wait)
         except REDIS_ERRORS as exc:
+            dispatcher.stats.errors += 1
             self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
             logger.error("delayq: Redis unavailable (%r); retrying in %.1f s", exc, self._backoff)
             dispatcher.close()
@@ -128,6 +146,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         except (OperationalError, OSError) as exc:
             # kombu could not even hand out a connection to the broker: nothing was published,
             # the claimed jobs keep their leases. Back off as for Redis; never end the beat.
+            dispatcher.stats.errors += 1
             self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
             logger.error("delayq: broker unavailable (%r); retrying in %.1f s", exc, self._backoff)
             return self._backoff
@@ -138,7 +157,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def close(self) -> None:
         if self.dispatcher is not None:
-            self.dispatcher.close()
+            self.dispatcher.stop()
         super().close()
 
     @property

@@ -13,7 +13,7 @@ key's slot (every key of a call shares one hash tag), all nodes in one round
 trip, and ``SCRIPT LOAD`` loads a script on every primary.
 
 >>> " ".join(sorted(SCRIPTS))
-'ack bury cancel claim deliver enqueue fire get reschedule sched_del sched_put'
+'ack bury cancel claim deliver enqueue fire get requeue reschedule sched_del sched_put stats'
 """
 
 from __future__ import annotations

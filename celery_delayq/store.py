@@ -30,10 +30,12 @@ __all__ = [
     "CANCEL_WAITING",
     "ENQUEUE_KEPT",
     "REDIS_ERRORS",
+    "REQUEUE_DONE",
     "RESCHEDULE_HELD",
     "ClaimResult",
     "ClaimedJob",
     "JobRecord",
+    "ShardStats",
     "Store",
 ]
 
@@ -47,6 +49,8 @@ ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED, ENQUEUE_AFTER_HELD = 0, 1, 2, 3
 CANCEL_MISSING, CANCEL_WAITING, CANCEL_HELD = 0, 1, 2
 # reschedule results (see lua/reschedule.lua)
 RESCHEDULE_MISSING, RESCHEDULE_MOVED, RESCHEDULE_HELD = 0, 1, 2
+# requeue results (see lua/requeue.lua)
+REQUEUE_MISSING, REQUEUE_DONE, REQUEUE_STORED, REQUEUE_NO_ENVELOPE = 0, 1, 2, 3
 
 #: Jobs sent to one enqueue call at most (ARGV stays small, the server stays responsive;
 #: the script stores a call's due times with one ZADD of 2 values a job, within Lua's
@@ -85,6 +89,27 @@ class JobRecord:
     state: str  # "waiting", "leased" or "dead"
     tries: int = 0
     lease_until_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """One shard's counts as ``lua/stats.lua`` reads them (times in ms, server clock)."""
+
+    shard: int
+    now_ms: int
+    stored: int  # waiting + leased
+    leased: int
+    dead: int
+    schedules: int
+    overdue: int  # due (score <= now) and held by no live lease
+    head_due_ms: int | None  # the overdue job a claim takes first: its (original) due time
+    head_id: str | None
+    next_due_ms: int | None  # the waiting job due soonest after now
+    next_id: str | None
+
+    @property
+    def waiting(self) -> int:
+        return self.stored - self.leased
 
 
 # A version-2 envelope (see message.py) opens with its task id. Stored under that same id it
@@ -397,6 +422,74 @@ class Store:
         hi: Any = "+inf" if end_ms is None else int(end_ms)
         streams = [self._scan_shard(shard, i, lo, hi, page) for i, shard in enumerate(self.keys.all_shards())]
         yield from heapq.merge(*streams, key=lambda r: r.lease_until_ms or r.due_ms)
+
+    def shard_stats(self) -> list[ShardStats]:
+        """Counts, overdue head and next due job of every shard (``lua/stats.lua``, one round trip).
+
+        Cheap whatever the size of the store: O(log n) a shard, plus one step per lease held.
+        """
+        calls = [ScriptCall(SCRIPTS["stats"], shard.core, []) for shard in self.keys.all_shards()]
+        out: list[ShardStats] = []
+        for index, raw in enumerate(run_pipelined(self.client, calls)):
+            now, stored, leased, dead, schedules, overdue, head_due, head_id, next_due, next_id = raw
+            out.append(
+                ShardStats(
+                    index,
+                    int(now),
+                    int(stored),
+                    int(leased),
+                    int(dead),
+                    int(schedules),
+                    int(overdue),
+                    int(head_due) if head_id else None,
+                    head_id or None,
+                    int(next_due) if next_id else None,
+                    next_id or None,
+                )
+            )
+        return out
+
+    def due_counts(self, start_ms: int, bucket_ms: int, buckets: int) -> list[int]:
+        """Jobs whose score lies in each of ``buckets`` spans of ``bucket_ms`` from ``start_ms``
+        (``[start, start + bucket)``, ...), over all shards: one ``ZCOUNT`` a shard and bucket,
+        in one pipeline. A job being delivered counts at its lease expiry."""
+        if buckets <= 0:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                for i in range(buckets):
+                    lo = int(start_ms) + i * int(bucket_ms)
+                    pipe.zcount(shard.due, lo, f"({lo + int(bucket_ms)}")
+            counts = [int(n) for n in pipe.execute()]
+        return [sum(counts[i::buckets]) for i in range(buckets)]
+
+    def dead_record(self, job_id: str) -> dict[str, Any] | None:
+        """The dead-letter record of ``job_id`` (reason, task, due, tries, dead_at, beat,
+        envelope), or None."""
+        raw = self.client.hget(self.keys.for_job(job_id).dead, job_id)
+        if raw is None:
+            return None
+        record: dict[str, Any] = json.loads(raw)
+        return record
+
+    def beats(self) -> dict[str, Any]:
+        """What each beat last wrote into ``<prefix>:beats``: ``{token: decoded JSON}``
+        (a value that is not JSON is returned as the string it is)."""
+        out: dict[str, Any] = {}
+        for token, raw in self.client.hgetall(self.keys.beats).items():
+            try:
+                out[token] = json.loads(raw)
+            except ValueError:
+                out[token] = raw
+        return out
+
+    def requeue(self, job_id: str, due_ms: int) -> int:
+        """Put a dead-lettered job back as a waiting job due at ``due_ms``, removing its dead
+        letter, atomically; a ``REQUEUE_*`` code (see ``lua/requeue.lua``)."""
+        shard = self.keys.shard_of(job_id)
+        opening = _WITH_ID + _jstr(job_id) + ","
+        args = [job_id, int(due_ms), opening, self.keys.wake_channel, shard]
+        return int(self.write(SCRIPTS["requeue"], self.keys.shard(shard).core, args))
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every dead-lettered job: ``(id, record)``."""

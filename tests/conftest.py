@@ -92,6 +92,44 @@ def app(redis_url: str) -> Iterator[Celery]:
     application.close()
 
 
+@pytest.fixture
+def app_factory(redis_url: str) -> Iterator[Callable[..., Celery]]:
+    """Fresh apps with ``t.add``; the store is always the test server, the broker may differ."""
+    apps: list[Celery] = []
+
+    def factory(broker: str | None = None, **conf: Any) -> Celery:
+        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
+
+        @application.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        apps.append(application)
+        return application
+
+    yield factory
+    for application in apps:
+        application.close()
+
+
+@pytest.fixture
+def dispatchers() -> Iterator[Callable[..., Any]]:
+    """Makes :class:`Dispatcher` objects and stops each at the end of the test (flushes its
+    lateness, removes its heartbeat, closes it)."""
+    from celery_delayq.dispatch import Dispatcher
+
+    made: list[Dispatcher] = []
+
+    def factory(app: Celery, **kwargs: Any) -> Dispatcher:
+        dispatcher = Dispatcher(app, **kwargs)
+        made.append(dispatcher)
+        return dispatcher
+
+    yield factory
+    for dispatcher in made:
+        dispatcher.stop()
+
+
 # -- real worker / beat processes ------------------------------------------------------------
 
 E2E_APP = "tests.apps.e2e_app"
@@ -116,13 +154,15 @@ class Procs:
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(
-        self, kind: str, env: dict[str, str], *args: str, app: str = E2E_APP
+        self, kind: str, env: dict[str, str], *args: str, app: str = E2E_APP, pool: str = "threads -c 8"
     ) -> subprocess.Popen[bytes]:
+        """``kind`` (worker/beat) with ``args``; a worker's pool is ``pool`` (``-P`` and what follows,
+        e.g. ``"prefork -c 2"``)."""
         n = len(self.procs)
         log = self.tmp_path / f"{kind}-{n}.log"
         cmd = [sys.executable, "-m", "celery", "-A", app, kind, "-l", "info", *args]
         if kind == "worker":
-            cmd += ["-P", "threads", "-c", "8", "--without-gossip", "--without-mingle",
+            cmd += ["-P", *pool.split(), "--without-gossip", "--without-mingle",
                     "--without-heartbeat", "-n", f"w{n}@%h"]
         elif kind == "beat":
             cmd += ["-S", "celery_delayq.Scheduler", "--schedule", str(self.tmp_path / f"beat-{n}")]
@@ -349,3 +389,54 @@ def cluster_url(redis_cluster: LocalCluster) -> Iterator[str]:
     yield redis_cluster.url
     client.flushall()
     client.close()
+
+
+# -- Spark ----------------------------------------------------------------------------------------
+
+
+def spark_problem() -> str | None:
+    """Why a local Spark cannot run here (None: it can)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed (pip install -e '.[spark]')"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java runtime (Spark needs Java 17)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session (``local[2]``) for the whole test session.
+
+    Executors run this interpreter (``PYSPARK_PYTHON``) with the project on
+    ``PYTHONPATH``, so ``format("delayq")`` is found the way an installed package is.
+    """
+    problem = spark_problem()
+    if problem:
+        pytest.skip(problem)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # nothing but loopback
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    import warnings
+
+    from pyspark.sql import SparkSession
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pyspark's pandas-version FutureWarning
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("delayq-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.sql.python.filterPushdown.enabled", "true")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

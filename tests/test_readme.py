@@ -55,7 +55,7 @@ def test_readme_quickstart_runs_against_a_real_redis(redis_url: str) -> None:
 
 def test_ci_runs_the_readme_test_command() -> None:
     cmd = _command_after("test-command")
-    assert "pip install -e '.[test]'" in cmd and "-m pytest" in cmd
+    assert "pip install -e '.[test,spark]'" in cmd and "-m pytest" in cmd
     script = (ROOT / ".ci" / "run").read_text()
     assert "<!-- test-command -->" in script
     extracted = subprocess.run(

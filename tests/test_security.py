@@ -26,6 +26,7 @@ from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import EmbeddedRedis, free_port
+from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.store import make_client
 from tests.conftest import make_app, wait_for
 from tests.helpers import broker_lists, server_ms
@@ -221,6 +222,21 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
     assert delivered(dispatcher, r, soon.id)
     time.sleep(1.1)  # idle past health_check_interval: the next command is preceded by PING
     assert {j.id for j in dq.pending()} == {later.id, moved.id}
+
+    # Operations: the lateness flush (HINCRBY/HINCRBYFLOAT), the heartbeat (HSET, HGETALL to
+    # prune, HDEL at stop), and the metrics' read of the store (ZCARD, ZCOUNT, HLEN, HGETALL).
+    dispatcher.chores(force=True)
+    db1 = redis.Redis(host="127.0.0.1", port=acl_server.port, db=1, username=ADMIN[0], password=ADMIN[1],
+                      decode_responses=True)
+    try:
+        assert int(db1.hget("delayq:lateness:publish", "count") or 0) == dispatcher.stats.published
+        assert db1.hexists("delayq:beats", dispatcher.token)
+        state = DispatcherCollector(dispatcher, read_every=0).store_state()
+        assert state is not None and state["pending"] == 2
+        dispatcher.stop()
+        assert db1.hlen("delayq:beats") == 0  # (commands the rule has: the statistics count them)
+    finally:
+        db1.close()
 
     # Every command of the rule was used, and no other (Redis 6.2 names no subcommands here).
     assert top_level(used_commands(admin)) - {"config"} == top_level(rule_commands(documented_rule()))
