@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,46 +18,12 @@ from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import free_port
-from tests.conftest import make_app, wait_for
+from tests.conftest import wait_for
 from tests.helpers import broker_lists, server_ms
 
 HOUR = 3600.0
 
 AppFactory = Callable[..., Celery]
-
-
-@pytest.fixture
-def app_factory(redis_url: str) -> Iterator[AppFactory]:
-    """Fresh apps with ``t.add``; the store is always the test server, the broker may differ."""
-    apps: list[Celery] = []
-
-    def factory(broker: str | None = None, **conf: Any) -> Celery:
-        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
-
-        @application.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
-
-        apps.append(application)
-        return application
-
-    yield factory
-    for application in apps:
-        application.close()
-
-
-@pytest.fixture
-def dispatchers() -> Iterator[Callable[..., Dispatcher]]:
-    made: list[Dispatcher] = []
-
-    def factory(app: Celery, **kwargs: Any) -> Dispatcher:
-        dispatcher = Dispatcher(app, **kwargs)
-        made.append(dispatcher)
-        return dispatcher
-
-    yield factory
-    for dispatcher in made:
-        dispatcher.close()
 
 
 def published_ids(r: redis.Redis, queue: str = "celery") -> list[str]:
@@ -300,10 +266,13 @@ def test_an_unreachable_broker_makes_the_beat_back_off(
     assert dispatcher.run_once() == pytest.approx(1.0, abs=0.1)  # claimed, failed, doubled
     assert dispatcher.stats.passes == passes + 1
     # With the broker back, the next claim after the back-off publishes and resets it.
+    # The back-off window is long (2 s) so that a slow first pass (subscribing to the wake
+    # channel on a loaded machine) still falls inside it; the test then waits it out.
     healthy = dispatchers(app)
-    healthy._broker_backoff, healthy._broker_retry_at = 1.0, time.monotonic() + 0.2
+    healthy._broker_backoff, healthy._broker_retry_at = 1.0, time.monotonic() + 2.0
     assert healthy.run_once() > 0 and healthy.stats.published == 0
-    time.sleep(0.25)
+    assert healthy.stats.passes == 0  # no claim during the back-off
+    time.sleep(max(0.0, healthy._broker_retry_at - time.monotonic()) + 0.05)
     healthy.run_once()
     assert healthy.stats.published == 1 and healthy._broker_backoff == 0.0
 
