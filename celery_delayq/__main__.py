@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .config import redact_url
 from .embedded import EmbeddedRedis
 
 __all__ = ["main"]
@@ -53,7 +54,7 @@ def run_demo(url: str | None, jobs: int, seconds: float, console: Console) -> in
         url = server.url + "/0"
         console.print(f"[bold]Redis[/]: embedded server from {server.source} ({server.binary}) on {url}")
     else:
-        console.print(f"[bold]Redis[/]: {url}")
+        console.print(f"[bold]Redis[/]: {redact_url(url)}")
     run = uuid.uuid4().hex[:8]
     prefix = f"delayq-demo-{run}"
     env = dict(os.environ)

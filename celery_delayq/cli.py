@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import IO, Any, NoReturn, TypeVar, cast
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 import redis
@@ -39,7 +38,7 @@ from rich.text import Text
 
 from . import lateness
 from .api import CANCELLED, DELIVERING, MISSING, MOVED, NO_ENVELOPE, REQUEUED, DelayQ
-from .config import DelayQConfig
+from .config import DelayQConfig, redact_url
 from .exceptions import (
     ConfigurationError,
     ScheduleError,
@@ -170,19 +169,6 @@ def _json_value(text: str | None, what: str, kind: type) -> Any:
     if not isinstance(value, kind):
         usage(f"{what} must be a JSON {'array' if kind is list else 'object'}, got {text!r}")
     return value
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)
-        user = netloc[0].split(":", 1)[0]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-    except ValueError:
-        return url
 
 
 # -- formatting ---------------------------------------------------------------------------------

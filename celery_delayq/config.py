@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
 
-__all__ = ["DEFAULTS", "DelayQConfig"]
+__all__ = ["DEFAULTS", "DelayQConfig", "redact_url"]
 
 #: Setting name -> (default, one-line meaning). ``docs/settings.md`` has one
 #: section per entry and a test checks that its defaults are these.
@@ -191,11 +192,13 @@ class DelayQConfig:
                 "set app.conf.delayq_url = 'redis://host:6379/0'"
             )
         if url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
-            raise ConfigurationError(f"delayq_url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+            raise ConfigurationError(
+                f"delayq_url must be a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}"
+            )
         cluster = _flag("delayq_cluster", get["delayq_cluster"])
         if cluster and url.split("://", 1)[0] == "unix":
             raise ConfigurationError(
-                f"delayq_cluster needs a redis:// or rediss:// URL of a cluster node, got {url!r}"
+                f"delayq_cluster needs a redis:// or rediss:// URL of a cluster node, got {redact_url(url)!r}"
             )
         prefix = get["delayq_prefix"]
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} "):
@@ -226,3 +229,24 @@ class DelayQConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for error messages and listings).
+
+    >>> redact_url("redis://user:secret@cache:6379/0")
+    'redis://user:***@cache:6379/0'
+    >>> redact_url("amqp://:secret@rabbit//")
+    'amqp://:***@rabbit//'
+    >>> redact_url("redis://cache:6379/0")
+    'redis://cache:6379/0'
+    """
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    except ValueError:
+        return url

@@ -136,6 +136,12 @@ def test_url_errors(conf: dict[str, Any]) -> None:
     assert isinstance(info.value, ValueError)
 
 
+def test_a_url_error_does_not_show_the_password() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        DelayQConfig.from_mapping({"delayq_url": "http://admin:s3cret@cache:6379/0"})
+    assert "s3cret" not in str(info.value) and "http://admin:***@cache:6379/0" in str(info.value)
+
+
 def test_from_mapping_without_an_app_needs_a_url() -> None:
     with pytest.raises(ConfigurationError, match="delayq_url"):
         DelayQConfig.from_mapping({})
