@@ -42,10 +42,10 @@ def main() -> int:
     now = datetime.now(UTC)
     a = remind.apply_at(now + timedelta(seconds=1), args=("ada", "stand-up in 5 minutes"))
     b = remind.apply_in(2, args=("bob", "your trial ends tomorrow"))
-    c = remind.apply_in(timedelta(seconds=2), args=("cy", "this one is cancelled"))
-    d = remind.apply_in(1, args=("dee", "moved to 4 s from now"))
+    c = remind.apply_in(timedelta(seconds=3), args=("cy", "this one is cancelled"))
+    d = remind.apply_in(3, args=("dee", "moved to 5 s from now"))
     assert c.cancel()
-    assert d.reschedule(now + timedelta(seconds=4))
+    assert d.reschedule(now + timedelta(seconds=5))
     print(f"scheduled {a.id} at {a.due:%H:%M:%S.%f}, {b.id} at {b.due:%H:%M:%S.%f}")
     print(f"pending now: {DelayQ(app).count()} (one cancelled, one moved to {d.due:%H:%M:%S.%f})")
     deadline = time.monotonic() + 60

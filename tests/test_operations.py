@@ -398,16 +398,16 @@ def run_prerun(task: Any, **request: Any) -> None:
 
 
 def test_the_prerun_receiver_records_delayq_messages_only(
-    app: Celery, r: redis.Redis, recorder: worker.LatenessRecorder
+    app: Celery, r: redis.Redis, recorder: worker.LatenessRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(worker, "FLUSH_EVERY", 3600.0)  # only the flush() below writes
     task = app.tasks["t.add"]
     assert worker.install(app) is recorder
-    now = time.time()
-    run_prerun(task, delayq_due=now - 0.2)  # 200 ms late
-    run_prerun(task, delayq_due=now + 5)  # "early" (clock skew): counts as 0
-    run_prerun(task, delayq_due=str(now - 3))  # a header that came back as text
+    run_prerun(task, delayq_due=time.time() - 0.15)  # 150 ms late: the (100, 250] bucket
+    run_prerun(task, delayq_due=time.time() + 5)  # "early" (clock skew): counts as 0
+    run_prerun(task, delayq_due=str(time.time() - 3))  # a header that came back as text
     run_prerun(task)  # a plain Celery message: no header
-    run_prerun(task, delayq_due=now - 0.2, eta="2026-01-01T00:00:00+00:00")  # a broker ETA retry
+    run_prerun(task, delayq_due=time.time() - 0.2, eta="2026-01-01T00:00:00+00:00")  # a broker ETA retry
     run_prerun(task, delayq_due="not a time")
     assert recorder.flush() == 3
     snap = lateness.read(r, "delayq", "start")

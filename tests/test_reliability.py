@@ -91,8 +91,9 @@ AOF = ["--appendonly", "yes", "--appendfsync", "everysec"]
 #: Seconds between two kills of the soak: uniform in this range.
 KILL_EVERY = (5.0, 10.0)
 #: Seconds from a job's due time to a worker kill within which the worker's BRPOP may have
-#: been handed the job's message (it is pushed at its due time, popped at once).
-BRPOP_WINDOW = 5.0
+#: been handed the job's message (it is pushed at its due time and popped as soon as a worker
+#: is free; on a loaded 2-core machine with a worker restarting, the queue can lag seconds).
+BRPOP_WINDOW = 15.0
 #: Slack for a loaded 2-core machine on the delivery-resumes bound of the outage test.
 RESUME_TOL = 12.0
 
@@ -734,8 +735,10 @@ def test_redis_restart_loses_nothing_stored_before_and_everything_reconnects(
     after = producer.record.apply_at(time.time() + 1.0, args=("after-restart",))
     assert after.created
 
-    before = {res.id for res in pre} | {job_id for job_id, at in trickle if at < t_stop - 1.0}
-    at_risk = {job_id for job_id, at in trickle if t_stop - 1.0 <= at < t_stop}
+    # appendfsync everysec loses up to 1 s of writes, up to 2 s while a slow fsync is pending
+    # (Redis postpones the write then): only jobs stored 2 s or more before the kill must survive.
+    before = {res.id for res in pre} | {job_id for job_id, at in trickle if at < t_stop - 2.0}
+    at_risk = {job_id for job_id, at in trickle if t_stop - 2.0 <= at < t_stop}
     later = {job_id for job_id, at in trickle if at > t_back} | {after.id}
     # Celery's worker can die on the lost connection (kombu 5.7's Redis transport raises
     # AttributeError in _connparams; see the broker-outage test): restart it as a supervisor would.

@@ -280,7 +280,7 @@ def test_pipeline_is_dst_correct_idempotent_and_delivered(
     assert all(dq.reschedule(job_id, when) for job_id in sample)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        assert wait_for(lambda: client.hlen(ex.RUNS) >= SAMPLE, 60, 0.2), procs.logs()
+        assert wait_for(lambda: client.hlen(ex.RUNS) >= SAMPLE, 120, 0.2), procs.logs()
         clock.sleep(3.0)  # nothing else, and nothing twice
         assert client.hgetall(ex.RUNS) == dict.fromkeys(sample, "1"), procs.logs()
         sent = [json.loads(raw) for raw in client.lrange(ex.SENT, 0, -1)]
