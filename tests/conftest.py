@@ -223,11 +223,16 @@ class LocalCluster:
     --cluster-enabled yes`` on free loopback ports <= 55535 (a node's bus port is port + 10000),
     joined with ``redis-cli --cluster create``; ``url`` names the first node."""
 
+    #: With replicas: short, so that the failover tests see a primary replaced in seconds.
+    #: Without: long, so that a node stalled by a loaded machine is never marked FAIL (with no
+    #: replica to promote, its slots would stay down for the rest of the session).
     NODE_TIMEOUT_MS = 2000
+    NODE_TIMEOUT_NO_REPLICAS_MS = 15000
 
     def __init__(self, masters: int = 3, replicas: int = 0, use_cli: bool = True) -> None:
         self.masters = masters
         self.replicas = replicas
+        self.node_timeout_ms = self.NODE_TIMEOUT_MS if replicas else self.NODE_TIMEOUT_NO_REPLICAS_MS
         self.use_cli = use_cli  # False, or no redis-cli on PATH: joined with redis-py
         self.nodes: list[EmbeddedRedis] = []
 
@@ -266,7 +271,7 @@ class LocalCluster:
                     extra_args=[
                         "--cluster-enabled", "yes",
                         "--cluster-config-file", f"nodes-{port}.conf",
-                        "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS),
+                        "--cluster-node-timeout", str(self.node_timeout_ms),
                     ],
                 )
                 self.nodes.append(node.start())
