@@ -420,10 +420,11 @@ def spark() -> Iterator[Any]:
     problem = spark_problem()
     if problem:
         pytest.skip(problem)
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # nothing but loopback
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = pytest.MonkeyPatch()  # undone when the session ends
+    env.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # nothing but loopback
+    env.setenv("PYSPARK_PYTHON", sys.executable)
+    env.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+    env.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     import warnings
 
     from pyspark.sql import SparkSession
@@ -445,3 +446,4 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+    env.undo()
