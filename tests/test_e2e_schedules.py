@@ -46,6 +46,9 @@ pytestmark = pytest.mark.e2e
 #: A short lease, so that a point held by a killed beat is recovered inside the run.
 RECLAIM_TTL = 3.0
 CONF: dict[str, Any] = {"delayq_reclaim_ttl": RECLAIM_TTL}
+#: A long lease for runs where no beat dies: a beat stalled by a loaded machine keeps its
+#: point instead of having it re-claimed (and published twice) by another beat.
+LONG_RECLAIM_TTL = 30.0
 
 _POINT = re.compile(r"\{(?P<name>[^{}]+)\}@(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z")
 
@@ -163,6 +166,7 @@ def kill_holding_a_point(
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if not leases_of(r, lease_keys, pid):
+            time.sleep(0.001)
             continue
         os.kill(pid, signal.SIGSTOP)
         if leases_of(r, lease_keys, pid):
@@ -192,7 +196,10 @@ def test_three_beats_fire_every_point_once(
     that schedule due meanwhile are caught up (missed policy "once", within grace),
     none is skipped, and only a point the dead beat held may run twice.
     """
-    env = env_with(redis_url, CONF)
+    # The kill run needs the short lease (the dead beat's point is recovered inside the run);
+    # without a kill, a long one, so that no stalled beat's point is claimed twice.
+    reclaim_ttl = RECLAIM_TTL if kill else LONG_RECLAIM_TTL
+    env = env_with(redis_url, {**CONF, "delayq_reclaim_ttl": reclaim_ttl})
     start_stack(procs, env, beats=3)
     warm_up(producer, r, procs)
     schedules = Schedules(producer.app)
@@ -206,12 +213,13 @@ def test_three_beats_fire_every_point_once(
         schedules.add("every-500ms", "e2e.record", 0.5, args=("half",)),
         schedules.add("every-700ms", "e2e.record", 0.7, kwargs={"k": 7}),
     ]
+    t1 = time.time()
     names = {s.name for s in made}
     assert isinstance(made[1].rule, IntervalRule) and made[1].rule.every_ms == 500
-    # The first cron point is the next whole second (the expected points below count from it).
-    assert made[0].next_run is not None and made[0].next_run.timestamp() == float(int(t0) + 1), (
-        f"adding the schedule took too long: {time.time() - t0:.3f} s"
-    )
+    # The first cron point is the next whole second after it was added (the expected points
+    # below count from it).
+    assert made[0].next_run is not None
+    assert int(t0) + 1 <= made[0].next_run.timestamp() <= int(t1) + 1, (t0, t1, made[0].next_run)
 
     killed: set[str] = set()
     t_kill = hunt = 0.0
@@ -270,7 +278,7 @@ def test_three_beats_fire_every_point_once(
         detail.append(f"{name}: {len(points)}/{len(ran)}/{len(dups[name])}/{len(missing[name])}")
     label = "3 beats, one SIGKILLed" if kill else "3 beats"
     print(
-        f"\nE2E schedules {label} ({window:.0f} s, reclaim TTL {RECLAIM_TTL:g} s): points expected "
+        f"\nE2E schedules {label} ({window:.0f} s, reclaim TTL {reclaim_ttl:g} s): points expected "
         f"{n_expected}, fired (distinct) {fired}, duplicated {duplicated}, skipped {skipped} "
         f"[per schedule expected/fired/duplicated/skipped: {', '.join(detail)}]"
     )
@@ -301,7 +309,7 @@ def test_three_beats_fire_every_point_once(
         for rec in starts(r):
             by_id[rec["id"]].append(rec["start"])
         for job_id in killed:
-            assert 0 < expiry[job_id] <= t_kill + RECLAIM_TTL, (job_id, expiry[job_id], t_kill)
+            assert 0 < expiry[job_id] <= t_kill + reclaim_ttl, (job_id, expiry[job_id], t_kill)
             recovered = [t for t in by_id[job_id] if t >= expiry[job_id] - CLOCK_TOL]
             assert len(recovered) == 1, (job_id, by_id[job_id], expiry[job_id])
     assert_running(procs, [i for i in range(len(procs.procs)) if i not in dead])
@@ -392,7 +400,9 @@ def test_pause_resume_update_delete_while_beats_run(
     steady_points = sorted(got["steady"])
     assert steady_points[0] == steady.rule.next_after(round(steady.created.timestamp() * 1000))
     assert consecutive(steady_points, 1000), steady_points
-    assert len(steady_points) >= (now_ms() - t_start) // 1000 - 2
+    assert wait_for(
+        lambda: len(point_runs(r)["steady"]) >= (now_ms() - t_start) // 1000 - 2, 15, 0.2
+    ), (sorted(point_runs(r)["steady"])[-3:], t_start, now_ms())
     dups = {name: [p for p, c in points.items() if c != 1] for name, points in got.items()}
     assert not any(dups.values()), dups
     check_point_records(r, {"steady", "crud", "doomed"})
@@ -435,9 +445,9 @@ def test_beat_schedule_shared_by_several_beats(
     assert (added, updated) == (len(config_names), 0), procs.logs()
     keep = schedules.add("keep", "e2e.record", "* * * * * *")  # made through the API
 
-    time.sleep(6.0)
+    assert wait_for(lambda: len(point_runs(r).get("p", {})) >= 4, 30, 0.2), procs.logs()
     p_points = sorted(point_runs(r)["p"])
-    assert len(p_points) >= 4, f"p ran {len(p_points)} times in 6 s\n{procs.logs()}"
+    assert len(p_points) >= 4, f"p ran {len(p_points)} times\n{procs.logs()}"
     assert all(t % 1000 == 0 for t in p_points), p_points
     assert consecutive(p_points, 1000), p_points
     counts = point_runs(r)["p"]
