@@ -20,6 +20,7 @@ import pytest
 import redis
 from celery import Celery
 
+from bench.spark import spark_problem  # "can a local Spark run here", shared with the benchmark
 from celery_delayq import DelayedTask
 from celery_delayq.embedded import EmbeddedRedis
 
@@ -397,17 +398,6 @@ def cluster_url(redis_cluster: LocalCluster) -> Iterator[str]:
 
 
 # -- Spark ----------------------------------------------------------------------------------------
-
-
-def spark_problem() -> str | None:
-    """Why a local Spark cannot run here (None: it can)."""
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed (pip install -e '.[spark]')"
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        return "no Java runtime (Spark needs Java 17)"
-    return None
 
 
 @pytest.fixture(scope="session")
