@@ -39,14 +39,41 @@ STORE_PASSWORD = "store-pw"
 AppFactory = Callable[..., Celery]
 
 
-def documented_rule(user: str = "delayq", password: str = STORE_PASSWORD) -> list[str]:
+def documented_rule(user: str = "delayq", password: str = STORE_PASSWORD, server: str = "") -> list[str]:
     """The ``ACL SETUSER`` arguments of docs/security.md (after ``<!-- acl-line -->``), for
-    ``user`` with ``password``."""
-    found = re.search(r"<!-- acl-line -->\n```text\n(ACL SETUSER .*?)\n```", SECURITY.read_text())
+    ``user`` with ``password``; for ``server`` ("Redis 7.0", "Redis 6.2"), changed as the table
+    after ``<!-- acl-versions -->`` says."""
+    text = SECURITY.read_text()
+    found = re.search(r"<!-- acl-line -->\n```text\n(ACL SETUSER .*?)\n```", text)
     assert found, "docs/security.md has no ACL line after <!-- acl-line -->"
     words = found.group(1).split()
     assert words[:3] == ["ACL", "SETUSER", "delayq"] and ">CHANGE-ME" in words
+    if server:
+        table = re.search(r"<!-- acl-versions -->\n(.*?)\n\n", text, re.S)
+        assert table, "docs/security.md has no table of servers after <!-- acl-versions -->"
+        [change] = [row for row in table.group(1).splitlines() if row.startswith(f"| {server} |")]
+        without = re.fullmatch(r"\| .* \| without `(.*)` \|", change)
+        added = re.fullmatch(r"\| .* \| with `(.*)` added \|", change)
+        assert without or added, change
+        if without:
+            words.remove(without.group(1).replace("\\|", "|"))
+        elif added:
+            words.append(added.group(1).replace("\\|", "|"))
     return [user, *(f">{password}" if w == ">CHANGE-ME" else w for w in words[3:])]
+
+
+def server_kind(client: redis.Redis) -> str:
+    """"Redis 7.0" or "Redis 6.2" (the servers docs/security.md changes the rule for), else ""."""
+    info = client.info("server")
+    if "valkey_version" in info:
+        return ""
+    version = str(info["redis_version"])
+    return next((f"Redis {v}" for v in ("7.0", "6.2") if version.startswith(v + ".")), "")
+
+
+def server_rule(admin: redis.Redis, user: str = "delayq") -> list[str]:
+    """The documented rule as the docs say to write it for ``admin``'s server."""
+    return documented_rule(user, server=server_kind(admin))
 
 
 def rule_commands(rule: list[str]) -> set[str]:
@@ -75,9 +102,10 @@ def used_commands(admin: redis.Redis) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def acl_server() -> Iterator[EmbeddedRedis]:
-    """A server whose default user is off: an admin user does the setting up."""
-    with EmbeddedRedis() as server:
+def acl_server(server_binary: tuple[str, str]) -> Iterator[EmbeddedRedis]:
+    """A server whose default user is off: an admin user does the setting up. One of each
+    supported kind in turn (Redis 6.2, Valkey, the machine's redis-server)."""
+    with EmbeddedRedis(binary=server_binary[1]) as server:
         setup = redis.Redis(host="127.0.0.1", port=server.port)
         setup.execute_command("ACL", "SETUSER", ADMIN[0], "on", f">{ADMIN[1]}", "~*", "&*", "+@all")
         setup.execute_command("ACL", "SETUSER", "default", "off")
@@ -94,7 +122,7 @@ def admin(acl_server: EmbeddedRedis) -> Iterator[redis.Redis]:
     )
     client.flushall()
     client.script_flush()
-    set_user(client, documented_rule())
+    set_user(client, server_rule(client))
     client.execute_command("ACL", "LOG", "RESET")
     client.config_resetstat()
     yield client
@@ -239,10 +267,23 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
         db1.close()
 
     # Every command of the rule was used, and no other (Redis 6.2 names no subcommands here).
-    assert top_level(used_commands(admin)) - {"config"} == top_level(rule_commands(documented_rule()))
-    # Refused: CONFIG GET (check_server skips it), and redis-py's CLIENT SETINFO on servers that
-    # have it (7.2+, Valkey; docs/security.md says to add +client|setinfo there)
-    assert top_level({obj for _, obj in denied(admin)}) - {"client"} == {"config"}
+    assert top_level(used_commands(admin)) - {"config"} == top_level(rule_commands(server_rule(admin)))
+    # Refused: CONFIG GET only (check_server skips it); redis-py's CLIENT SETINFO is allowed.
+    assert top_level({obj for _, obj in denied(admin)}) == {"config"}
+
+
+def test_the_documented_rule_as_written_on_each_server(admin: redis.Redis) -> None:
+    """The docs' line is taken as it is by Redis 6.2, 7.2+ and Valkey; Redis 7.0 refuses it
+    with the error the docs name, and takes it as the docs change it for 7.0."""
+    kind = server_kind(admin)
+    rule = documented_rule("as-written")
+    if kind == "Redis 7.0":
+        with pytest.raises(redis.ResponseError, match="Unknown command or category name in ACL"):
+            set_user(admin, rule)
+    else:
+        set_user(admin, rule)
+    set_user(admin, documented_rule("as-written", server=kind))
+    assert admin.execute_command("ACL", "DELUSER", "as-written") == 1
 
 
 def test_the_acl_user_is_refused_outside_its_prefix(admin: redis.Redis, acl_server: EmbeddedRedis) -> None:
@@ -301,7 +342,7 @@ def test_check_server_degrades_when_info_and_config_are_refused(
         # The documented user: CONFIG GET refused, so the policy check is skipped silently.
         assert get_store(apps(redis_url, acl_url(acl_server))).check_server() == []
         # A user without INFO either: a warning instead of the version check, and all else works.
-        set_user(admin, [w for w in documented_rule("no-info") if w != "+info"])
+        set_user(admin, [w for w in server_rule(admin, "no-info") if w != "+info"])
         app = apps(redis_url, acl_url(acl_server, "no-info"))
         [warning] = get_store(app).check_server()
         assert warning.startswith("cannot read INFO") and "version was not checked" in warning
