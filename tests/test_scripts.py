@@ -1,4 +1,5 @@
-"""Every Lua script's edges, through :class:`Store` (and raw ``SCRIPTS`` calls), on a real server."""
+"""Every Lua script's edges, through :class:`Store` (and raw ``SCRIPTS`` calls), on a real server:
+each test runs on every supported server in turn (Redis 6.2, Valkey, redis-server on PATH)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.scripts import SCRIPTS, ScriptCall, run_pipelined
 from celery_delayq.store import (
     CANCEL_HELD,
@@ -29,6 +31,12 @@ from tests.conftest import wait_for
 from tests.helpers import command_calls, ids_on_shard, make_store, server_ms
 
 FAR_FUTURE = "9999999999999999"
+
+
+@pytest.fixture(scope="module")
+def redis_server(each_server: EmbeddedRedis) -> EmbeddedRedis:
+    """This module's server (``redis_url``, ``r``): each supported kind in turn."""
+    return each_server
 
 
 @pytest.fixture
@@ -671,12 +679,10 @@ def test_all_keys_of_a_shard_share_one_hash_tag(store: Store, r: redis.Redis) ->
 
 @pytest.mark.slow
 def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
-    redis_url: str, redis_server: Any, caplog: pytest.LogCaptureFixture
+    redis_url: str, redis_server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Producer writes are followed by ``WAIT n 1000`` on their connection: at once with a
     replica attached; after the timeout, with a warning, without one (the write is stored)."""
-    from celery_delayq.embedded import EmbeddedRedis
-
     caplog.set_level("WARNING", logger="celery_delayq.scripts")
     store = make_store(redis_url, wait_replicas=1)
     try:
@@ -685,7 +691,8 @@ def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
         assert time.monotonic() - started >= 0.9
         assert "reached 0 of the 1 replica(s)" in caplog.text
         caplog.clear()
-        with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(redis_server.port)]) as replica:
+        replica_of = ["--replicaof", "127.0.0.1", str(redis_server.port)]
+        with EmbeddedRedis(binary=redis_server.binary, extra_args=replica_of) as replica:
             r = redis.Redis(host="127.0.0.1", port=replica.port, decode_responses=True)
             assert wait_for(lambda: r.info("replication").get("master_link_status") == "up", 20, 0.05)
             started = time.monotonic()
