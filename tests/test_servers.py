@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,17 +26,14 @@ from tests.conftest import ROOT, Procs, subprocess_env
 from tests.test_e2e import MAX_LATE, Producer, check_exactly_once, spread, start_stack, warm_up
 
 
-@pytest.fixture
-def url(each_server: EmbeddedRedis) -> Iterator[str]:
-    """Database 0 of a server of each supported kind in turn, empty before and after the test."""
-    client = redis.Redis.from_url(each_server.url)
-    client.flushall()
-    yield each_server.url + "/0"
-    client.flushall()
-    client.close()
+@pytest.fixture(scope="module")
+def redis_server(each_server: EmbeddedRedis) -> EmbeddedRedis:
+    """This module's server (``redis_url``): each supported kind in turn."""
+    return each_server
 
 
-def test_full_cycle_on_each_server(server_binary: tuple[str, str], url: str) -> None:
+def test_full_cycle_on_each_server(server_binary: tuple[str, str], redis_url: str) -> None:
+    url = redis_url
     label, _ = server_binary
     client = redis.Redis.from_url(url, decode_responses=True)
     info = client.info("server")
@@ -74,13 +70,13 @@ def test_full_cycle_on_each_server(server_binary: tuple[str, str], url: str) -> 
 
 
 @pytest.mark.e2e
-def test_a_worker_and_beat_deliver_on_each_server(url: str, procs: Procs) -> None:
+def test_a_worker_and_beat_deliver_on_each_server(redis_url: str, procs: Procs) -> None:
     """A real ``celery worker`` and ``celery beat`` (store and broker on the server) run a few
     jobs exactly once, each at or after its due time."""
-    producer = Producer(url, url)
-    r = redis.Redis.from_url(url, decode_responses=True)
+    producer = Producer(redis_url, redis_url)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        start_stack(procs, subprocess_env(url, url))
+        start_stack(procs, subprocess_env(redis_url, redis_url))
         warm_up(producer, r, procs)
         results = producer.record.apply_at_many(spread(20, time.time() + 1.0, 1.0))
         late = check_exactly_once(r, producer, procs, results, 60, "20 jobs over 1 s")
