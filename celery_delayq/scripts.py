@@ -5,6 +5,10 @@ called with ``EVALSHA``; when the server answers ``NOSCRIPT`` (a restart, a
 failover, ``SCRIPT FLUSH``) the script is loaded again and the call repeated.
 A script that answered NOSCRIPT did not run, so repeating it is safe.
 
+Every script is sent with :data:`PRELUDE` in front of it, on the same line as the script's
+opening comment (so the line numbers in a script's errors are those of its file): the limit
+:data:`LUA_UNPACK_MAX` and the helpers the scripts share (``call_sliced``, ``int_arg``).
+
 Pipelines send every ``EVALSHA`` in one round trip and repeat only the calls
 that came back NOSCRIPT (redis-py's own pipeline would ask ``SCRIPT EXISTS``
 before every execute, one more round trip each time). On a Redis Cluster
@@ -37,12 +41,45 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-__all__ = ["SCRIPTS", "WAIT_TIMEOUT_MS", "LuaScript", "ScriptCall", "run_pipelined", "run_replicated"]
+__all__ = [
+    "LUA_UNPACK_MAX",
+    "PRELUDE",
+    "SCRIPTS",
+    "WAIT_TIMEOUT_MS",
+    "LuaScript",
+    "ScriptCall",
+    "run_pipelined",
+    "run_replicated",
+]
 
 logger = logging.getLogger("celery_delayq.scripts")
 
 #: How long (ms) a write made with ``delayq_wait_replicas`` waits for its replicas (``WAIT``).
 WAIT_TIMEOUT_MS = 1000
+
+
+#: Most values a script passes to one Lua ``unpack`` (one ``redis.call``). Lua's C stack in Redis
+#: and Valkey (``LUAI_MAXCSTACK``, 8000 slots) fails an ``unpack`` of about 8000 values with
+#: ``too many results to unpack``; a longer table goes in slices of this size (``call_sliced``).
+LUA_UNPACK_MAX = 1000
+
+#: Lua put in front of every script, on one line (see the module's docstring):
+#: ``call_sliced(command, key, values, step)`` calls ``redis.call(command, key, ...)`` for the
+#: values in slices of at most LUA_UNPACK_MAX (a multiple of ``step``, so that pairs stay whole);
+#: ``int_arg(i)`` is ``ARGV[i]`` as a whole number (a time in ms, a count), or nil when it is not
+#: one (the scripts check every argument before their first write, so bad input changes nothing).
+PRELUDE = (
+    f"local UNPACK_MAX = {LUA_UNPACK_MAX} "
+    "local function call_sliced(command, key, values, step) "
+    "local size = UNPACK_MAX - UNPACK_MAX % step "
+    "for first = 1, #values, size do "
+    "redis.call(command, key, unpack(values, first, math.min(first + size - 1, #values))) "
+    "end end "
+    "local function int_arg(i) "
+    "local n = tonumber(ARGV[i]) "
+    "if n and n == math.floor(n) and n > -9007199254740992 and n < 9007199254740992 then return n end "
+    "return nil end "
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +103,7 @@ def _load_all() -> dict[str, LuaScript]:
     scripts: dict[str, LuaScript] = {}
     for entry in resources.files(__package__).joinpath("lua").iterdir():
         if entry.name.endswith(".lua"):
-            source = entry.read_text(encoding="utf-8")
+            source = PRELUDE + entry.read_text(encoding="utf-8")
             name = entry.name[: -len(".lua")]
             scripts[name] = LuaScript(name, source, hashlib.sha1(source.encode()).hexdigest())
     return scripts

@@ -52,9 +52,9 @@ RESCHEDULE_MISSING, RESCHEDULE_MOVED, RESCHEDULE_HELD = 0, 1, 2
 # requeue results (see lua/requeue.lua)
 REQUEUE_MISSING, REQUEUE_DONE, REQUEUE_STORED, REQUEUE_NO_ENVELOPE = 0, 1, 2, 3
 
-#: Jobs sent to one enqueue call at most (ARGV stays small, the server stays responsive;
-#: the script stores a call's due times with one ZADD of 2 values a job, within Lua's
-#: limit of about 8000 values for ``unpack``).
+#: Jobs sent to one enqueue call at most (ARGV stays small, the server stays responsive). The
+#: script's ZADD of 2 values a job goes in slices of ``scripts.LUA_UNPACK_MAX`` values, as every
+#: script's ``unpack`` does (Lua's limit is about 8000), so the size of a call is not bound by it.
 ENQUEUE_CHUNK = 1000
 #: Ids sent to one ack call at most.
 ACK_CHUNK = 5000

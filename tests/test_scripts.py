@@ -28,7 +28,7 @@ from celery_delayq.store import (
     Store,
 )
 from tests.conftest import wait_for
-from tests.helpers import command_calls, ids_on_shard, make_store, server_ms
+from tests.helpers import command_calls, ids_on_shard, make_store, server_ms, snapshot
 
 FAR_FUTURE = "9999999999999999"
 
@@ -706,3 +706,92 @@ def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
             r.close()
     finally:
         store.close()
+
+
+# -- calls larger than Lua's unpack, and bad input ---------------------------------------------------
+
+
+def test_claim_takes_5000_due_jobs_of_one_shard_in_one_call(redis_url: str, r: redis.Redis) -> None:
+    """The largest batch the settings allow, all due on one shard: each job is leased once, with
+    one call (its ZADD of 10,000 values goes in slices that Lua's ``unpack`` can take)."""
+    store = make_store(redis_url, reclaim_ttl=30.0, batch_size=5000)
+    try:
+        ids = ids_on_shard(store.keys, 0, 5000)
+        base = server_ms(r) - 10_000
+        store.enqueue([(job_id, base + i, f"env-{job_id}") for i, job_id in enumerate(ids)])
+        result = claim_one(store, 0, "beat-1")
+        assert [j.id for j in result.jobs] == ids  # due order, each once
+        assert all(j.tries == 1 and j.envelope == f"env-{j.id}" for j in result.jobs)
+        keys = store.keys.shard(0)
+        leases = r.hgetall(keys.leases)
+        assert leases == {job_id: f"{base + i}|1|beat-1" for i, job_id in enumerate(ids)}
+        expiry = result.now_ms + 30_000
+        assert dict(r.zrange(keys.due, 0, -1, withscores=True)) == dict.fromkeys(ids, expiry)
+        assert claim_one(store, 0, "beat-2").jobs == []  # all held
+        assert set(store.ack("beat-1", {0: ids}).values()) == {True}
+        assert r.zcard(keys.due) == r.hlen(keys.jobs) == r.hlen(keys.leases) == 0
+    finally:
+        store.close()
+
+
+def test_enqueue_of_5000_jobs_in_one_script_call(store: Store, r: redis.Redis) -> None:
+    """enqueue.lua itself takes more jobs than one ``unpack`` could (the store sends it at most
+    ENQUEUE_CHUNK a call; the script does not rely on that)."""
+    keys = store.keys.shard(2)
+    ids = ids_on_shard(store.keys, 2, 5000)
+    args: list[Any] = ["keep", store.keys.wake_channel, 2]
+    for i, job_id in enumerate(ids):
+        args += [job_id, 2_000_000_000_000 + i, "env"]
+    reply = SCRIPTS["enqueue"](r, keys.core, args)
+    assert reply == [x for i in range(5000) for x in (ENQUEUE_NEW, 2_000_000_000_000 + i)]
+    assert r.zrange(keys.due, 0, -1, withscores=True) == [
+        (job_id, 2_000_000_000_000 + i) for i, job_id in enumerate(ids)
+    ]
+    assert r.hlen(keys.jobs) == 5000
+
+
+def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
+    """``(script, ARGV)`` of writing scripts given bad input (see ``_stored_state``)."""
+    due = 2_000_000_000_000
+    return [
+        ("enqueue", ["keep", channel, 0, "new-1", due, "env", "new-2", "soon", "env"]),
+        ("enqueue", ["replace", channel, 0, "new-1", due, "env", "new-2", "nan", "env"]),
+        ("enqueue", ["keep", channel, 0, "new-1", due, "env", "new-2", due]),
+        ("enqueue", ["upsert", channel, 0, "new-1", due, "env"]),
+        ("claim", ["beat-1", "many", 30_000]),
+        ("claim", ["beat|1", 10, 30_000]),
+        ("claim", ["beat-1", 10, 0]),
+        ("reschedule", ["waiting", "later", channel, 0]),
+        ("requeue", ["dead", "1.5", '{"v":2,"i":"dead",', channel, 0]),
+        ("fire", ["beat-1", "point", "sched", due, "task-1", "point-2", "inf", "env", channel, 0]),
+        ("fire", ["beat-1", "point", "sched", "", "task-1", "", "", "", channel, 0]),
+        ("sched_put", ["sched", "put", '{"new":1}', "point-2", "tomorrow", "env", channel, 0]),
+        ("sched_put", ["sched", "upsert", '{"new":1}', "", "", "", channel, 0]),
+        ("deliver", ["beat-1", "held", "celery"]),
+        ("bury", ["beat-1", "held"]),
+    ]
+
+
+def _stored_state(store: Store, r: redis.Redis) -> None:
+    """Shard 0 of the store holds a waiting job, a job leased by "beat-1", a dead letter and a
+    schedule "sched" whose current point "point" is leased by "beat-1"."""
+    keys = store.keys.shard(0)
+    r.zadd(keys.due, {"waiting": 2_000_000_000_000, "held": 1, "point": 1})
+    r.hset(keys.jobs, mapping={"waiting": "env", "held": "env", "point": "env"})
+    r.hset(keys.leases, mapping={"held": "1|1|beat-1", "point": "1|1|beat-1"})
+    r.hset(keys.dead, "dead", json.dumps({"envelope": "env", "reason": "test"}))
+    r.hset(keys.schedules, "sched", "{}")
+    r.hset(keys.history, "sched", json.dumps({"cur": "point", "next": 1, "runs": 0}))
+    r.set(keys.wake, FAR_FUTURE)
+
+
+@pytest.mark.parametrize("case", range(len(_bad_calls(""))))
+def test_a_writing_script_refuses_bad_input_before_writing_anything(
+    case: int, store: Store, r: redis.Redis, redis_url: str
+) -> None:
+    name, args = _bad_calls(store.keys.wake_channel)[case]
+    _stored_state(store, r)
+    before = snapshot(redis_url)
+    with pytest.raises(redis.ResponseError, match=f"^delayq {name}: "):
+        SCRIPTS[name](r, store.keys.shard(0).core, args)
+    assert snapshot(redis_url) == before

@@ -12,6 +12,9 @@ Only the current lease holder may bury a job, as with ack.
 Returns 1 moved to the dead-letter hash, 0 the caller no longer holds the
 lease (nothing changed).
 ]]
+if #ARGV ~= 3 then
+  return redis.error_reply('delayq bury: takes a token, a job id and a record')
+end
 local id = ARGV[2]
 local suffix = '|' .. ARGV[1]
 local lease = redis.call('HGET', KEYS[3], id)

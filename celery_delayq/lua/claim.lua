@@ -20,12 +20,21 @@ Returns {now ms, next ms, id, envelope, due ms, tries, id, envelope, ...}
 where next is the earliest score left in the shard after the claim (a lease
 expiry counts: that is when it may need re-claiming), or -1 when the shard is
 empty. The wake marker is set to next (or far future when empty).
+A token holding "|" or a batch or TTL that is not a whole number >= 1 is refused
+with an error, before anything is written.
 ]]
 local token = ARGV[1]
-local ttl = tonumber(ARGV[3])
+local batch = int_arg(2)
+local ttl = int_arg(3)
+if token == nil or token == '' or string.find(token, '|', 1, true) then
+  return redis.error_reply('delayq claim: the token must be a non-empty string without "|"')
+end
+if batch == nil or batch < 1 or ttl == nil or ttl < 1 then
+  return redis.error_reply('delayq claim: batch and TTL must be whole numbers >= 1')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local found = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]), 'WITHSCORES')
+local found = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch, 'WITHSCORES')
 local out = {now, -1}
 local expiry = now + ttl
 local zargs = {}
@@ -54,9 +63,7 @@ for i = 1, #found, 2 do
     out[#out + 1] = tries
   end
 end
-if #zargs > 0 then
-  redis.call('ZADD', KEYS[1], unpack(zargs))
-end
+call_sliced('ZADD', KEYS[1], zargs, 2)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if head[2] then
   out[2] = tonumber(head[2])

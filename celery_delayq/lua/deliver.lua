@@ -19,7 +19,11 @@ to a Redis Cluster (the queue list lives outside the shard's slot there).
 
 Returns one entry per job, in order: 1 pushed and removed, 0 not held (nothing done),
 or the error text of a refused LPUSH (the job keeps its lease and is retried).
+An incomplete triple is refused with an error, before anything is written.
 ]]
+if #ARGV < 1 or (#ARGV - 1) % 3 ~= 0 then
+  return redis.error_reply('delayq deliver: messages come in triples: id, list key, message')
+end
 local suffix = '|' .. ARGV[1]
 local out = {}
 for i = 2, #ARGV, 3 do

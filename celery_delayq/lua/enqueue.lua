@@ -26,7 +26,20 @@ replacing) and one ZADD per call for all stored jobs.
 When the earliest stored due time is earlier than the wake marker (or there is
 no marker), the marker is lowered to it and "<shard>:<due ms>" is published on
 the wake channel, so a sleeping beat wakes within milliseconds.
+A call with another mode, an incomplete triple or a due time that is not a whole
+number of ms is refused with an error, before anything is written.
 ]]
+if ARGV[1] ~= 'keep' and ARGV[1] ~= 'replace' then
+  return redis.error_reply('delayq enqueue: mode must be "keep" or "replace"')
+end
+if (#ARGV - 3) % 3 ~= 0 then
+  return redis.error_reply('delayq enqueue: jobs come in triples: id, due ms, envelope')
+end
+for i = 5, #ARGV, 3 do
+  if int_arg(i) == nil then
+    return redis.error_reply('delayq enqueue: due time is not a whole number of ms: ' .. ARGV[i])
+  end
+end
 local keep = ARGV[1] == 'keep'
 local out = {}
 local members = {}  -- due, id pairs of the jobs stored: one ZADD at the end
@@ -65,9 +78,7 @@ for i = 4, #ARGV, 3 do
   out[#out + 1] = status
   out[#out + 1] = due
 end
-if #members > 0 then
-  redis.call('ZADD', KEYS[1], unpack(members))
-end
+call_sliced('ZADD', KEYS[1], members, 2)
 if earliest ~= nil then
   local marker = tonumber(redis.call('GET', KEYS[4]))
   if marker == nil or earliest < marker then

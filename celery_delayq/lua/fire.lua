@@ -23,8 +23,13 @@ Returns
      the point was being delivered (its current point is another, or none)
   0  the caller no longer holds the lease (another beat re-claimed the point):
      nothing changed; that beat will fire it
+A point time or next due time that is not a whole number of ms is refused with an
+error, before anything is written.
 ]]
 local id = ARGV[2]
+if int_arg(4) == nil or (ARGV[6] ~= '' and int_arg(7) == nil) then
+  return redis.error_reply('delayq fire: the point time and the next due time must be whole numbers of ms')
+end
 local suffix = '|' .. ARGV[1]
 local lease = redis.call('HGET', KEYS[3], id)
 if not lease or string.sub(lease, -#suffix) ~= suffix then
@@ -48,7 +53,7 @@ if ARGV[5] ~= '' then
   state.runs = (tonumber(state.runs) or 0) + 1
 end
 if ARGV[6] ~= '' then
-  local due = tonumber(ARGV[7])
+  local due = int_arg(7)
   state.cur = ARGV[6]
   state.next = due
   redis.call('ZADD', KEYS[1], due, ARGV[6])

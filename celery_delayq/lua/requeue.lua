@@ -20,8 +20,13 @@ Returns
      would replace it. The dead letter is kept.
   3  refused: the dead-letter record holds no envelope. The dead letter is kept.
 Requeueing earlier than the wake marker wakes a sleeping beat, as enqueue does.
+A due time that is not a whole number of ms is refused with an error; nothing is written.
 ]]
 local id = ARGV[1]
+local due = int_arg(2)
+if due == nil then
+  return redis.error_reply('delayq requeue: due time is not a whole number of ms: ' .. tostring(ARGV[2]))
+end
 local raw = redis.call('HGET', KEYS[5], id)
 if not raw then
   return 0
@@ -38,7 +43,6 @@ local opening = ARGV[3]
 if string.sub(envelope, 1, #opening) == opening then
   envelope = '{"v":2,' .. string.sub(envelope, #opening + 1)
 end
-local due = tonumber(ARGV[2])
 redis.call('HSET', KEYS[2], id, envelope)
 redis.call('HDEL', KEYS[3], id)
 redis.call('ZADD', KEYS[1], due, id)

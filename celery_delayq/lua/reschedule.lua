@@ -14,15 +14,19 @@ Returns
   2  refused: a beat holds the job (it is being delivered now); moving it
      would deliver it twice
 Moving a job earlier than the wake marker wakes a sleeping beat, as enqueue does.
+A due time that is not a whole number of ms is refused with an error; nothing is written.
 ]]
 local id = ARGV[1]
+local due = int_arg(2)
+if due == nil then
+  return redis.error_reply('delayq reschedule: due time is not a whole number of ms: ' .. tostring(ARGV[2]))
+end
 if redis.call('HEXISTS', KEYS[2], id) == 0 then
   return 0
 end
 if redis.call('HEXISTS', KEYS[3], id) == 1 then
   return 2
 end
-local due = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], due, id)
 local marker = tonumber(redis.call('GET', KEYS[4]))
 if marker == nil or due < marker then

@@ -23,8 +23,16 @@ now is left to that beat, whose fire then sees it is no longer current and does
 not advance the schedule. The run history (last run, run count) is kept.
 
 Returns 1 stored, 0 refused (mode "add" and the name exists).
+Another mode, or a due time that is not a whole number of ms, is refused with an
+error, before anything is written.
 ]]
 local name = ARGV[1]
+if ARGV[2] ~= 'add' and ARGV[2] ~= 'put' then
+  return redis.error_reply('delayq sched_put: mode must be "add" or "put"')
+end
+if ARGV[4] ~= '' and int_arg(5) == nil then
+  return redis.error_reply('delayq sched_put: due time is not a whole number of ms: ' .. tostring(ARGV[5]))
+end
 if ARGV[2] == 'add' and redis.call('HEXISTS', KEYS[6], name) == 1 then
   return 0
 end
@@ -40,7 +48,7 @@ if type(cur) == 'string' and cur ~= ARGV[4] and redis.call('HEXISTS', KEYS[3], c
 end
 redis.call('HSET', KEYS[6], name, ARGV[3])
 if ARGV[4] ~= '' then
-  local due = tonumber(ARGV[5])
+  local due = int_arg(5)
   state.cur = ARGV[4]
   state.next = due
   redis.call('HDEL', KEYS[3], ARGV[4])
