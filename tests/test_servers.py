@@ -109,3 +109,31 @@ def test_the_security_tests_pass_without_redis_server_on_path(tmp_path: Path) ->
     assert run.returncode == 0, out[-6000:]
     assert "no redis-server on PATH" in out  # the ACL tests' redis-server runs were skipped
     assert " failed" not in out and " passed" in out, out[-2000:]
+
+
+def test_a_beat_delivers_5000_jobs_due_on_one_shard_in_one_claim(redis_url: str) -> None:
+    """``delayq_batch_size`` 5000 (the most allowed) and 5000 jobs due on one shard: one pass
+    of the beat claims them all in one call and delivers each exactly once."""
+    app = Celery("big", broker=redis_url, set_as_current=False)
+    app.conf.update(delayq_url=redis_url, delayq_shards=1, delayq_batch_size=5000)
+
+    @app.task(base=DelayedTask, name="big.echo", shared=False)
+    def echo(x: int) -> int:
+        return x
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    dispatcher = Dispatcher(app)
+    try:
+        results = echo.apply_at_many([(time.time() - 10, (i,), None) for i in range(5000)])
+        assert DelayQ(app).count() == 5000
+        dispatcher.run_once()
+        stats = dispatcher.stats
+        assert (stats.claimed, stats.published, stats.acked, stats.publish_errors) == (5000, 5000, 5000, 0)
+        assert sum(stats.claim_sizes) == 1  # one claim took them all
+        assert DelayQ(app).count() == 0 and list(DelayQ(app).dead()) == []
+        ids = [json.loads(m)["headers"]["id"] for m in client.lrange("celery", 0, -1)]
+        assert len(ids) == 5000 and set(ids) == {res.id for res in results}
+    finally:
+        dispatcher.close()
+        client.close()
+        app.close()
