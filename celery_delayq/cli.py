@@ -38,7 +38,7 @@ from rich.text import Text
 
 from . import lateness
 from .api import CANCELLED, DELIVERING, MISSING, MOVED, NO_ENVELOPE, REQUEUED, DelayQ
-from .config import DelayQConfig, redact_url
+from .config import DelayQConfig, redact_url, setting_name
 from .exceptions import (
     ConfigurationError,
     ScheduleError,
@@ -316,7 +316,8 @@ def _cli_store(app: Any) -> Store:
         else:
             client = redis.Redis.from_url(config.url, **options)
     except (ValueError, TypeError) as exc:
-        raise StoreProblem(f"bad delayq_url {redact_url(config.url)!r}: {exc}") from exc
+        name = setting_name(app, "delayq_url")
+        raise StoreProblem(f"bad {name} {redact_url(config.url)!r}: {exc}") from exc
     store = Store(config, client)
     app.__dict__["_delayq_store"] = store
     return store

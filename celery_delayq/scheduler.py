@@ -7,7 +7,14 @@ point once. Each tick runs the parent's tick (for entries that cannot be
 stored, kept in memory), then one dispatcher pass (claim, publish,
 ack), then sleeps on the wake subscription until the next due job, the next
 ``beat_schedule`` entry or ``delayq_max_sleep``, whichever comes first. Any
-number of beats may run at once.
+number of beats may run at once. A ``beat_schedule`` entry may give its schedule
+as a cron string (``"30 2 * * *"``), which Celery's own entries cannot hold: it goes
+to Redis only.
+
+A bad ``delayq_*`` setting or a malformed cron string in ``beat_schedule`` stops the
+beat as it starts with one line, ``Error: delayq: ...`` (:class:`BeatConfigurationError`),
+naming the setting as the configuration spells it (``CELERY_DELAYQ_URL`` under
+Django's ``CELERY`` namespace).
 
 When Redis is unreachable the tick logs one line and backs off (0.5 s,
 doubling to 10 s) instead of crashing the beat; claimed jobs it could not ack
