@@ -38,7 +38,7 @@ from rich.text import Text
 
 from . import lateness
 from .api import CANCELLED, DELIVERING, MISSING, MOVED, NO_ENVELOPE, REQUEUED, DelayQ
-from .config import DelayQConfig, redact_url
+from .config import DelayQConfig, redact_url, setting_name
 from .exceptions import (
     ConfigurationError,
     ScheduleError,
@@ -206,9 +206,12 @@ def relative(ms: float, now_ms: float) -> str:
 class Session:
     """What one ``celery delayq`` invocation works with: the app, its store, output settings."""
 
-    def __init__(self, app: Any, no_color: bool = False) -> None:
+    def __init__(self, app: Any, no_color: bool = False, app_given: bool = True) -> None:
         self.app = app
         self.no_color = no_color
+        #: False when ``celery`` was run without ``-A``/``--app`` (nor ``CELERY_APP``): the app
+        #: is Celery's default one, and an error about the store says to pass ``-A``.
+        self.app_given = app_given
         self._store: Store | None = None
 
     # -- the store, made with a connect timeout: an unreachable host fails in seconds, not minutes
@@ -313,7 +316,8 @@ def _cli_store(app: Any) -> Store:
         else:
             client = redis.Redis.from_url(config.url, **options)
     except (ValueError, TypeError) as exc:
-        raise StoreProblem(f"bad delayq_url {redact_url(config.url)!r}: {exc}") from exc
+        name = setting_name(app, "delayq_url")
+        raise StoreProblem(f"bad {name} {redact_url(config.url)!r}: {exc}") from exc
     store = Store(config, client)
     app.__dict__["_delayq_store"] = store
     return store
@@ -355,14 +359,31 @@ class DelayqGroup(click.Group):
         except ScheduleError as exc:
             raise UsageProblem(str(exc)) from exc
         except ConfigurationError as exc:
+            _no_app(ctx, exc)
             raise StoreProblem(f"configuration: {exc}") from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            _no_app(ctx, exc)
             url = _url_of(ctx)
             raise StoreProblem(f"cannot reach Redis at {url}: {exc}") from exc
         except REDIS_ERRORS as exc:
             raise StoreProblem(f"Redis at {_url_of(ctx)} answered: {exc}") from exc
         except StoreError as exc:
             raise StoreProblem(str(exc)) from exc
+
+
+def _no_app(ctx: click.Context, exc: Exception) -> None:
+    """Raise the hint to pass ``-A`` when no app was named (the store error is its consequence)."""
+    obj = ctx.find_object(Session)
+    if obj is not None and not obj.app_given:
+        words, inner = [ctx.invoked_subcommand or "status"], ctx
+        while inner.parent is not None and isinstance(inner.parent.command, DelayqGroup):
+            words.insert(0, inner.info_name or "")
+            inner = inner.parent
+        command = " ".join(words)
+        raise StoreProblem(
+            f"no Celery app: pass -A/--app proj, as in `celery -A proj delayq {command}` "
+            f"(Celery's default app cannot be used: {exc})"
+        ) from exc
 
 
 def _url_of(ctx: click.Context) -> str:
@@ -387,7 +408,10 @@ def delayq(ctx: click.Context) -> None:
         from celery import current_app
 
         app = current_app._get_current_object()
-    ctx.obj = Session(app, no_color=bool(getattr(parent, "no_color", False)))
+    # Under `celery`, the root command's -A/--app (or CELERY_APP); in-process callers pass the app.
+    root = ctx.find_root()
+    given = root is ctx or root.params.get("app") is not None
+    ctx.obj = Session(app, no_color=bool(getattr(parent, "no_color", False)), app_given=given)
 
 
 # -- jobs: views --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
 
-__all__ = ["DEFAULTS", "DelayQConfig", "redact_url"]
+__all__ = ["DEFAULTS", "DelayQConfig", "redact_url", "setting_name"]
 
 #: Setting name -> (default, one-line meaning). ``docs/settings.md`` has one
 #: section per entry and a test checks that its defaults are these.
@@ -75,6 +75,28 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     ),
     "delayq_metrics_addr": ("127.0.0.1", "Address the beat's /metrics endpoint listens on."),
 }
+
+
+def setting_name(app: Any, name: str) -> str:
+    """``name`` (``delayq_url``) as the user of ``app`` spells it in the configuration.
+
+    An app configured with ``config_from_object(..., namespace="CELERY")`` (Django's usual
+    way) reads ``CELERY_DELAYQ_URL``; Celery keeps that namespace in ``app.namespace``
+    and matches the key's case to the namespace's, as this does.
+
+    >>> from celery import Celery
+    >>> setting_name(Celery(), "delayq_url")
+    'delayq_url'
+    >>> django = Celery()
+    >>> django.config_from_object("examples.django_settings.settings", namespace="CELERY")
+    >>> setting_name(django, "delayq_url")
+    'CELERY_DELAYQ_URL'
+    """
+    namespace = getattr(app, "namespace", None)
+    if not isinstance(namespace, str) or not namespace:
+        return name
+    key = namespace.rstrip("_") + "_" + name
+    return key.upper() if namespace.isupper() else key.lower()
 
 
 def _conf_get(app: Any, name: str) -> Any:
@@ -181,49 +203,53 @@ class DelayQConfig:
     def from_mapping(cls, values: dict[str, Any], app: Any = None) -> DelayQConfig:
         """Build from ``{"delayq_url": ..., ...}``; missing names take their default."""
         get = {name: values.get(name, default) for name, (default, _) in DEFAULTS.items()}
+        n = {name: setting_name(app, name) for name in DEFAULTS}  # each name as the user spells it
         url = get["delayq_url"]
         if not url and app is not None:
             broker = app.conf.broker_write_url or app.conf.broker_url or ""
             if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
                 url = broker.split(";", 1)[0]
         if not url or not isinstance(url, str):
-            raise ConfigurationError(
-                "delayq_url is not set and the broker is not Redis: "
-                "set app.conf.delayq_url = 'redis://host:6379/0'"
+            where = (
+                f"set app.conf.{n['delayq_url']} = 'redis://host:6379/0'"
+                if n["delayq_url"] == "delayq_url"
+                else f"set {n['delayq_url']} = 'redis://host:6379/0' in the settings the app reads"
             )
+            raise ConfigurationError(f"{n['delayq_url']} is not set and the broker is not Redis: {where}")
         if url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
             raise ConfigurationError(
-                f"delayq_url must be a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}"
+                f"{n['delayq_url']} must be a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}"
             )
-        cluster = _flag("delayq_cluster", get["delayq_cluster"])
+        cluster = _flag(n["delayq_cluster"], get["delayq_cluster"])
         if cluster and url.split("://", 1)[0] == "unix":
             raise ConfigurationError(
-                f"delayq_cluster needs a redis:// or rediss:// URL of a cluster node, got {redact_url(url)!r}"
+                f"{n['delayq_cluster']} needs a redis:// or rediss:// URL of a cluster node in "
+                f"{n['delayq_url']}, got {redact_url(url)!r}"
             )
         prefix = get["delayq_prefix"]
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} "):
             raise ConfigurationError(
-                f"delayq_prefix must be a non-empty string without braces or spaces, got {prefix!r}"
+                f"{n['delayq_prefix']} must be a non-empty string without braces or spaces, got {prefix!r}"
             )
-        batch = _number("delayq_batch_size", get["delayq_batch_size"], int, 1)
+        batch = _number(n["delayq_batch_size"], get["delayq_batch_size"], int, 1)
         if batch > 5000:
-            raise ConfigurationError(f"delayq_batch_size must be <= 5000, got {batch}")
+            raise ConfigurationError(f"{n['delayq_batch_size']} must be <= 5000, got {batch}")
         return cls(
             url=url,
             prefix=prefix,
-            shards=_number("delayq_shards", get["delayq_shards"], int, 1),
-            reclaim_ttl=_number("delayq_reclaim_ttl", get["delayq_reclaim_ttl"], float, 0.01),
+            shards=_number(n["delayq_shards"], get["delayq_shards"], int, 1),
+            reclaim_ttl=_number(n["delayq_reclaim_ttl"], get["delayq_reclaim_ttl"], float, 0.01),
             batch_size=batch,
-            max_sleep=_number("delayq_max_sleep", get["delayq_max_sleep"], float, 0.01),
-            intercept_eta=_flag("delayq_intercept_eta", get["delayq_intercept_eta"]),
-            dead_letter_unknown=_flag("delayq_dead_letter_unknown", get["delayq_dead_letter_unknown"]),
-            max_payload=_number("delayq_max_payload", get["delayq_max_payload"], int, 1024),
-            atomic_publish=_flag("delayq_atomic_publish", get["delayq_atomic_publish"]),
+            max_sleep=_number(n["delayq_max_sleep"], get["delayq_max_sleep"], float, 0.01),
+            intercept_eta=_flag(n["delayq_intercept_eta"], get["delayq_intercept_eta"]),
+            dead_letter_unknown=_flag(n["delayq_dead_letter_unknown"], get["delayq_dead_letter_unknown"]),
+            max_payload=_number(n["delayq_max_payload"], get["delayq_max_payload"], int, 1024),
+            atomic_publish=_flag(n["delayq_atomic_publish"], get["delayq_atomic_publish"]),
             cluster=cluster,
-            wait_replicas=_number("delayq_wait_replicas", get["delayq_wait_replicas"], int, 0),
-            record_lateness=_flag("delayq_record_lateness", get["delayq_record_lateness"]),
-            metrics_port=_port("delayq_metrics_port", get["delayq_metrics_port"]),
-            metrics_addr=_address("delayq_metrics_addr", get["delayq_metrics_addr"]),
+            wait_replicas=_number(n["delayq_wait_replicas"], get["delayq_wait_replicas"], int, 0),
+            record_lateness=_flag(n["delayq_record_lateness"], get["delayq_record_lateness"]),
+            metrics_port=_port(n["delayq_metrics_port"], get["delayq_metrics_port"]),
+            metrics_addr=_address(n["delayq_metrics_addr"], get["delayq_metrics_addr"]),
         )
 
     @classmethod

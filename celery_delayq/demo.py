@@ -2,7 +2,8 @@
 
 Configured from the environment the demo sets for its child processes:
 ``DELAYQ_DEMO_URL`` (Redis: broker, store and the run record),
-``DELAYQ_DEMO_PREFIX`` (key prefix of this run) and ``DELAYQ_DEMO_QUEUE``.
+``DELAYQ_DEMO_PREFIX`` (key prefix of this run), ``DELAYQ_DEMO_QUEUE`` and
+``DELAYQ_DEMO_TASK_MS`` (how long each run works, ``--task-ms``).
 Each run of ``demo.ping`` records ``HINCRBY <prefix>:runs <id> 1`` and
 ``RPUSH <prefix>:lateness <start - due in ms>``.
 """
@@ -21,6 +22,7 @@ from .task import DelayedTask
 URL = os.environ.get("DELAYQ_DEMO_URL", "redis://127.0.0.1:6379/0")
 PREFIX = os.environ.get("DELAYQ_DEMO_PREFIX", "delayq-demo")
 QUEUE = os.environ.get("DELAYQ_DEMO_QUEUE", "delayq-demo")
+TASK_S = float(os.environ.get("DELAYQ_DEMO_TASK_MS", "0")) / 1000.0
 
 app = Celery("delayq_demo", broker=URL, set_as_current=False)
 app.conf.update(
@@ -53,3 +55,5 @@ def ping(self: Any, n: int) -> None:
     if due is not None:
         pipe.rpush(f"{PREFIX}:lateness", round((start - float(due)) * 1000.0, 3))
     pipe.execute()
+    if TASK_S > 0:
+        time.sleep(TASK_S)  # the job's "work", after its start was recorded

@@ -7,7 +7,14 @@ point once. Each tick runs the parent's tick (for entries that cannot be
 stored, kept in memory), then one dispatcher pass (claim, publish,
 ack), then sleeps on the wake subscription until the next due job, the next
 ``beat_schedule`` entry or ``delayq_max_sleep``, whichever comes first. Any
-number of beats may run at once.
+number of beats may run at once. A ``beat_schedule`` entry may give its schedule
+as a cron string (``"30 2 * * *"``), which Celery's own entries cannot hold: it goes
+to Redis only.
+
+A bad ``delayq_*`` setting or a malformed cron string in ``beat_schedule`` stops the
+beat as it starts with one line, ``Error: delayq: ...`` (:class:`BeatConfigurationError`),
+naming the setting as the configuration spells it (``CELERY_DELAYQ_URL`` under
+Django's ``CELERY`` namespace).
 
 When Redis is unreachable the tick logs one line and backs off (0.5 s,
 doubling to 10 s) instead of crashing the beat; claimed jobs it could not ack
@@ -22,16 +29,21 @@ beat removes its heartbeat from ``<prefix>:beats``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
+import click
 from celery import beat
 from kombu.exceptions import OperationalError
 
 from .api import get_store
+from .config import DelayQConfig
 from .dispatch import Dispatcher
+from .exceptions import ConfigurationError, ScheduleError
+from .rules import Rule, parse_rule
 from .store import REDIS_ERRORS
 
-__all__ = ["Scheduler"]
+__all__ = ["BeatConfigurationError", "Scheduler"]
 
 logger = logging.getLogger("celery_delayq.scheduler")
 
@@ -39,10 +51,40 @@ _BACKOFF_START = 0.5
 _BACKOFF_MAX = 10.0
 
 
+class BeatConfigurationError(ConfigurationError, click.ClickException):
+    """A bad ``delayq_*`` setting found as the beat starts.
+
+    Also a :class:`click.ClickException`, so ``celery beat`` (a click program) ends with
+    one line, ``Error: delayq: <the problem>``, and exit code 1, instead of a traceback.
+    """
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+
+
+def _rule_entries(entries: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ``beat_schedule`` entries whose schedule is a cron string or a delayq rule."""
+    return {
+        name: dict(entry)
+        for name, entry in entries.items()
+        if isinstance(entry, Mapping) and isinstance(entry.get("schedule"), str | Rule)
+    }
+
+
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
     """Celery beat scheduler that delivers delayq jobs (and still runs ``beat_schedule``)."""
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        try:  # before Celery prints its banner (which shows self.info) or sets up anything
+            DelayQConfig.from_app(app)
+        except ConfigurationError as exc:
+            raise BeatConfigurationError(f"delayq: {exc}") from None
+        self._rule_entries = _rule_entries(app.conf.beat_schedule or {})
+        for name, entry in self._rule_entries.items():
+            try:
+                parse_rule(entry["schedule"], app.conf.timezone or "UTC")
+            except ScheduleError as exc:
+                raise BeatConfigurationError(f"delayq: beat_schedule entry {name!r}: {exc}") from None
         self.dispatcher: Dispatcher | None = None
         self._config_synced = False
         self._config_entries: dict[str, Any] | None = None
@@ -81,6 +123,15 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                     exc,
                 )
 
+    def merge_inplace(self, b: Any) -> None:
+        """Celery's merge of ``beat_schedule``, without the entries only delayq can run.
+
+        Celery's ``ScheduleEntry`` cannot hold a cron string (``"0 7 * * *"``) or a delayq
+        rule; those entries go straight to the Redis schedule store in :meth:`_sync_config`.
+        """
+        self._rule_entries = _rule_entries(b)
+        super().merge_inplace({name: entry for name, entry in b.items() if name not in self._rule_entries})
+
     def _sync_config(self) -> None:
         """Move ``beat_schedule`` entries into the Redis schedule store (once per beat start).
 
@@ -88,17 +139,16 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         schedule class) stay in this beat's memory and fire from every beat, as
         with Celery's own scheduler; a warning says which.
         """
-        from .exceptions import ScheduleError
-        from .rules import parse_rule
         from .schedules import Schedules
 
         if self._config_entries is None:
-            self._config_entries = dict(self.schedule)
+            self._config_entries = {**self.schedule, **self._rule_entries}
         storable: dict[str, Any] = {}
         in_memory: dict[str, Any] = {}
         for name, entry in self._config_entries.items():
+            schedule = entry["schedule"] if isinstance(entry, dict) else entry.schedule
             try:
-                parse_rule(entry.schedule, self.app.conf.timezone or "UTC")
+                parse_rule(schedule, self.app.conf.timezone or "UTC")
             except ScheduleError as exc:
                 in_memory[name] = entry
                 logger.warning(

