@@ -166,6 +166,9 @@ def test_apply_at_refuses_a_naive_time_where_the_app_zone_is_not_utc(
     assert snapshot_of(app) == before
     res = add.apply_at(datetime(2031, 1, 1, 12, tzinfo=ZoneInfo("Europe/Berlin")), (1, 2))  # aware: fine
     assert res.due == datetime(2031, 1, 1, 11, tzinfo=UTC)
+    with pytest.raises(InvalidDueTime, match="naive"):
+        res.reschedule(datetime(2031, 1, 1, 12))
+    assert res.due == datetime(2031, 1, 1, 11, tzinfo=UTC)
 
 
 def test_apply_at_reads_a_naive_time_as_utc_in_a_utc_app(app_factory: AppFactory) -> None:
