@@ -69,6 +69,7 @@ __all__ = [
     "Envelope",
     "build_envelope",
     "build_envelopes",
+    "celery_naive_as_utc",
     "decode_envelope",
     "due_ms_from_delay",
     "due_ms_from_eta",
@@ -118,15 +119,51 @@ def _check_ms(ms: float, what: str) -> int:
     return round(ms)
 
 
-def due_ms_from_eta(eta: Any, app: Any) -> int:
-    """Milliseconds since the epoch for an ``apply_at`` due time.
+def celery_naive_as_utc(value: Any) -> Any:
+    """``value`` (an ``eta`` or ``expires`` given to ``apply_async``) as Celery reads it.
+
+    Celery's worker reads a naive datetime, or an ISO-8601 string without an
+    offset, as UTC, whatever ``timezone`` and ``enable_utc`` say
+    (``maybe_make_aware(..., naive_as_utc=True)`` in ``celery.worker.request``;
+    the same in Celery 5.4 to 5.7). Such a value comes back aware, in UTC;
+    anything else comes back as it is.
+
+    >>> celery_naive_as_utc(datetime(2030, 1, 1, 9)).isoformat()
+    '2030-01-01T09:00:00+00:00'
+    >>> celery_naive_as_utc("2030-01-01T09:00:00").isoformat()
+    '2030-01-01T09:00:00+00:00'
+    >>> celery_naive_as_utc("2030-01-01T09:00:00+01:00")
+    '2030-01-01T09:00:00+01:00'
+    """
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return value  # due_ms_from_eta says what is wrong with it
+    if isinstance(parsed, datetime) and (parsed.tzinfo is None or parsed.utcoffset() is None):
+        return parsed.replace(tzinfo=UTC)
+    return value
+
+
+def due_ms_from_eta(eta: Any, app: Any, *, naive_in_zone: bool = True) -> int:
+    """Milliseconds since the epoch for a due time.
 
     ``eta`` is an aware ``datetime``, a UNIX timestamp in seconds (int or
-    float), or an ISO-8601 string. A naive datetime (or string) follows
-    Celery's rule for ``eta``: it is read in the app's timezone
-    (``app.conf.timezone``; UTC when unset and ``enable_utc`` is on, the
-    default). When ``enable_utc`` is off and no ``timezone`` is set, Celery
-    would read it as the machine's local time; delayq refuses it instead.
+    float), or an ISO-8601 string. A naive datetime (or string without an
+    offset) is read:
+
+    * with ``naive_in_zone`` (the command line, Spark): in the app's timezone
+      (``app.conf.timezone``; UTC when unset and ``enable_utc`` is on, the
+      default). When ``enable_utc`` is off and no ``timezone`` is set, it could
+      only mean this machine's local time: refused.
+    * without it (``apply_at`` and the :class:`~celery_delayq.DelayQ` API): as
+      UTC, Celery's rule for a naive ``eta``, when the app's timezone is UTC
+      (where every reading agrees); refused otherwise, since there the app's
+      zone and Celery's rule name different instants.
+
+    An intercepted ``apply_async(eta=...)`` first makes a naive value aware
+    by Celery's rule (:func:`celery_naive_as_utc`).
 
     >>> from celery import Celery
     >>> due_ms_from_eta(1_700_000_000.5, Celery())
@@ -152,19 +189,33 @@ def due_ms_from_eta(eta: Any, app: Any) -> int:
             f"eta must be an aware datetime or a UNIX timestamp in seconds, got {type(eta).__name__}"
         )
     if eta.tzinfo is None or eta.tzinfo.utcoffset(eta) is None:
-        conf = app.conf
+        eta = eta.replace(tzinfo=_naive_zone(eta, app, naive_in_zone))
+    try:
+        seconds = eta.timestamp()
+    except (OverflowError, ValueError, OSError) as exc:
+        raise InvalidDueTime(f"eta {eta!r} is out of range") from exc
+    return _check_ms(seconds * 1000.0, "eta")
+
+
+def _naive_zone(eta: datetime, app: Any, in_zone: bool) -> Any:
+    """The zone a naive ``eta`` is read in (see :func:`due_ms_from_eta`), or InvalidDueTime."""
+    conf = app.conf
+    if in_zone:
         if not conf.timezone and not conf.enable_utc:
             raise InvalidDueTime(
                 f"naive datetime {eta.isoformat()} refused: enable_utc is off and no timezone is "
                 "set, so it could only mean this machine's local time; pass an aware datetime "
                 "or set app.conf.timezone"
             )
-        eta = eta.replace(tzinfo=app.timezone)
-    try:
-        seconds = eta.timestamp()
-    except (OverflowError, ValueError, OSError) as exc:
-        raise InvalidDueTime(f"eta {eta!r} is out of range") from exc
-    return _check_ms(seconds * 1000.0, "eta")
+        return app.timezone
+    if (app.uses_utc_timezone() if conf.timezone else conf.enable_utc):
+        return UTC  # (the local zone is refused even on a machine in UTC: the same code elsewhere is not)
+    zone = conf.timezone or "this machine's local time (enable_utc is off, no timezone set)"
+    raise InvalidDueTime(
+        f"naive datetime {eta.isoformat()} refused: Celery reads a naive eta as UTC, but this "
+        f"app's timezone is {zone}, so it is ambiguous; pass an aware datetime "
+        "(tzinfo=ZoneInfo(...) or timezone.utc) or a UNIX timestamp"
+    )
 
 
 def due_ms_from_delay(delay: Any, now_ms: int | None = None) -> int:
@@ -201,7 +252,7 @@ def _expires_ms(expires: Any, due_ms: int, app: Any) -> int | None:
             raise InvalidOptions(f"expires must be a finite number of seconds >= 0, got {expires!r}")
         return due_ms + int(expires * 1000)
     try:
-        return due_ms_from_eta(expires, app)
+        return due_ms_from_eta(expires, app, naive_in_zone=False)
     except InvalidDueTime as exc:
         raise InvalidOptions(f"expires: {exc}") from exc
 

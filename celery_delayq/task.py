@@ -21,6 +21,7 @@ from .exceptions import InvalidOptions
 from .message import (
     app_state,
     build_envelopes,
+    celery_naive_as_utc,
     due_ms_from_delay,
     due_ms_from_eta,
     ms_to_datetime,
@@ -53,7 +54,7 @@ class DelayQTaskMixin:
         the result has ``created=False``; pass ``replace=True`` to overwrite it.
         """
         app = self._delayq_app()
-        due_ms = due_ms_from_eta(eta, app)
+        due_ms = due_ms_from_eta(eta, app, naive_in_zone=False)
         return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
 
     def apply_in(self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
@@ -70,7 +71,9 @@ class DelayQTaskMixin:
         if options.get("task_id") is not None:
             raise InvalidOptions("apply_at_many generates one task id per job; task_id is not allowed")
         app = self._delayq_app()
-        prepared = [(due_ms_from_eta(eta, app), args, kwargs) for eta, args, kwargs in items]
+        prepared = [
+            (due_ms_from_eta(eta, app, naive_in_zone=False), args, kwargs) for eta, args, kwargs in items
+        ]
         return self._delayq_schedule(prepared, options)
 
     def _delayq_schedule(
@@ -118,8 +121,11 @@ class DelayQTaskMixin:
                 # As in Celery, a countdown <= 0 (or an eta in the past) means "run at once".
                 # (Clamp with a comparison, not max(): max(0.0, nan) is 0.0, and NaN must be refused.)
                 seconds = float(countdown or 0)
+                # A naive eta or expires is UTC, as Celery's worker reads it.
+                if options.get("expires") is not None:
+                    options["expires"] = celery_naive_as_utc(options["expires"])
                 due_ms = (
-                    due_ms_from_eta(eta, app)
+                    due_ms_from_eta(celery_naive_as_utc(eta), app)
                     if eta is not None
                     else due_ms_from_delay(0.0 if seconds < 0 else seconds)
                 )

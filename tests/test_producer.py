@@ -143,18 +143,63 @@ def test_apply_in(app: Celery, delay: Any, seconds: float) -> None:
     assert job is not None and job.kwargs == {"x": 1, "y": 2} and job.args == []
 
 
-def test_naive_datetime_uses_the_app_timezone(app_factory: AppFactory) -> None:
-    app = app_factory(timezone="Europe/Berlin")
-    res = app.tasks["t.add"].apply_at(datetime(2031, 1, 1, 12), (1, 2))
-    assert res.due == datetime(2031, 1, 1, 11, tzinfo=UTC)  # CET is UTC+1 in January
-    res = app.tasks["t.add"].apply_at("2031-07-01T12:00:00", (1, 2))
-    assert res.due == datetime(2031, 7, 1, 10, tzinfo=UTC)  # CEST is UTC+2 in July
+@pytest.mark.parametrize(
+    "conf", [{"timezone": "Europe/Berlin"}, {"timezone": "America/New_York", "enable_utc": False}]
+)
+def test_apply_at_refuses_a_naive_time_where_the_app_zone_is_not_utc(
+    app_factory: AppFactory, conf: Any
+) -> None:
+    """Celery reads a naive eta as UTC (tests/test_naive_eta.py); delayq used to read it in the
+    app's zone. Where the two differ, apply_at refuses a naive time rather than move it."""
+    app = app_factory(**conf)
+    add = app.tasks["t.add"]
+    before = snapshot_of(app)
+    for naive in (datetime(2031, 1, 1, 12), "2031-07-01T12:00:00"):
+        with pytest.raises(InvalidDueTime, match="Celery reads a naive eta as UTC, but this app's timezone"):
+            add.apply_at(naive, (1, 2))
+        with pytest.raises(InvalidDueTime, match="naive"):
+            add.apply_at_many([(naive, (1, 2), None)])
+        with pytest.raises(InvalidOptions, match="expires: naive"):
+            add.apply_at(datetime(2031, 1, 1, tzinfo=UTC), (1, 2), expires=naive)
+        with pytest.raises(InvalidDueTime, match="naive"):
+            DelayQ(app).reschedule("any", naive)
+    assert snapshot_of(app) == before
+    res = add.apply_at(datetime(2031, 1, 1, 12, tzinfo=ZoneInfo("Europe/Berlin")), (1, 2))  # aware: fine
+    assert res.due == datetime(2031, 1, 1, 11, tzinfo=UTC)
+    with pytest.raises(InvalidDueTime, match="naive"):
+        res.reschedule(datetime(2031, 1, 1, 12))
+    assert res.due == datetime(2031, 1, 1, 11, tzinfo=UTC)
 
 
-def test_naive_datetime_with_timezone_and_enable_utc_off(app_factory: AppFactory) -> None:
-    app = app_factory(timezone="America/New_York", enable_utc=False)
-    res = app.tasks["t.add"].apply_at(datetime(2031, 1, 1, 12), (1, 2))
-    assert res.due == datetime(2031, 1, 1, 12, tzinfo=ZoneInfo("America/New_York"))
+def test_apply_at_reads_a_naive_time_as_utc_in_a_utc_app(app_factory: AppFactory) -> None:
+    for conf in ({}, {"timezone": "UTC"}, {"timezone": "UTC", "enable_utc": False}):
+        app = app_factory(**conf)
+        res = app.tasks["t.add"].apply_at(datetime(2031, 1, 1, 12), (1, 2), expires=datetime(2031, 1, 2))
+        assert res.due == datetime(2031, 1, 1, 12, tzinfo=UTC)
+        envelope = decode_envelope(get_store(app).get(res.id).envelope)
+        assert envelope.expires_ms == ms(datetime(2031, 1, 2, tzinfo=UTC))
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"timezone": "Europe/Paris"},
+        {"timezone": "America/New_York", "enable_utc": False},
+        {"enable_utc": False},
+        {},
+    ],
+)
+def test_intercepted_naive_eta_and_expires_are_utc_as_in_celery(app_factory: AppFactory, conf: Any) -> None:
+    """The issue's case: ``apply_async(eta=utcnow() + 600 s)`` with timezone Europe/Paris."""
+    app = app_factory(delayq_intercept_eta=True, **conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    naive = now.replace(tzinfo=None) + timedelta(seconds=600)
+    res = app.tasks["t.add"].apply_async((1, 2), eta=naive, expires=naive + timedelta(seconds=60))
+    assert res.due == now + timedelta(seconds=600)
+    envelope = decode_envelope(get_store(app).get(res.id).envelope)
+    assert envelope.expires_ms == ms(now + timedelta(seconds=660))
+    res = app.tasks["t.add"].apply_async((1, 2), eta=naive.isoformat())
+    assert res.due == now + timedelta(seconds=600)
 
 
 def test_past_eta_is_stored_as_is_and_claimed_at_once(app: Celery, r: redis.Redis) -> None:

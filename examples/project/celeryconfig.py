@@ -14,7 +14,7 @@ URL = os.environ.get("DELAYQ_EXAMPLE_URL", "redis://127.0.0.1:6379/0")
 broker_url = URL
 broker_connection_retry_on_startup = True
 task_ignore_result = True  # the tasks record what they did themselves
-timezone = "UTC"  # naive datetimes are read in it; schedules without tz= use it
+timezone = "UTC"  # schedules without tz= use it; apply_at takes naive datetimes (as UTC) only here
 imports = ("examples.project.tasks",)
 
 # -- celery-delayq -------------------------------------------------------------------------------
