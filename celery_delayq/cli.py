@@ -9,7 +9,9 @@ value); 3 the store cannot be used (Redis unreachable, a bad ``delayq_url`` or
 another bad ``delayq_*`` setting).
 
 Times on the command line are ISO-8601 (a naive one is read in the app's
-timezone, as ``apply_at`` reads it), UNIX seconds, ``now``, or relative to now:
+timezone: a person at a terminal types wall-clock times; ``apply_at`` instead reads a
+naive time as UTC as Celery does, and refuses one where the app's zone is not UTC), UNIX
+seconds, ``now``, or relative to now:
 
 >>> parse_when("+1h30m", app=None, now_ms=0), parse_when("-90s", app=None, now_ms=100_000)
 (5400000, 10000)
@@ -124,7 +126,8 @@ def parse_duration(text: str) -> int:
 def parse_when(text: str, app: Any, now_ms: int | None = None) -> int:
     """Milliseconds since the epoch of a time given on the command line: ``now``; ``+10m`` /
     ``-1h`` (relative to now, units as :func:`parse_duration`); UNIX seconds; or ISO-8601
-    (naive: in the app's timezone, as ``apply_at`` reads it). ``ValueError`` says what is wrong.
+    (naive: in the app's timezone, unlike ``apply_at``, which reads it as UTC as Celery does).
+    ``ValueError`` says what is wrong.
 
     >>> from celery import Celery
     >>> parse_when("2026-12-01T09:00:00+01:00", Celery()), parse_when("1700000000.5", Celery())
