@@ -85,6 +85,10 @@ DUE_HEADER = "delayq_due"
 # The latest due time accepted: the last millisecond of year 9999 (datetime's limit).
 MAX_DUE_MS = 253_402_300_799_999
 
+#: ``apply_async`` options naming a transport object. apply_at refuses them; the intercepted
+#: ``apply_async`` drops them (Celery's canvas passes its producer to every member).
+TRANSPORT_OPTIONS = ("producer", "connection", "publisher")
+
 # Options apply_async takes that make no sense for a stored job.
 _REFUSED = {
     "producer": "a producer cannot be stored; the beat publishes with its own",
