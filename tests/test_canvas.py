@@ -234,3 +234,24 @@ def test_eager_mode_runs_at_once(capp: Celery) -> None:
     result = celery_delayq.apply_in(group(add.s(1, 1), add.s(2, 2)), 60)
     assert result.get() == [2, 4]
     assert DelayQ(capp).count() == 0
+
+
+@pytest.mark.parametrize("shape", ["group_of_chains", "chain_from_a_group", "chunks", "map"])
+def test_apply_at_nested_and_builtin_canvases_publish_nothing_now(capp: Celery, shape: str) -> None:
+    add = capp.tasks["c.add"]
+    plain = capp.tasks["c.plain"]
+    if shape == "group_of_chains":
+        sig: Any = group(chain(add.s(1, 1), add.s(2)), chain(add.s(3, 3), add.s(4)))
+        expected = 2  # the first task of each chain
+    elif shape == "chain_from_a_group":
+        sig = chain(group(add.s(1, 1), add.s(2, 2)), plain.s())  # Celery makes it a chord
+        expected = 2
+    elif shape == "chunks":
+        sig = add.chunks(zip(range(4), range(4), strict=True), 2)
+        expected = 1  # one celery.chunks message: the worker splits it
+    else:
+        sig = plain.map([1, 2, 3])
+        expected = 1  # one celery.map message
+    celery_delayq.apply_in(sig, 60)
+    assert broker_queue_length(capp) == 0
+    assert DelayQ(capp).count() == expected
