@@ -32,13 +32,16 @@ celery_delayq.exceptions.InvalidOptions: option 'countdown' conflicts with the d
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any
 
+from celery.backends.redis import RedisBackend
 from celery.canvas import Signature, _chain, _chord, group
 
 from .api import get_store
 from .config import DelayQConfig
-from .exceptions import UnknownTask
+from .exceptions import InvalidOptions, UnknownTask
 from .message import (
     TRANSPORT_OPTIONS,
     _clean_options,
@@ -96,6 +99,7 @@ class _Jobs:
         self.max_payload = DelayQConfig.from_app(app).max_payload
         self.jobs: list[tuple[str, int, str]] = []
         self.names: list[str] = []
+        self.chord = False  # a job is a chord's header member
 
     def add(self, task: Any, args: Any, kwargs: Any, task_id: Any, options: dict[str, Any]) -> Any:
         for name in TRANSPORT_OPTIONS:  # Celery's canvas passes its producer to each member
@@ -108,6 +112,7 @@ class _Jobs:
             max_payload=self.max_payload, state=self.state,
         )[0]  # fmt: skip
         self.jobs.append((job_id, self.due_ms, envelope))
+        self.chord = self.chord or options.get("chord") is not None
         self.names.append(task.name)
         return task.AsyncResult(job_id)
 
@@ -136,11 +141,8 @@ class _Deferred:
 
 
 def _retyped(sig: Any, jobs: _Jobs) -> Any:
-    """A clone of ``sig`` whose every task is :class:`_Deferred`.
-
-    A signature's task is the one it was made with (``Signature(task_object)``
-    keeps it as its type, and clones keep it), else ``app.tasks[name]``.
-    """
+    """A clone of ``sig`` whose every task is :class:`_Deferred`: Celery's canvas code, run on
+    it, calls ``_Deferred.apply_async`` wherever it would publish a task message."""
     app = jobs.app
     if isinstance(sig, dict) and not isinstance(sig, Signature):
         sig = Signature.from_dict(sig, app=app)
@@ -159,7 +161,7 @@ def _retyped(sig: Any, jobs: _Jobs) -> Any:
         return new
     name = sig.task
     try:
-        task = sig._type or app.tasks[name]
+        task = sig.type  # the task object it was made with, else app.tasks[name]
     except KeyError:
         raise UnknownTask(
             f"task {name!r} is not registered in app {app.main!r}: import the module that "
@@ -168,6 +170,8 @@ def _retyped(sig: Any, jobs: _Jobs) -> Any:
     if isinstance(task, _Deferred):
         task = task._task
     new = sig.clone()
+    # What Signature(task_object) sets, and clones keep; set on the clone to keep its class
+    # (celery.map, celery.chunks, ... signatures have their own apply_async).
     new._type = _Deferred(task, jobs)
     return new
 
@@ -185,8 +189,35 @@ def _schedule(sig: Signature, due_ms: int, options: dict[str, Any]) -> Any:
     result = _retyped(sig, jobs).apply_async(**options)
     if not jobs.jobs:
         return result
+    if jobs.chord:
+        _check_chord_counter_lives(app, due_ms)
     statuses = get_store(app).enqueue(jobs.jobs, replace=replace)
     if isinstance(sig, _chain | group | _chord) or len(jobs.jobs) != 1:
         return result
     one: ScheduledResult = scheduled_results(app, jobs.names[0], [jobs.jobs[0][0]], statuses)[0]
     return one
+
+
+def _check_chord_counter_lives(app: Any, due_ms: int) -> None:
+    """Refuse a chord whose counter would expire before its header runs.
+
+    Celery's Redis result backend stores the chord's size when the chord is
+    sent, for ``result_chord_expires`` seconds (``result_expires`` when unset,
+    one day by default). A header member that finishes after that finds no
+    size, and the callback never runs.
+    """
+    backend = app.backend
+    if not isinstance(backend, RedisBackend):
+        return
+    lifetime = backend.chord_expires
+    if not lifetime:
+        return
+    seconds = lifetime.total_seconds() if isinstance(lifetime, timedelta) else float(lifetime)
+    ahead = (due_ms - time.time() * 1000.0) / 1000.0
+    if ahead >= seconds:
+        raise InvalidOptions(
+            f"chord due in {ahead:.0f} s, after result_chord_expires ({seconds:.0f} s): Celery's "
+            "Redis result backend would drop the chord's counter before its header runs, and the "
+            "callback would never run; raise result_chord_expires above the delay plus the "
+            "header's run time"
+        )

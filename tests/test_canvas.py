@@ -255,3 +255,13 @@ def test_apply_at_nested_and_builtin_canvases_publish_nothing_now(capp: Celery, 
     celery_delayq.apply_in(sig, 60)
     assert broker_queue_length(capp) == 0
     assert DelayQ(capp).count() == expected
+
+
+def test_apply_at_refuses_a_chord_due_after_the_result_backends_chord_expiry(capp: Celery) -> None:
+    capp.conf.result_chord_expires = 600
+    plain = capp.tasks["c.plain"]
+    with pytest.raises(InvalidOptions, match=r"chord due in \d+ s, after result_chord_expires \(600 s\)"):
+        celery_delayq.apply_in(chord([plain.s(1), plain.s(2)], plain.s()), 601)
+    assert DelayQ(capp).count() == 0
+    celery_delayq.apply_in(chord([plain.s(1), plain.s(2)], plain.s()), 590)
+    assert DelayQ(capp).count() == 2
