@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
 from .api import DelayQ, PendingJob
+from .canvas import apply_at, apply_in
 from .config import DelayQConfig
 from .exceptions import (
     ConfigurationError,
@@ -59,5 +60,7 @@ __all__ = [
     "UnknownTask",
     "UnsupportedServer",
     "__version__",
+    "apply_at",
+    "apply_in",
     "delayed_task",
 ]

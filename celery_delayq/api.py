@@ -138,7 +138,7 @@ class DelayQ:
         """:meth:`reschedule`, saying what happened: ``"moved"``, ``"delivering"`` (refused: a
         beat holds the job now) or ``"missing"``. A schedule's next point raises
         ``InvalidSchedule``."""
-        due_ms = due_ms_from_eta(eta, self.app, naive_in_zone=False)
+        due_ms = due_ms_from_eta(eta, self.app)
         self._refuse_schedule_point(job_id, "reschedule")
         code = self.store.reschedule(job_id, due_ms)
         return MOVED if code == RESCHEDULE_MOVED else DELIVERING if code == RESCHEDULE_HELD else MISSING
@@ -178,8 +178,8 @@ class DelayQ:
         ``start``/``end`` take what ``apply_at`` takes (datetime or timestamp).
         Jobs being delivered right now are included with state ``"leased"``.
         """
-        start_ms = due_ms_from_eta(start, self.app, naive_in_zone=False) if start is not None else None
-        end_ms = due_ms_from_eta(end, self.app, naive_in_zone=False) if end is not None else None
+        start_ms = due_ms_from_eta(start, self.app) if start is not None else None
+        end_ms = due_ms_from_eta(end, self.app) if end is not None else None
         seen = 0
         for record in self.store.scan(start_ms, end_ms):
             job = PendingJob.from_record(record)
@@ -204,7 +204,7 @@ class DelayQ:
         id); ``"stored"`` (refused: a job with this id is stored, waiting or being delivered);
         ``"no-envelope"`` (refused: the record holds no message)."""
         due_ms = (
-            int(time.time() * 1000) if eta is None else due_ms_from_eta(eta, self.app, naive_in_zone=False)
+            int(time.time() * 1000) if eta is None else due_ms_from_eta(eta, self.app)
         )
         code = self.store.requeue(job_id, due_ms)
         if code == REQUEUE_DONE:

@@ -147,7 +147,7 @@ def parse_when(text: str, app: Any, now_ms: int | None = None) -> int:
     if re.fullmatch(r"\d+(\.\d*)?|\.\d+", spec):
         when = float(spec)
     try:
-        return due_ms_from_eta(when, app)
+        return due_ms_from_eta(when, app, naive_in_zone=True)
     except (ScheduleError, ValueError, TypeError) as exc:
         raise ValueError(
             f"bad time {text!r} ({exc}): use ISO-8601 (2026-12-01T09:00:00+01:00), UNIX seconds, "

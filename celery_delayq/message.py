@@ -86,6 +86,10 @@ DUE_HEADER = "delayq_due"
 # The latest due time accepted: the last millisecond of year 9999 (datetime's limit).
 MAX_DUE_MS = 253_402_300_799_999
 
+#: ``apply_async`` options naming a transport object. apply_at refuses them; the intercepted
+#: ``apply_async`` drops them (Celery's canvas passes its producer to every member).
+TRANSPORT_OPTIONS = ("producer", "connection", "publisher")
+
 # Options apply_async takes that make no sense for a stored job.
 _REFUSED = {
     "producer": "a producer cannot be stored; the beat publishes with its own",
@@ -146,18 +150,18 @@ def celery_naive_as_utc(value: Any) -> Any:
     return value
 
 
-def due_ms_from_eta(eta: Any, app: Any, *, naive_in_zone: bool = True) -> int:
+def due_ms_from_eta(eta: Any, app: Any, *, naive_in_zone: bool = False) -> int:
     """Milliseconds since the epoch for a due time.
 
     ``eta`` is an aware ``datetime``, a UNIX timestamp in seconds (int or
     float), or an ISO-8601 string. A naive datetime (or string without an
     offset) is read:
 
-    * with ``naive_in_zone`` (the command line, Spark): in the app's timezone
+    * with ``naive_in_zone=True`` (the command line, Spark): in the app's timezone
       (``app.conf.timezone``; UTC when unset and ``enable_utc`` is on, the
       default). When ``enable_utc`` is off and no ``timezone`` is set, it could
       only mean this machine's local time: refused.
-    * without it (``apply_at`` and the :class:`~celery_delayq.DelayQ` API): as
+    * by default (``apply_at``, ``celery_delayq.apply_at`` and the :class:`~celery_delayq.DelayQ` API): as
       UTC, Celery's rule for a naive ``eta``, when the app's timezone is UTC
       (where every reading agrees); refused otherwise, since there the app's
       zone and Celery's rule name different instants.
@@ -252,7 +256,7 @@ def _expires_ms(expires: Any, due_ms: int, app: Any) -> int | None:
             raise InvalidOptions(f"expires must be a finite number of seconds >= 0, got {expires!r}")
         return due_ms + int(expires * 1000)
     try:
-        return due_ms_from_eta(expires, app, naive_in_zone=False)
+        return due_ms_from_eta(expires, app)
     except InvalidDueTime as exc:
         raise InvalidOptions(f"expires: {exc}") from exc
 

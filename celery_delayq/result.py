@@ -118,7 +118,7 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
 
         moved = DelayQ(self.app).reschedule(self.id, eta)
         if moved:
-            self.due = ms_to_datetime(due_ms_from_eta(eta, self.app, naive_in_zone=False))
+            self.due = ms_to_datetime(due_ms_from_eta(eta, self.app))
         return moved
 
     def __repr__(self) -> str:

@@ -443,7 +443,7 @@ class WriteStats:
 def _due_ms(value: Any, app: Any) -> int:
     if isinstance(value, Decimal):
         value = float(value)
-    return due_ms_from_eta(value, app)
+    return due_ms_from_eta(value, app, naive_in_zone=True)
 
 
 def _as_kwargs(value: Any, column: str) -> dict[str, Any]:
@@ -721,7 +721,7 @@ class ReadOptions:
             except ValueError:
                 number = value
             try:
-                bounds.append(due_ms_from_eta(number, app))
+                bounds.append(due_ms_from_eta(number, app, naive_in_zone=True))
             except InvalidDueTime as exc:
                 raise ConfigurationError(f"option {_spelled(name)}: {exc}") from None
         return cls(

@@ -19,6 +19,7 @@ from .api import get_store
 from .config import DelayQConfig
 from .exceptions import InvalidOptions
 from .message import (
+    TRANSPORT_OPTIONS,
     app_state,
     build_envelopes,
     celery_naive_as_utc,
@@ -30,7 +31,18 @@ from .message import (
 from .result import ScheduledResult
 from .store import ENQUEUE_KEPT
 
-__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task"]
+__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task", "scheduled_results"]
+
+
+def scheduled_results(
+    app: Any, task_name: str, ids: list[str], statuses: list[tuple[int, int]]
+) -> list[ScheduledResult]:
+    """The results of jobs ``ids`` of ``task_name`` from ``Store.enqueue``'s ``(status, due ms)``."""
+    done = [
+        (task_id, ms_to_datetime(stored_due), status != ENQUEUE_KEPT)
+        for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
+    ]
+    return ScheduledResult.many(done, app.backend, task_name, app)
 
 
 class DelayQTaskMixin:
@@ -54,7 +66,7 @@ class DelayQTaskMixin:
         the result has ``created=False``; pass ``replace=True`` to overwrite it.
         """
         app = self._delayq_app()
-        due_ms = due_ms_from_eta(eta, app, naive_in_zone=False)
+        due_ms = due_ms_from_eta(eta, app)
         return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
 
     def apply_in(self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
@@ -72,7 +84,7 @@ class DelayQTaskMixin:
             raise InvalidOptions("apply_at_many generates one task id per job; task_id is not allowed")
         app = self._delayq_app()
         prepared = [
-            (due_ms_from_eta(eta, app, naive_in_zone=False), args, kwargs) for eta, args, kwargs in items
+            (due_ms_from_eta(eta, app), args, kwargs) for eta, args, kwargs in items
         ]
         return self._delayq_schedule(prepared, options)
 
@@ -96,11 +108,7 @@ class DelayQTaskMixin:
             for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
         ]
         statuses = get_store(app).enqueue(jobs, replace=replace)
-        done = [
-            (task_id, ms_to_datetime(stored_due), status != ENQUEUE_KEPT)
-            for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
-        ]
-        return ScheduledResult.many(done, app.backend, self.name, app)
+        return scheduled_results(app, self.name, ids, statuses)
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
@@ -129,6 +137,11 @@ class DelayQTaskMixin:
                     if eta is not None
                     else due_ms_from_delay(0.0 if seconds < 0 else seconds)
                 )
+                # Celery's canvas (group, chord) passes its own producer to every member: the
+                # job is published later by the beat's, so transport objects are dropped here.
+                # (apply_at still refuses them: there the caller passed them on purpose.)
+                for name in TRANSPORT_OPTIONS:
+                    options.pop(name, None)
                 options["replace"] = True
                 options["task_id"] = task_id
                 return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]

@@ -29,8 +29,8 @@ def test_readme_quickstart_runs_against_a_real_redis(redis_url: str) -> None:
     namespace: dict[str, Any] = {"__name__": "readme_quickstart"}
     exec(compile(code, "README.md:quickstart", "exec"), namespace)
     dq = namespace["dq"]
-    # apply_at (rescheduled) + apply_in (cancelled) + idempotent id + 1000 bulk
-    assert dq.count() == 1 + 1000 + 1
+    # apply_at (rescheduled) + apply_in (cancelled) + idempotent id + 1000 bulk + a group of 3
+    assert dq.count() == 1 + 1000 + 1 + 3
     assert dq.get(namespace["later"].id) is None
     assert dq.get("reminder:7:2026-12-01") is not None
     # The opening snippet runs too, with the quickstart's task.
@@ -39,7 +39,7 @@ def test_readme_quickstart_runs_against_a_real_redis(redis_url: str) -> None:
         "from datetime import datetime, timedelta\nfrom zoneinfo import ZoneInfo\nuser_id = 1\n" + intro,
         namespace,
     )
-    assert dq.count() == 1002 + 2
+    assert dq.count() == 1005 + 2
     # The recurring-schedules snippet runs in the same namespace.
     recurring = README.split("Recurring schedules live in Redis", 1)[1]
     code = re.search(r"```python\n(.*?)```", recurring, flags=re.S).group(1)  # type: ignore[union-attr]
