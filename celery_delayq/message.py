@@ -150,6 +150,30 @@ def celery_naive_as_utc(value: Any) -> Any:
     return value
 
 
+def celery_expires(value: Any, now: datetime | None = None) -> Any:
+    """An ``expires`` given to an intercepted ``apply_async``, as Celery reads it.
+
+    Celery counts a number of seconds from the call, not from the due time
+    (``as_task_v2``), so a task due in an hour with ``expires=600`` expires
+    before it is due; it comes back as that absolute, aware time. A naive
+    datetime (or ISO string) is UTC (:func:`celery_naive_as_utc`). Anything
+    else comes back as it is, for :func:`build_envelopes` to check.
+
+    >>> celery_expires(600, now=datetime(2030, 1, 1, tzinfo=UTC)).isoformat()
+    '2030-01-01T00:10:00+00:00'
+    >>> celery_expires(None) is None
+    True
+    """
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 <= value < 1e10
+    ):
+        return (now or datetime.now(UTC)) + timedelta(seconds=value)
+    return celery_naive_as_utc(value)
+
+
 def due_ms_from_eta(eta: Any, app: Any, *, naive_in_zone: bool = False) -> int:
     """Milliseconds since the epoch for a due time.
 

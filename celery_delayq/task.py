@@ -22,6 +22,7 @@ from .message import (
     TRANSPORT_OPTIONS,
     app_state,
     build_envelopes,
+    celery_expires,
     celery_naive_as_utc,
     due_ms_from_delay,
     due_ms_from_eta,
@@ -126,17 +127,16 @@ class DelayQTaskMixin:
             if config.intercept_eta:
                 options.pop("eta", None)
                 options.pop("countdown", None)
-                # As in Celery, a countdown <= 0 (or an eta in the past) means "run at once".
-                # (Clamp with a comparison, not max(): max(0.0, nan) is 0.0, and NaN must be refused.)
-                seconds = float(countdown or 0)
-                # A naive eta or expires is UTC, as Celery's worker reads it.
-                if options.get("expires") is not None:
-                    options["expires"] = celery_naive_as_utc(options["expires"])
-                due_ms = (
-                    due_ms_from_eta(celery_naive_as_utc(eta), app)
-                    if eta is not None
-                    else due_ms_from_delay(0.0 if seconds < 0 else seconds)
-                )
+                options["expires"] = celery_expires(options.get("expires"))
+                # As in Celery (as_task_v2), a non-zero countdown wins over eta, and a countdown
+                # <= 0 (or an eta in the past) means "run at once". (Clamp with a comparison, not
+                # max(): max(0.0, nan) is 0.0, and NaN must be refused.)
+                if countdown:
+                    seconds = float(countdown)
+                    due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds)
+                else:
+                    # A naive eta is UTC, as Celery's worker reads it.
+                    due_ms = due_ms_from_eta(celery_naive_as_utc(eta), app)
                 # Celery's canvas (group, chord) passes its own producer to every member: the
                 # job is published later by the beat's, so transport objects are dropped here.
                 # (apply_at still refuses them: there the caller passed them on purpose.)

@@ -202,6 +202,42 @@ def test_intercepted_naive_eta_and_expires_are_utc_as_in_celery(app_factory: App
     assert res.due == now + timedelta(seconds=600)
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"countdown": 600, "eta": datetime(2030, 1, 1, tzinfo=UTC)},
+        {"countdown": 600, "expires": 300},
+        {"countdown": 3600, "expires": 7200.5},
+        {"eta": datetime(2030, 1, 1, tzinfo=UTC), "expires": 60},
+        {"countdown": -5, "eta": datetime(2030, 1, 1, tzinfo=UTC), "expires": 60},
+    ],
+    ids=["countdown-and-eta", "expires-before-due", "expires-after-due", "eta-and-expires",
+         "negative-countdown"],
+)
+def test_intercepted_eta_countdown_expires_match_celerys_own_message(
+    app_factory: AppFactory, given: dict[str, Any]
+) -> None:
+    """The due time and expiry of an intercepted call are the ``eta``/``expires`` Celery itself puts
+    in the message (``as_task_v2``): a non-zero countdown wins over eta, and a number of seconds of
+    ``expires`` counts from the call, not from the due time."""
+    app = app_factory(delayq_intercept_eta=True)
+    celery_message = app.amqp.as_task_v2("x" * 36, "t.add", (1, 2), {}, **given)
+    celery_eta = datetime.fromisoformat(celery_message.headers["eta"])
+    celery_expires = celery_message.headers["expires"]
+    res = app.tasks["t.add"].apply_async((1, 2), **given)
+    if given.get("countdown", 0) < 0:
+        # Celery's eta is already past: the worker runs it at once; delayq stores it due now.
+        assert celery_eta <= datetime.now(UTC) and res.due <= datetime.now(UTC)
+    else:
+        assert abs((res.due - celery_eta).total_seconds()) < 5
+    envelope = decode_envelope(get_store(app).get(res.id).envelope)
+    if "expires" not in given:
+        assert celery_expires is None and envelope.expires_ms is None
+        return
+    assert celery_expires is not None and envelope.expires_ms is not None
+    assert abs(envelope.expires_ms - ms(datetime.fromisoformat(celery_expires))) < 5000
+
+
 def test_past_eta_is_stored_as_is_and_claimed_at_once(app: Celery, r: redis.Redis) -> None:
     past = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
     res = app.tasks["t.add"].apply_at(past, (1, 2))
