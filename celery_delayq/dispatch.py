@@ -44,6 +44,7 @@ from kombu.common import Broadcast
 from kombu.exceptions import BatchPublishError, EncodeError
 
 from .api import get_store
+from .config import setting_name
 from .lateness import Histogram, tally
 from .lateness import key_for as lateness_key
 from .message import DUE_HEADER, Envelope, decode_envelope, publish
@@ -338,7 +339,8 @@ class Dispatcher:
                             self._bury(
                                 job,
                                 f"task {envelope.task!r} is not registered in the beat's app "
-                                "(import its module in the beat, or set delayq_dead_letter_unknown=False)",
+                                "(import its module in the beat, or set "
+                                f"{setting_name(self.app, 'delayq_dead_letter_unknown')}=False)",
                                 envelope,
                             )
                             continue
@@ -871,7 +873,7 @@ class Dispatcher:
             return self.metrics.port
         port = self.config.metrics_port if port is None else port
         if port is None:
-            raise ValueError("no port: set delayq_metrics_port")
+            raise ValueError(f"no port: set {setting_name(self.app, 'delayq_metrics_port')}")
         self.metrics = MetricsServer(self, port, addr or self.config.metrics_addr)
         return self.metrics.port
 

@@ -49,7 +49,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from .config import DEFAULTS, DelayQConfig
+from .config import DEFAULTS, DelayQConfig, setting_name
 from .exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
 from .message import (
     MAX_DUE_MS,
@@ -208,7 +208,8 @@ class StoreOptions:
         for name, given, own in (("prefix", self.prefix, base.prefix), ("shards", self.shards, base.shards)):
             if given is not None and given != own:
                 raise ConfigurationError(
-                    f"option {name}={given!r} does not match delayq_{name}={own!r} of app {self.app!r}: "
+                    f"option {name}={given!r} does not match "
+                    f"{setting_name(app, 'delayq_' + name)}={own!r} of app {self.app!r}: "
                     "jobs written with another prefix or shard count are never seen by its beats"
                 )
         values = {f"delayq_{name}": getattr(base, name) for name in _CONFIG_NAMES}
