@@ -28,6 +28,7 @@ from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.message import build_envelope, decode_envelope, due_iso
+from celery_delayq.schedules import Schedules, point_id
 from celery_delayq.wire import WireTemplates, wire_message
 from tests.conftest import make_app
 
@@ -310,3 +311,24 @@ def test_the_atomic_path_needs_the_same_server_and_database(app_factory: AppFact
             assert (beat.wire, beat.stats.published) == (expected, 1), broker
             beat.close()
     redis.Redis.from_url(other_db).flushdb()
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+def test_with_publish_eta_a_schedule_point_carries_its_time_as_eta(
+    app_factory: AppFactory, r: redis.Redis, atomic: bool
+) -> None:
+    """A recurring schedule's point is published by the same code (kombu's
+    ``Producer.publish``, whatever the path of plain jobs): its ``eta`` is the point's time."""
+    application = app_factory(delayq_publish_eta=True, delayq_atomic_publish=atomic)
+    created = Schedules(application).add("every-second", application.tasks["t.add"], 1, (1,))
+    assert created.next_run is not None
+    due_ms = round(created.next_run.timestamp() * 1000)
+    time.sleep(max(0.0, due_ms / 1000 - time.time()) + 0.05)
+    dispatcher = Dispatcher(application)
+    dispatcher.run_once()
+    dispatcher.close()
+    assert dispatcher.stats.published == 1
+    ((_, [message]),) = take_lists(r).items()
+    assert message["headers"]["id"] == point_id("every-second", due_ms)
+    assert message["headers"]["eta"] == due_iso(due_ms)
+    assert message["headers"]["delayq_due"] == due_ms / 1000.0
