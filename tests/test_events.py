@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.events.state import State
 
 from celery_delayq import lateness
 from tests.conftest import Procs, subprocess_env, wait_for
@@ -91,6 +92,15 @@ def seconds(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
+def flower_etas(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each task's ``eta`` as Flower keeps it: in Celery's ``events.State``, whose
+    ``Task`` fields are what Flower's task page and ``/api/tasks`` show."""
+    state = State()
+    for event in events:
+        state.event(dict(event))
+    return {task_id: task.eta for task_id, task in state.tasks.items()}
+
+
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
 def test_task_received_event_of_a_delayq_job(
     procs: Procs, redis_url: str, r: redis.Redis, atomic: bool
@@ -104,7 +114,9 @@ def test_task_received_event_of_a_delayq_job(
         assert done, (received(events), procs.logs())
     got = received(events)
     starts = starts_by_id(r)
+    flower = flower_etas(events)
     for job in jobs:
+        assert flower[job.id] is None
         (event,) = got[job.id]
         due = job.due.timestamp()
         assert event["eta"] is None, event  # the worker runs it at once: nothing to hold
@@ -147,6 +159,9 @@ def test_with_publish_eta_flower_sees_the_due_time_and_the_worker_does_not_hold_
         assert wait_for(lambda: histogram() >= 4, 15, 0.1), histogram()
     got = received(events)
     starts = starts_by_id(r)
+    flower = flower_etas(events)
+    for job in jobs:
+        assert flower[job.id] == got[job.id][0]["eta"]  # what Flower shows as ETA
     for job in [*jobs, flaky]:
         due = job.due.timestamp()
         event = got[job.id][0]
