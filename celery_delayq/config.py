@@ -69,6 +69,10 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         False,
         "Workers record due -> start lateness of delayq messages in <prefix>:lateness:start.",
     ),
+    "delayq_publish_eta": (
+        False,
+        "Publish each job with eta = its due time, so that Flower and task-received events show it.",
+    ),
     "delayq_metrics_port": (
         None,
         "TCP port of the beat's Prometheus /metrics endpoint (1-65535); None: no endpoint.",
@@ -186,6 +190,7 @@ class DelayQConfig:
     cluster: bool = False
     wait_replicas: int = 0
     record_lateness: bool = False
+    publish_eta: bool = False
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
 
@@ -248,6 +253,7 @@ class DelayQConfig:
             cluster=cluster,
             wait_replicas=_number(n["delayq_wait_replicas"], get["delayq_wait_replicas"], int, 0),
             record_lateness=_flag(n["delayq_record_lateness"], get["delayq_record_lateness"]),
+            publish_eta=_flag(n["delayq_publish_eta"], get["delayq_publish_eta"]),
             metrics_port=_port(n["delayq_metrics_port"], get["delayq_metrics_port"]),
             metrics_addr=_address(n["delayq_metrics_addr"], get["delayq_metrics_addr"]),
         )

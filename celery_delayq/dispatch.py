@@ -47,7 +47,7 @@ from .api import get_store
 from .config import setting_name
 from .lateness import Histogram, tally
 from .lateness import key_for as lateness_key
-from .message import DUE_HEADER, Envelope, decode_envelope, publish
+from .message import DUE_HEADER, Envelope, decode_envelope, due_iso, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 from .store import REDIS_ERRORS, ClaimedJob, Store
 from .wire import WireTemplates, wire_message
@@ -405,7 +405,14 @@ class Dispatcher:
                 producer.publish(**kwargs)
             else:
                 envelope = self._declare_once(producer, envelope)
-                publish(self.app, producer, envelope, job.due_ms, now_ms=int(self.server_now_ms()))
+                publish(
+                    self.app,
+                    producer,
+                    envelope,
+                    job.due_ms,
+                    now_ms=int(self.server_now_ms()),
+                    with_eta=self.config.publish_eta,
+                )
         except errors as exc:
             # The broker is unreachable: keep the lease; the job is delivered again
             # when it expires. The caller stops this pass: the rest would fail too.
@@ -603,6 +610,8 @@ class Dispatcher:
         amqp, conf = self.app.amqp, self._conf
         headers = dict(envelope.headers)
         headers[DUE_HEADER] = due_ms / 1000.0
+        if self.config.publish_eta:
+            headers["eta"] = due_iso(due_ms)
         route = dict(envelope.route)
         extra = route.pop("headers", None)
         if extra:

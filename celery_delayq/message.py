@@ -71,6 +71,7 @@ __all__ = [
     "build_envelopes",
     "celery_naive_as_utc",
     "decode_envelope",
+    "due_iso",
     "due_ms_from_delay",
     "due_ms_from_eta",
     "ms_to_datetime",
@@ -111,6 +112,20 @@ def ms_to_datetime(ms: float) -> datetime:
     '2023-11-14T22:13:20+00:00'
     """
     return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def due_iso(due_ms: int) -> str:
+    """The ``eta`` header of a job due at ``due_ms`` (``delayq_publish_eta``): the UTC time,
+    exact to the millisecond, as Celery's ``as_task_v2`` writes an aware ``eta``
+    (``datetime.isoformat()``, so no fraction when it is a whole second).
+
+    >>> due_iso(1_700_000_000_123), due_iso(1_700_000_000_000)
+    ('2023-11-14T22:13:20.123000+00:00', '2023-11-14T22:13:20+00:00')
+    """
+    return (_EPOCH + timedelta(milliseconds=due_ms)).isoformat()
 
 
 def _check_ms(ms: float, what: str) -> int:
@@ -1272,10 +1287,20 @@ def _decode_v1(data: dict[str, Any]) -> Envelope:
     )
 
 
-def publish(app: Any, producer: Any, envelope: Envelope, due_ms: int, now_ms: int | None = None) -> None:
-    """Publish one job through Celery's ``send_task_message``, as ``apply_async`` would."""
+def publish(
+    app: Any,
+    producer: Any,
+    envelope: Envelope,
+    due_ms: int,
+    now_ms: int | None = None,
+    with_eta: bool = False,
+) -> None:
+    """Publish one job through Celery's ``send_task_message``, as ``apply_async`` would;
+    ``with_eta`` (``delayq_publish_eta``): with its due time as the message's ``eta``."""
     headers = dict(envelope.headers)
     headers[DUE_HEADER] = due_ms / 1000.0
+    if with_eta:
+        headers["eta"] = due_iso(due_ms)
     props = dict(envelope.props)
     route = dict(envelope.route)
     if envelope.expires_ms is not None:
@@ -1291,7 +1316,7 @@ def publish(app: Any, producer: Any, envelope: Envelope, due_ms: int, now_ms: in
             "args": headers.get("argsrepr"),
             "kwargs": headers.get("kwargsrepr"),
             "retries": headers.get("retries"),
-            "eta": None,
+            "eta": headers.get("eta"),
             "expires": headers.get("expires"),
         }
     message = task_message(headers=headers, properties=props, body=envelope.body, sent_event=sent_event)

@@ -13,11 +13,11 @@ pushes for the same job, and runs a real worker on it.
 
 :class:`WireTemplates` makes that fast. Jobs of one task scheduled by one producer
 with the same options differ only in a few fields (id, argument reprs, body, due
-time, delivery tag), so the message of the first such job is built by
-:func:`wire_message` with placeholder values and cut into a template at the
-placeholders; every later job of that *shape* fills the template in with
-``json``'s own string encoder. Anything unusual (an expiry, a schedule point, a
-compressed body, an exchange to route through) goes the reference way.
+time, the due time as ``eta`` when ``delayq_publish_eta`` is on, delivery tag), so
+the message of the first such job is built by :func:`wire_message` with placeholder
+values and cut into a template at the placeholders; every later job of that *shape*
+fills the template in with ``json``'s own string encoder. Anything unusual (an expiry,
+a schedule point, a compressed body, an exchange to route through) goes the reference way.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps as kombu_dumps
 
-from .message import Envelope, decode_envelope
+from .message import Envelope, decode_envelope, due_iso
 
 __all__ = ["WireTemplates", "wire_message"]
 
@@ -140,6 +140,7 @@ class _Template:
     holes: tuple[int, ...]  # which value goes in each hole (index into the per-job values)
     body_encoding: str | None  # "base64" (kombu's default for Redis) or None: the body as text
     content_encoding: str
+    eta: bool  # whether the message has an eta header (the due time, delayq_publish_eta)
 
 
 _NOT_WIRE = object()
@@ -207,6 +208,7 @@ class WireTemplates:
             body_json,
             repr(due_ms / 1000.0),
             '"' + str(uuid.uuid4()) + '"',
+            '"' + due_iso(due_ms) + '"' if template.eta else "",
         )
         literals, holes = template.literals, template.holes
         parts = [literals[0]]
@@ -249,11 +251,12 @@ class WireTemplates:
             body_hole: 3,
             repr(_DUE_MS / 1000.0): 4,
             _jstr(_TAG): 5,
+            _jstr(due_iso(_DUE_MS)): 6,
         }
         pieces = re.split("(" + "|".join(re.escape(h) for h in holes_by_text) + ")", text)
         literals = tuple(pieces[0::2])
         holes = tuple(holes_by_text[h] for h in pieces[1::2])
-        if any(holes.count(hole) != 1 for hole in (3, 4, 5)):
+        if any(holes.count(hole) != 1 for hole in (3, 4, 5)) or holes.count(6) > 1:
             return _NOT_WIRE
         return _Template(
             key=key,
@@ -262,4 +265,5 @@ class WireTemplates:
             holes=holes,
             body_encoding=body_encoding,
             content_encoding=content_encoding,
+            eta=6 in holes,
         )

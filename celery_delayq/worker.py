@@ -5,8 +5,10 @@ the ``delayq_due`` header (every message a beat publishes) adds ``start - due`` 
 in-memory :class:`~celery_delayq.lateness.Histogram`. A background thread of each worker
 process adds those counts to ``<prefix>:lateness:start`` at most every ``FLUSH_EVERY``
 seconds, in one pipeline (nothing is sent while no such task ran). Messages without the
-header (plain Celery tasks) and broker ETA messages (``request.eta`` set: a retry Celery
-sent with a countdown carries the headers of the message it retries) are ignored.
+header (plain Celery tasks) and broker ETA messages (``request.eta`` set to another time
+than the due time: a retry Celery sent with a countdown carries the headers of the message
+it retries) are ignored. A message whose ``eta`` is its due time
+(``delayq_publish_eta``) is counted.
 
 How it is switched on: importing :mod:`celery_delayq` (the worker's app imports it for
 ``DelayedTask``) connects a ``worker_init`` receiver; when a worker starts, it reads the
@@ -40,6 +42,7 @@ import logging
 import os
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from celery.signals import (
@@ -83,11 +86,14 @@ class LatenessRecorder:
         """Count ``task``'s lateness when its request carries ``delayq_due``; whether it did."""
         request = getattr(task, "request", None)
         due = getattr(request, DUE_HEADER, None)
-        if due is None or getattr(request, "eta", None) is not None:
+        if due is None:
             return False
         try:
-            late_ms = (time.time() - float(due)) * 1000.0
+            due = float(due)
+            late_ms = (time.time() - due) * 1000.0
         except (TypeError, ValueError):
+            return False
+        if not _eta_is_due(getattr(request, "eta", None), due):
             return False
         if self._pid != os.getpid():
             self._start_flusher()
@@ -165,6 +171,27 @@ def uninstall(app: Any) -> None:
 def recorder_for(app: Any) -> LatenessRecorder | None:
     """The recorder :func:`install` made for ``app``, if any."""
     return _recorders.get(id(app))
+
+
+def _eta_is_due(eta: Any, due: float) -> bool:
+    """Whether a request's ``eta`` is its own delayq due time: none (the default), or the
+    same instant to the millisecond (``delayq_publish_eta``). A retry Celery sent with a
+    countdown has an ``eta`` of its own and the ``delayq_due`` of the attempt it retries.
+
+    >>> _eta_is_due(None, 1.0), _eta_is_due("1970-01-01T00:00:01+00:00", 1.0)
+    (True, True)
+    >>> _eta_is_due("1970-01-01T00:00:04+00:00", 1.0)
+    False
+    """
+    if eta is None:
+        return True
+    try:
+        when = eta if isinstance(eta, datetime) else datetime.fromisoformat(str(eta))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)  # Celery reads a naive eta as UTC
+        return abs(when.timestamp() - due) < 0.001
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _on_task_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:

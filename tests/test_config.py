@@ -227,6 +227,7 @@ ONE_BAD_VALUE: dict[str, Any] = {
     "delayq_cluster": "maybe",
     "delayq_wait_replicas": -1,
     "delayq_record_lateness": "maybe",
+    "delayq_publish_eta": "maybe",
     "delayq_metrics_port": 70_000,
     "delayq_metrics_addr": "a b",
 }

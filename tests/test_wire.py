@@ -12,6 +12,8 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -25,7 +27,8 @@ from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import EmbeddedRedis
-from celery_delayq.message import build_envelope, decode_envelope
+from celery_delayq.message import build_envelope, decode_envelope, due_iso
+from celery_delayq.schedules import Schedules, point_id
 from celery_delayq.wire import WireTemplates, wire_message
 from tests.conftest import make_app
 
@@ -74,7 +77,10 @@ def comparable(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-OPTION_SETS: list[tuple[str, tuple[Any, ...], dict[str, Any], dict[str, Any]]] = [
+#: (id, args, kwargs, options)
+OptionSet = tuple[str, tuple[Any, ...], dict[str, Any], dict[str, Any]]
+
+OPTION_SETS: list[OptionSet] = [
     ("plain", (1,), {}, {}),
     ("queue", (1,), {}, {"queue": "q2"}),
     ("priority", (1,), {}, {"priority": 3}),
@@ -130,14 +136,17 @@ def test_the_atomic_path_pushes_what_kombu_pushes(
     due_ms=st.integers(min_value=0, max_value=253_402_300_799_999),
 )
 @settings(max_examples=150, deadline=None)
+@pytest.mark.parametrize("publish_eta", [False, True], ids=["no-eta", "publish-eta"])
 def test_templates_equal_the_reference_message(
-    template_env: tuple[Celery, Any, Any], args: str, kwargs: str, due_ms: int
+    template_env: Callable[[bool], tuple[Celery, Any, Dispatcher, WireTemplates]],
+    publish_eta: bool,
+    args: str,
+    kwargs: str,
+    due_ms: int,
 ) -> None:
-    """A message filled in from a shape's template is the reference message of that job."""
-    application, producer, templates = template_env
-    dispatcher = Dispatcher(application)
-    dispatcher._conf = dispatcher._publish_conf()
-    templates.args_for = dispatcher._direct_args
+    """A message filled in from a shape's template is the reference message of that job
+    (with ``delayq_publish_eta``: with the job's due time as its ``eta``)."""
+    application, producer, dispatcher, templates = template_env(publish_eta)
     job_id = str(uuid.uuid4())
     envelope = build_envelope(application, application.tasks["t.add"], job_id, due_ms, (args,), {"y": kwargs})
     built = templates.build(envelope, due_ms)
@@ -151,13 +160,16 @@ def test_templates_equal_the_reference_message(
     ours, theirs = json.loads(text), json.loads(reference[1])
     assert ours["headers"]["id"] == job_id
     assert ours["headers"]["delayq_due"] == due_ms / 1000.0
+    assert ours["headers"]["eta"] == (due_iso(due_ms) if publish_eta else None)
     for message in (ours, theirs):
         message["properties"].pop("delivery_tag")
     assert ours == theirs
 
 
 @pytest.fixture(scope="module")
-def template_env() -> Iterator[tuple[Celery, Any, Any]]:
+def template_env() -> Iterator[Callable[[bool], tuple[Celery, Any, Dispatcher, WireTemplates]]]:
+    """``(app, producer, dispatcher, templates)`` with ``delayq_publish_eta`` off or on; the
+    templates are kept across the examples, as a beat keeps them across passes."""
     with EmbeddedRedis() as server:
         application = make_app(server.url + "/0", delayq_url=server.url + "/0")
 
@@ -165,10 +177,68 @@ def template_env() -> Iterator[tuple[Celery, Any, Any]]:
         def add(x: Any, y: Any = None) -> Any:
             return x
 
+        made: dict[bool, tuple[Celery, Any, Dispatcher, WireTemplates]] = {}
         with application.producer_or_acquire() as producer:
-            templates = WireTemplates(producer.channel, producer, lambda *a: {})
-            yield application, producer, templates
+
+            def env(publish_eta: bool) -> tuple[Celery, Any, Dispatcher, WireTemplates]:
+                if publish_eta not in made:
+                    dispatcher = Dispatcher(application)
+                    dispatcher.config = replace(dispatcher.config, publish_eta=publish_eta)
+                    dispatcher._conf = dispatcher._publish_conf()
+                    templates = WireTemplates(producer.channel, producer, dispatcher._direct_args)
+                    made[publish_eta] = (application, producer, dispatcher, templates)
+                return made[publish_eta]
+
+            yield env
+            for _, _, dispatcher, _ in made.values():
+                dispatcher.close()
         application.close()
+
+
+#: Option sets compared with Celery's own ``apply_async(eta=...)`` (an expiry is left out:
+#: Celery counts ``expires=600`` from the moment it sends, delayq from the due time).
+ETA_OPTION_SETS = [o for o in OPTION_SETS if o[0] != "expires"] + [
+    ("compressed", (1,), {}, {"compression": "zlib"}),
+]
+
+
+@pytest.mark.parametrize("option_set", ETA_OPTION_SETS, ids=[o[0] for o in ETA_OPTION_SETS])
+def test_with_publish_eta_every_path_pushes_what_celery_pushes_for_that_eta(
+    app_factory: AppFactory, r: redis.Redis, option_set: OptionSet
+) -> None:
+    """With ``delayq_publish_eta``, a job published by the atomic path, by kombu's
+    ``Producer.publish`` and by Celery's ``send_task_message`` (the path taken when
+    task-sent events are on) is the message Celery's own ``apply_async(eta=due)`` sends for
+    the same job and id, plus the ``delayq_due`` header: its ``eta`` is the due time, to the
+    millisecond, written as Celery writes an aware ``eta``."""
+    _, args, kwargs, options = option_set
+    conf = {"accept_content": ["json", "pickle"], "delayq_publish_eta": True}
+    paths = {
+        "kombu": app_factory(delayq_prefix="k", delayq_atomic_publish=False, **conf),
+        "atomic": app_factory(delayq_prefix="a", **conf),
+        "send_task_message": app_factory(delayq_prefix="s", task_send_sent_event=True, **conf),
+    }
+    due_ms = int(time.time() * 1000) - 1234
+    messages: dict[str, tuple[str, dict[str, Any]]] = {}
+    for path, application in paths.items():
+        application.tasks["t.add"].apply_at(due_ms / 1000, args, kwargs, task_id="same-job", **options)
+        dispatcher = Dispatcher(application)
+        dispatcher.run_once()
+        dispatcher.close()
+        assert dispatcher.wire is (path == "atomic"), path  # (a compressed job goes through kombu)
+        assert dispatcher.stats.published == dispatcher.stats.acked == 1
+        ((key, [message]),) = take_lists(r).items()
+        assert message["headers"]["eta"] == due_iso(due_ms), path
+        assert message["headers"].pop("delayq_due") == due_ms / 1000.0
+        messages[path] = (key, comparable(message))
+    celery_app = paths["kombu"]
+    eta = datetime.fromtimestamp(due_ms / 1000, UTC)
+    celery_app.tasks["t.add"].apply_async(args, kwargs, task_id="same-job", eta=eta, **options)
+    ((key, [message]),) = take_lists(r).items()
+    assert message["headers"]["eta"] == eta.isoformat() == due_iso(due_ms)
+    celery = (key, comparable(message))
+    for path, ours in messages.items():
+        assert ours == celery, path
 
 
 def test_a_job_whose_lease_was_taken_over_is_not_pushed_again(
@@ -241,3 +311,24 @@ def test_the_atomic_path_needs_the_same_server_and_database(app_factory: AppFact
             assert (beat.wire, beat.stats.published) == (expected, 1), broker
             beat.close()
     redis.Redis.from_url(other_db).flushdb()
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+def test_with_publish_eta_a_schedule_point_carries_its_time_as_eta(
+    app_factory: AppFactory, r: redis.Redis, atomic: bool
+) -> None:
+    """A recurring schedule's point is published by the same code (kombu's
+    ``Producer.publish``, whatever the path of plain jobs): its ``eta`` is the point's time."""
+    application = app_factory(delayq_publish_eta=True, delayq_atomic_publish=atomic)
+    created = Schedules(application).add("every-second", application.tasks["t.add"], 1, (1,))
+    assert created.next_run is not None
+    due_ms = round(created.next_run.timestamp() * 1000)
+    time.sleep(max(0.0, due_ms / 1000 - time.time()) + 0.05)
+    dispatcher = Dispatcher(application)
+    dispatcher.run_once()
+    dispatcher.close()
+    assert dispatcher.stats.published == 1
+    ((_, [message]),) = take_lists(r).items()
+    assert message["headers"]["id"] == point_id("every-second", due_ms)
+    assert message["headers"]["eta"] == due_iso(due_ms)
+    assert message["headers"]["delayq_due"] == due_ms / 1000.0

@@ -8,8 +8,8 @@ recorded instead of the store: the reliability tests restart the store's server 
 must not lose the records with it).
 
 Every task run is recorded in the store's Redis (or ``DELAYQ_TEST_RECORD``):
-``HINCRBY e2e:runs <task id> 1`` and ``RPUSH e2e:starts <json {id, start, due}>``
-(start: worker clock, s).
+``HINCRBY e2e:runs <task id> 1`` and ``RPUSH e2e:starts <json {id, start, due, retries, eta}>``
+(start: worker clock, s; eta: ``request.eta``).
 """
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ def _record(task: Any) -> None:
     due = getattr(task.request, "delayq_due", None)
     pipe = recorder().pipeline(transaction=False)
     pipe.hincrby("e2e:runs", task.request.id, 1)
+    eta = task.request.eta  # the message's eta header (an ISO string), or None
     pipe.rpush("e2e:starts", json.dumps({"id": task.request.id, "start": start, "due": due,
-                                          "retries": task.request.retries}))
+                                          "retries": task.request.retries,
+                                          "eta": eta if eta is None else str(eta)}))
     pipe.execute()
 
 
