@@ -1,7 +1,7 @@
 """End to end: real ``celery worker`` and ``celery beat -S celery_delayq.Scheduler`` processes.
 
 The worker and beat run ``tests/apps/e2e_app.py``; each task run records
-``HINCRBY e2e:runs <id> 1`` and ``RPUSH e2e:starts {id, start, due, retries}``
+``HINCRBY e2e:runs <id> 1`` and ``RPUSH e2e:starts {id, start, due, retries, eta}``
 in the store Redis. The test process is the producer: a fresh app per test
 (:class:`Producer`) with DelayedTasks of the same names and signatures.
 
