@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery, chain, chord, group, signature
 from celery.result import AsyncResult, GroupResult
 
@@ -26,6 +27,7 @@ from celery_delayq import (
     UnknownTask,
 )
 from celery_delayq.api import get_store
+from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.message import decode_envelope
 from tests.conftest import make_app
 
@@ -265,3 +267,35 @@ def test_apply_at_refuses_a_chord_due_after_the_result_backends_chord_expiry(cap
     assert DelayQ(capp).count() == 0
     celery_delayq.apply_in(chord([plain.s(1), plain.s(2)], plain.s()), 590)
     assert DelayQ(capp).count() == 2
+
+
+def test_a_full_redis_refuses_a_canvas_whole(server_binary: tuple[str, str]) -> None:
+    """Faults: a store at ``maxmemory`` (``noeviction``) refuses the enqueue script of every shard
+    before it writes, so ``apply_at`` of a group raises Redis's OOM error at the call and no member
+    is stored: a caller can retry the whole canvas. (The error is redis-py's own for now; a
+    ``StoreFull`` naming the stored ids is issue 13's.) On each server: Redis 7 refuses at the
+    script's first write, and so must 6.2, which has no script flags."""
+    with EmbeddedRedis(binary=server_binary[1]) as srv:
+        url = srv.url + "/0"
+        application = make_app(url, url)
+
+        @application.task(base=DelayedTask, name="c.add", shared=False)
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        client = redis.Redis.from_url(url)
+        try:
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", 1)
+            members = group(add.s(i, i) for i in range(40))
+            # redis-py raises OutOfMemoryError on 7+, a plain ResponseError ("-OOM ...") on 6.2.
+            with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+                celery_delayq.apply_in(members, 60)
+            client.config_set("maxmemory", 0)
+            assert DelayQ(application).count() == 0
+            result = celery_delayq.apply_in(members, 60)
+            assert DelayQ(application).count() == len(result.results) == 40
+        finally:
+            client.close()
+            get_store(application).close()
+            application.close()
