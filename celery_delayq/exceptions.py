@@ -7,6 +7,8 @@ The tree::
     ├── ScheduleError                a scheduling or schedule-management call is invalid
     │   ├── InvalidDueTime           naive/NaN/inf/negative/out-of-range due time
     │   ├── InvalidOptions           an option that cannot be stored or routed
+    │   │   └── InvalidTaskId        a task id that is not a string, too long, or not UTF-8
+    │   ├── InvalidArguments         args that are not a list/tuple, kwargs not a mapping
     │   ├── PayloadTooLarge          the stored job would exceed delayq_max_payload
     │   ├── SerializationError       args/kwargs the app's serializer cannot encode
     │   ├── InvalidSchedule          malformed cron, unknown timezone, bad rule, args or policy
@@ -28,9 +30,11 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "DelayQError",
+    "InvalidArguments",
     "InvalidDueTime",
     "InvalidOptions",
     "InvalidSchedule",
+    "InvalidTaskId",
     "PayloadTooLarge",
     "ScheduleError",
     "ScheduleExists",
@@ -60,6 +64,15 @@ class InvalidDueTime(ScheduleError, ValueError):
 
 class InvalidOptions(ScheduleError, TypeError):
     """An ``apply_async`` option cannot be stored with the job or routed."""
+
+
+class InvalidTaskId(InvalidOptions, ValueError):
+    """A ``task_id`` that cannot be stored: not a string, empty, too long, or not UTF-8 text."""
+
+
+class InvalidArguments(ScheduleError, TypeError):
+    """A job's ``args`` are not a list or tuple, its ``kwargs`` not a mapping, or an
+    ``apply_at_many`` item is not an ``(eta, args, kwargs)`` triple."""
 
 
 class SerializationError(ScheduleError, TypeError):

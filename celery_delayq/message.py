@@ -45,6 +45,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,25 +54,35 @@ from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring_ascii as _jstr
 from typing import Any
 
+import kombu.compression
 import kombu.utils.json as kombu_json
 from celery.app.amqp import AMQP, task_message
 from celery.app.routes import MapRoute
 from celery.utils.functional import maybe_list
 from celery.utils.saferepr import saferepr
-from kombu.entity import Exchange, Queue
+from kombu.entity import DELIVERY_MODES, Exchange, Queue
 from kombu.exceptions import EncodeError
 from kombu.serialization import dumps, registry
 
-from .exceptions import InvalidDueTime, InvalidOptions, PayloadTooLarge, SerializationError
+from .exceptions import (
+    InvalidArguments,
+    InvalidDueTime,
+    InvalidOptions,
+    InvalidTaskId,
+    PayloadTooLarge,
+    SerializationError,
+)
 
 __all__ = [
     "DUE_HEADER",
+    "MAX_TASK_ID_LENGTH",
     "Envelope",
     "build_envelope",
     "build_envelopes",
     "celery_naive_as_utc",
     "decode_envelope",
     "due_iso",
+    "due_item",
     "due_ms_from_delay",
     "due_ms_from_eta",
     "ms_to_datetime",
@@ -97,9 +108,15 @@ _REFUSED = {
     "connection": "a connection cannot be stored; the beat publishes with its own",
     "publisher": "a producer cannot be stored; the beat publishes with its own",
     "router": "a router object cannot be stored; use task_routes or queue=",
+    "content_type": "the content type is the serializer's; use serializer=",
+    "content_encoding": "the content encoding is the serializer's; use serializer=",
 }
 # Options that only steer this call and are never part of the message.
 _CALL_ONLY = ("add_to_parent", "result_cls")
+
+#: The longest task id a producer may store, in characters. A Celery id is 36; a schedule
+#: point's id is at most 220 (a name of at most 200, ``@`` and the point's time).
+MAX_TASK_ID_LENGTH = 512
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -258,6 +275,26 @@ def _naive_zone(eta: datetime, app: Any, in_zone: bool) -> Any:
         f"naive datetime {eta.isoformat()} refused: Celery reads a naive eta as UTC, but this "
         f"app's timezone is {zone}, so it is ambiguous; pass an aware datetime "
         "(tzinfo=ZoneInfo(...) or timezone.utc) or a UNIX timestamp"
+    )
+
+
+def due_item(item: Any, index: int, app: Any) -> tuple[int, Any, Any]:
+    """``apply_at_many``'s item number ``index``, ``(eta, args, kwargs)`` (a tuple or a list),
+    as ``(due ms, args, kwargs)``; :class:`InvalidArguments` for anything else.
+
+    >>> from celery import Celery
+    >>> due_item((1_700_000_000, (1,), None), 0, Celery())
+    (1700000000000, (1,), None)
+    >>> due_item((1_700_000_000, (1,)), 3, Celery())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.InvalidArguments: apply_at_many item 3 must be an (eta, args, kwargs) ...
+    """
+    if (type(item) is tuple or type(item) is list) and len(item) == 3:
+        return due_ms_from_eta(item[0], app), item[1], item[2]
+    kind = type(item).__name__ + (f" of {len(item)}" if isinstance(item, tuple | list) else "")
+    raise InvalidArguments(
+        f"apply_at_many item {index} must be an (eta, args, kwargs) tuple, got {kind}: {_short(item)}"
     )
 
 
@@ -575,6 +612,131 @@ def _clean_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return options
 
 
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to a length an error message can carry."""
+    text: str = saferepr(value, 60)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _job(task_id: Any, name: str) -> str:
+    return f"job {_short(task_id)} of {name!r}"
+
+
+def check_task_id(task_id: Any, name: str) -> str:
+    """``task_id`` if a job of task ``name`` may be stored under it, else :class:`InvalidTaskId`:
+    a non-empty string of at most :data:`MAX_TASK_ID_LENGTH` characters, UTF-8 encodable.
+
+    >>> check_task_id("invoice-42", "proj.remind")
+    'invoice-42'
+    >>> check_task_id(42, "proj.remind")
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.InvalidTaskId: task_id of 'proj.remind' must be a string, got int: 42
+    """
+    if not isinstance(task_id, str):
+        raise InvalidTaskId(
+            f"task_id of {name!r} must be a string, got {type(task_id).__name__}: {_short(task_id)}"
+        )
+    if not task_id:
+        raise InvalidTaskId(f"task_id of {name!r} must not be empty")
+    if len(task_id) > MAX_TASK_ID_LENGTH:
+        raise InvalidTaskId(
+            f"task_id {_short(task_id)} of {name!r} is {len(task_id)} characters, over the limit "
+            f"of {MAX_TASK_ID_LENGTH} (celery_delayq.message.MAX_TASK_ID_LENGTH)"
+        )
+    if not task_id.isascii():
+        try:
+            task_id.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidTaskId(
+                f"task_id {_short(task_id)} of {name!r} is not UTF-8 text ({exc.reason}: "
+                f"{task_id[exc.start]!r} at position {exc.start}); Redis cannot store it"
+            ) from None
+    return task_id
+
+
+def _job_args(args: Any, task_id: Any, name: str) -> tuple[Any, ...]:
+    """A job's ``args`` as a tuple; as in Celery, anything false is none, and anything
+    else must be a list or tuple (a string is not split into characters)."""
+    if type(args) is tuple:
+        return args
+    if isinstance(args, list | tuple):
+        return tuple(args)
+    try:
+        empty = args is None or not args
+    except Exception:  # a value whose truth is an error: refused below
+        empty = False
+    if empty:
+        return ()
+    raise InvalidArguments(
+        f"{_job(task_id, name)}: args must be a list or tuple, got {type(args).__name__}: {_short(args)}"
+    )
+
+
+def _job_kwargs(kwargs: Any, task_id: Any, name: str) -> dict[str, Any]:
+    """A job's ``kwargs`` as a dict; as in Celery, anything false is none, else a mapping."""
+    if isinstance(kwargs, Mapping):
+        return dict(kwargs)
+    try:
+        empty = kwargs is None or not kwargs
+    except Exception:  # (as above)
+        empty = False
+    if empty:
+        return {}
+    raise InvalidArguments(
+        f"{_job(task_id, name)}: kwargs must be a mapping (a dict), got {type(kwargs).__name__}: "
+        f"{_short(kwargs)}"
+    )
+
+
+def _time_limit_ok(value: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value >= 0
+
+
+def _compression_ok(value: Any) -> bool:
+    try:
+        kombu.compression.get_encoder(value)  # type: ignore[no-untyped-call]
+    except (KeyError, TypeError):
+        return False
+    return True
+
+
+#: Options Celery's ``apply_async`` refuses (or that cannot work at the worker) when of the
+#: wrong kind, checked once per call: (option, test, what it must be). ``None`` always passes.
+_OPTION_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("queue", lambda v: isinstance(v, str | Queue), "a queue name or a kombu Queue"),
+    ("headers", lambda v: isinstance(v, Mapping), "a dict (a mapping)"),
+    ("compression", _compression_ok,
+     f"a compression kombu knows ({', '.join(sorted(kombu.compression._aliases))})"),
+    ("delivery_mode",
+     lambda v: isinstance(v, numbers.Integral) or (isinstance(v, str) and v in DELIVERY_MODES),
+     "1, 2, 'transient' or 'persistent'"),
+    ("time_limit", _time_limit_ok, "a finite number of seconds >= 0"),
+    ("soft_time_limit", _time_limit_ok, "a finite number of seconds >= 0"),
+    ("stamped_headers", lambda v: isinstance(v, list | tuple) and all(type(h) is str for h in v),
+     "a list of option names"),
+)  # fmt: skip
+
+
+def _check_options(options: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """Refuse, with :class:`InvalidOptions`, an option (given to the call, or else a default of
+    the task) that Celery's ``apply_async`` would refuse or that cannot work. Called where the
+    route is made: once per call (or per distinct options, when the route is kept)."""
+    for option, test, must in _OPTION_CHECKS:
+        value = options[option] if option in options else defaults.get(option)
+        if value is not None and not test(value):
+            where = "" if option in options else " (the task's default)"
+            raise InvalidOptions(
+                f"option {option!r}{where} must be {must}, got {type(value).__name__}: {_short(value)}"
+            )
+    stamps = options.get("stamped_headers")
+    if stamps:
+        missing = [h for h in stamps if h not in options]
+        if missing:
+            raise InvalidOptions(f"option 'stamped_headers' names options not given: {missing}")
+
+
 def _check_signature(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     if task.typing:
         header = getattr(task, "__header__", None)
@@ -615,14 +777,18 @@ def _build_one(
     schedule: tuple[str, int] | None,
 ) -> str:
     """One envelope, every step as ``apply_async`` takes it (``options`` already cleaned)."""
-    args = tuple(args) if args is not None else ()
-    kwargs = dict(kwargs) if kwargs is not None else {}
+    task_name = task if isinstance(task, str) else task.name
+    check_task_id(task_id, task_name)
+    args = _job_args(args, task_id, task_name)
+    kwargs = _job_kwargs(kwargs, task_id, task_name)
     options = dict(options)
     if isinstance(task, str):
         task = _UnregisteredTask(app, task)
     _check_signature(task, args, kwargs)
+    defaults = task._get_exec_options()
+    _check_options(options, defaults)
     shadow = options.pop("shadow", None) or task.shadow_name(args, kwargs, options)
-    options = dict(task._get_exec_options(), **options)
+    options = dict(defaults, **options)
     options.setdefault("ignore_result", task.ignore_result)
     name = task.name
 
@@ -891,13 +1057,15 @@ def _make_route(app: Any, task: Any, options: dict[str, Any], args: Any, kwargs:
     if type(router) is not Router or not all(isinstance(r, MapRoute) for r in router.routes):
         return None
     resolved = _UnregisteredTask(app, task) if isinstance(task, str) else task
+    defaults = resolved._get_exec_options()
+    _check_options(options, defaults)
     options = dict(options)
     shadow = options.pop("shadow", None)
     if not shadow:
         if not _is_plain_task(resolved):
             return None
         shadow = resolved.shadow_name(args, kwargs, options)
-    options = dict(resolved._get_exec_options(), **options)
+    options = dict(defaults, **options)
     options.setdefault("ignore_result", resolved.ignore_result)
     name = resolved.name
     expires = _expires_plan(options.pop("expires", None), app)
@@ -1075,11 +1243,18 @@ def _build_planned(
     sched = "" if schedule is None else _members({"s": [schedule[0], schedule[1]]})
     out: list[str] = []
     for index, (task_id, due_ms, args, kwargs) in enumerate(jobs):
-        args = tuple(args) if args is not None else ()
-        kwargs = dict(kwargs) if kwargs is not None else {}
+        if type(args) is not tuple:
+            args = () if args is None else _job_args(args, task_id, name)
+        if type(kwargs) is not dict:
+            kwargs = {} if kwargs is None else _job_kwargs(kwargs, task_id, name)
         if header is not None and index:
             header(*args, **kwargs)
-        if type(task_id) is not str or task_id == root_id:
+        if (
+            type(task_id) is not str
+            or not 0 < len(task_id) <= MAX_TASK_ID_LENGTH
+            or not task_id.isascii()
+            or task_id == root_id
+        ):  # the long way checks the id
             out.append(long_way(task_id, due_ms, args, kwargs))
             continue
         expires = None
@@ -1137,21 +1312,29 @@ def build_envelopes(
     """
     if not jobs:
         return []
-    options = _clean_options(options)
-    first_id, first_due, first_args, first_kwargs = jobs[0]
-    first_args = tuple(first_args) if first_args is not None else ()
-    first_kwargs = dict(first_kwargs) if first_kwargs is not None else {}
-    jobs = [(first_id, first_due, first_args, first_kwargs), *jobs[1:]]
+    name = task if isinstance(task, str) else task.name
+    try:
+        options = _clean_options(options)
+        first_id, first_due, first_args, first_kwargs = jobs[0]
+        first_args = _job_args(first_args, first_id, name)
+        first_kwargs = _job_kwargs(first_kwargs, first_id, name)
+        jobs = [(first_id, first_due, first_args, first_kwargs), *jobs[1:]]
 
-    def long_way(task_id: str, due_ms: int, args: Any, kwargs: Any) -> str:
-        return _build_one(app, task, task_id, due_ms, args, kwargs, options, max_payload, schedule)
+        def long_way(task_id: str, due_ms: int, args: Any, kwargs: Any) -> str:
+            return _build_one(app, task, task_id, due_ms, args, kwargs, options, max_payload, schedule)
 
-    if not isinstance(task, str):
-        _check_signature(task, first_args, first_kwargs)
-    plan = _plan_for(app, task, options, first_args, first_kwargs, state)
-    if plan is None:
-        return [long_way(*job) for job in jobs]
-    return _build_planned(plan, jobs, max_payload, schedule, long_way)
+        if not isinstance(task, str):
+            _check_signature(task, first_args, first_kwargs)
+        plan = _plan_for(app, task, options, first_args, first_kwargs, state)
+        if plan is None:
+            return [long_way(*job) for job in jobs]
+        return _build_planned(plan, jobs, max_payload, schedule, long_way)
+    except InvalidOptions as exc:
+        if repr(name) in str(exc):
+            raise
+        # Name the job (or jobs) in the messages of checks that do not know it.
+        what = _job(jobs[0][0], name) if len(jobs) == 1 else f"the {len(jobs)} jobs of {name!r}"
+        raise type(exc)(f"{exc} ({what})") from exc
 
 
 def build_envelope(

@@ -24,6 +24,7 @@ from .message import (
     build_envelopes,
     celery_expires,
     celery_naive_as_utc,
+    due_item,
     due_ms_from_delay,
     due_ms_from_eta,
     ms_to_datetime,
@@ -84,9 +85,7 @@ class DelayQTaskMixin:
         if options.get("task_id") is not None:
             raise InvalidOptions("apply_at_many generates one task id per job; task_id is not allowed")
         app = self._delayq_app()
-        prepared = [
-            (due_ms_from_eta(eta, app), args, kwargs) for eta, args, kwargs in items
-        ]
+        prepared = [due_item(item, index, app) for index, item in enumerate(items)]
         return self._delayq_schedule(prepared, options)
 
     def _delayq_schedule(

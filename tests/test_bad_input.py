@@ -1,0 +1,241 @@
+"""Bad input at the call: delayq refuses at least what Celery's ``apply_async`` refuses.
+
+One table of inputs goes to Celery's ``apply_async`` (published to a real Redis broker: it
+raises at the call or not) and to each delayq entry point: ``apply_at``, ``apply_in``,
+``apply_at_many`` and ``celery_delayq.apply_at``/``apply_in`` of a signature (whose
+Celery twin is ``sig.apply_async``). Whatever Celery refuses, delayq refuses at the call,
+with a ``DelayQError`` naming the option or argument and the task, and stores nothing.
+The ``celery`` column is what Celery 5 did when this test was written; the test checks it
+still does, so a change in Celery shows here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from celery import Celery, group
+
+import celery_delayq
+from celery_delayq import (
+    DelayQ,
+    DelayQError,
+    InvalidArguments,
+    InvalidOptions,
+    InvalidTaskId,
+    PayloadTooLarge,
+)
+from celery_delayq.message import MAX_TASK_ID_LENGTH
+
+ETA = 4_000_000_000.0  # 2096: never due during a test
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input: ``args``/``kwargs`` and ``options`` of the call."""
+
+    label: str
+    celery: bool  # True: Celery's apply_async raises at the call
+    options: dict[str, Any] = field(default_factory=dict)
+    args: Any = (1, 2)
+    kwargs: Any = None
+    names: str = ""  # what delayq's message must name ("" : the option's name)
+
+
+CASES = [
+    # Refused by Celery at the call (and stored, then dead-lettered at the due time, by delayq
+    # before issue 13).
+    Case("args a string", True, args="abc", names="args"),
+    Case("args a set", True, args={1, 2}, names="args"),
+    Case("args an int", True, args=5, names="args"),
+    Case("kwargs a string", True, args=None, kwargs="abc", names="kwargs"),
+    Case("kwargs a list", True, args=None, kwargs=[1, 2], names="kwargs"),
+    Case("headers a string", True, {"headers": "notadict"}),
+    Case("headers a list", True, {"headers": [1]}),
+    Case("compression unknown", True, {"compression": "bogus"}),
+    Case("queue an int", True, {"queue": 123}),
+    Case("delivery_mode unknown", True, {"delivery_mode": "x"}),
+    Case("stamped_headers a string", True, {"stamped_headers": "abc"}),
+    Case("content_type given", True, {"content_type": "x"}),
+    Case("serializer unknown", True, {"serializer": "bogus"}, names="bogus"),
+    Case("expires not a date", True, {"expires": "notadate"}),
+    Case("headers not JSON", True, {"headers": {"x": object()}}),
+    Case("an option not JSON", True, {"bogusopt": object()}),
+    # Accepted by Celery at the call, but they cannot work: refused by delayq.
+    Case("time_limit a string", False, {"time_limit": "x"}),
+    Case("soft_time_limit a string", False, {"soft_time_limit": "x"}),
+    Case("time_limit negative", False, {"time_limit": -1}),
+    Case("time_limit NaN", False, {"soft_time_limit": float("nan")}),
+    Case("task_id an int", False, {"task_id": 123}, names="task_id"),
+    Case("task_id a lone surrogate", False, {"task_id": "ab\udc80"}, names="task_id"),
+    Case("task_id too long", False, {"task_id": "x" * (MAX_TASK_ID_LENGTH + 1)}, names="task_id"),
+]
+
+#: Accepted by both: delayq must not be stricter where it has no reason to be.
+ACCEPTED = [
+    Case("args a list", False, args=[1, 2]),
+    Case("args empty, kwargs given", False, args=(), kwargs={"x": 1, "y": 2}),
+    Case("args false-ish", False, args="", kwargs={"x": 1, "y": 2}),
+    Case("compression gzip", False, {"compression": "gzip"}),
+    Case("compression alias zlib", False, {"compression": "zlib"}),
+    Case("delivery_mode transient", False, {"delivery_mode": "transient"}),
+    Case("delivery_mode 1", False, {"delivery_mode": 1}),
+    Case("time limits numbers", False, {"time_limit": 30, "soft_time_limit": 20.5}),
+    Case("headers a dict", False, {"headers": {"x": 1}}),
+    Case("stamped_headers naming an option", False, {"stamped_headers": ["stamp"], "stamp": "v"}),
+    Case("task_id at the length bound", False, {"task_id": "x" * MAX_TASK_ID_LENGTH}),
+    Case("task_id not ASCII", False, {"task_id": "tâche-1"}),
+]
+
+
+def _raised(call: Callable[[], Any]) -> BaseException | None:
+    try:
+        call()
+    except Exception as exc:  # what Celery raises is what is recorded
+        return exc
+    return None
+
+
+def _delayq_calls(app: Celery, case: Case) -> dict[str, Callable[[], Any]]:
+    add = app.tasks["t.add"]
+    options = dict(case.options)
+    many_options = {k: v for k, v in options.items() if k != "task_id"}
+
+    def sig() -> Any:
+        return add.signature(case.args, case.kwargs)
+
+    return {
+        "apply_at": lambda: add.apply_at(ETA, case.args, case.kwargs, **options),
+        "apply_in": lambda: add.apply_in(3600, case.args, case.kwargs, **options),
+        "apply_at_many": lambda: add.apply_at_many([(ETA, (1, 2), None), (ETA, case.args, case.kwargs)],
+                                                   **many_options),
+        "celery_delayq.apply_at": lambda: celery_delayq.apply_at(sig(), ETA, **options),
+        "celery_delayq.apply_in": lambda: celery_delayq.apply_in(sig(), 3600, **options),
+    }
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.label for c in CASES])
+def test_refused_at_the_call_as_by_celery(app: Celery, case: Case) -> None:
+    add = app.tasks["t.add"]
+    celery_error = _raised(lambda: add.apply_async(case.args, case.kwargs, **case.options))
+    assert (celery_error is not None) == case.celery, f"Celery's apply_async now gives {celery_error!r}"
+    # A signature's args are tuple()d by Celery's Signature itself ('abc' is ('a', 'b', 'c')):
+    # for the argument cases, the canvas entry points must refuse what sig.apply_async refuses
+    # (there Celery's canvas code may raise its own error before delayq sees the arguments).
+    arguments_case = case.args != (1, 2) or case.kwargs is not None
+    sig_error = _raised(lambda: add.signature(case.args, case.kwargs).apply_async(**case.options))
+    if not arguments_case:
+        assert (sig_error is not None) == case.celery, f"Celery's sig.apply_async now gives {sig_error!r}"
+    queue = DelayQ(app)
+    for entry, call in _delayq_calls(app, case).items():
+        if entry == "apply_at_many" and "task_id" in case.options:
+            continue  # apply_at_many refuses any task_id; test_a_canvas_member_id_is_checked
+        if entry.startswith("celery_delayq.") and arguments_case:
+            error = _raised(call)
+            assert (error is None) == (sig_error is None), (entry, error, sig_error)
+            assert queue.count() == (0 if error else 1), entry
+            if error is None:
+                queue.purge()
+            continue
+        with pytest.raises(DelayQError) as info:
+            call()
+        message = str(info.value)
+        named = case.names or next(iter(case.options))
+        assert named in message, (entry, message)
+        if not entry.startswith("celery_delayq."):  # (a canvas's own options name no task)
+            assert "t.add" in message, (entry, message)
+        assert queue.count() == 0, entry
+
+
+@pytest.mark.parametrize("case", ACCEPTED, ids=[c.label for c in ACCEPTED])
+def test_accepted_by_both(app: Celery, case: Case) -> None:
+    add = app.tasks["t.add"]
+    assert _raised(lambda: add.apply_async(case.args, case.kwargs, **case.options)) is None
+    result = add.apply_at(ETA, case.args, case.kwargs, **case.options)
+    assert DelayQ(app).get(result.id) is not None
+
+
+def test_the_error_classes(app: Celery) -> None:
+    add = app.tasks["t.add"]
+    with pytest.raises(InvalidArguments, match=r"job '.*' of 't\.add': args must be a list or tuple"):
+        add.apply_at(ETA, "abc")
+    with pytest.raises(TypeError):  # InvalidArguments is also a TypeError, as Celery's own
+        add.apply_at(ETA, "abc")
+    queue_message = (
+        r"option 'queue' must be a queue name or a kombu Queue, got int: 123 \(job '.*' of 't\.add'\)"
+    )
+    with pytest.raises(InvalidOptions, match=queue_message):
+        add.apply_at(ETA, (1, 2), queue=123)
+    with pytest.raises(InvalidOptions, match=r"option 'compression' must be .*\(the 2 jobs of 't\.add'\)"):
+        add.apply_at_many([(ETA, (1, 2), None)] * 2, compression="bogus")
+    with pytest.raises(InvalidTaskId, match="must be a string, got int: 123"):
+        add.apply_at(ETA, (1, 2), task_id=123)
+    surrogate = r"not UTF-8 text \(surrogates not allowed: '\\udc80' at position 2\)"
+    with pytest.raises(InvalidTaskId, match=surrogate):
+        add.apply_at(ETA, (1, 2), task_id="ab\udc80")
+    with pytest.raises(InvalidTaskId, match=f"is {MAX_TASK_ID_LENGTH + 1} characters, over the limit"):
+        add.apply_at(ETA, (1, 2), task_id="x" * (MAX_TASK_ID_LENGTH + 1))
+    assert DelayQ(app).count() == 0
+
+
+def test_a_task_default_is_checked(app: Celery) -> None:
+    @app.task(base=celery_delayq.DelayedTask, name="t.limited", shared=False, time_limit="x")
+    def limited() -> None: ...
+
+    with pytest.raises(InvalidOptions, match=r"option 'time_limit' \(the task's default\) must be"):
+        limited.apply_at(ETA)
+    assert DelayQ(app).count() == 0
+
+
+@pytest.mark.parametrize(
+    "items, shown",
+    [
+        ([(ETA, (1, 2), None), (ETA, (1, 2))], "item 1 must be an (eta, args, kwargs) tuple, got tuple of 2"),
+        ([(ETA, (1, 2), None, None)], "item 0 must be an (eta, args, kwargs) tuple, got tuple of 4"),
+        ([(ETA, (1, 2), None), ETA], "item 1 must be an (eta, args, kwargs) tuple, got float"),
+        ([(ETA, (1, 2), None), "abc"], "item 1 must be an (eta, args, kwargs) tuple, got str"),
+        ([(ETA, (1, 2), None), (ETA, (1, 2), None), (ETA, "ab", None)], "args must be a list or tuple"),
+    ],
+)
+def test_apply_at_many_item_shape(app: Celery, items: list[Any], shown: str) -> None:
+    with pytest.raises(InvalidArguments) as info:
+        app.tasks["t.add"].apply_at_many(items)
+    assert shown in str(info.value)
+    assert DelayQ(app).count() == 0
+    # a list is as good as a tuple
+    app.tasks["t.add"].apply_at_many([[ETA, [1, 2], {}]])
+    assert DelayQ(app).count() == 1
+
+
+def test_a_canvas_member_id_is_checked(app: Celery) -> None:
+    add = app.tasks["t.add"]
+    with pytest.raises(InvalidTaskId, match="must be a string"):
+        celery_delayq.apply_at(add.s(1, 2).set(task_id=123), ETA)
+    with pytest.raises(InvalidTaskId, match="over the limit"):
+        celery_delayq.apply_at(group(add.s(1, 2), add.s(1, 3).set(task_id="y" * 600)), ETA)
+    assert DelayQ(app).count() == 0
+
+
+@pytest.mark.parametrize("many", [False, True])
+@pytest.mark.parametrize("where", ["headers", "kwargs", "args"])
+def test_max_payload_covers_headers_and_arguments(app: Celery, many: bool, where: str) -> None:
+    app.conf.delayq_max_payload = 4096
+    add = app.tasks["t.add"]
+    big = "a" * 5000
+    args: Any = (1, 2)
+    kwargs: Any = None
+    options: dict[str, Any] = {}
+    if where == "headers":
+        options["headers"] = {"note": big}
+    elif where == "kwargs":
+        args, kwargs = (1,), {"y": big}
+    else:
+        args = (1, big)
+    with pytest.raises(PayloadTooLarge, match=r"over delayq_max_payload \(4096\)"):
+        if many:
+            add.apply_at_many([(ETA, (1, 2), None), (ETA, args, kwargs)], **options)
+        else:
+            add.apply_at(ETA, args, kwargs, **options)
+    assert DelayQ(app).count() == 0
