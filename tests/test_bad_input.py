@@ -27,7 +27,10 @@ from celery_delayq import (
     InvalidTaskId,
     PayloadTooLarge,
 )
+from celery_delayq.api import get_store
+from celery_delayq.dispatch import Dispatcher
 from celery_delayq.message import MAX_TASK_ID_LENGTH
+from tests.test_dispatch import store_raw_job
 
 ETA = 4_000_000_000.0  # 2096: never due during a test
 
@@ -239,3 +242,22 @@ def test_max_payload_covers_headers_and_arguments(app: Celery, many: bool, where
         else:
             add.apply_at(ETA, args, kwargs, **options)
     assert DelayQ(app).count() == 0
+
+
+def test_a_stored_unknown_compression_is_dead_lettered_at_once(
+    app: Celery, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """docs/errors.md: an unknown compression (a job stored before the call refused it) is kombu's
+    KeyError, a fault of the message: dead-lettered at the first attempt, not retried 5 times."""
+    add = app.tasks["t.add"]
+    result = add.apply_at(0, (1, 2), compression="gzip")
+    store = get_store(app)
+    stored = store.get(result.id)
+    assert stored is not None and '"gzip"' in stored.envelope
+    assert store.cancel(result.id)
+    store_raw_job(app, result.id, 0, stored.envelope.replace('"gzip"', '"bogus"'))
+    dispatchers(app).run_once()
+    dead = dict(DelayQ(app).dead())
+    assert list(dead) == [result.id]
+    assert dead[result.id]["tries"] == 1
+    assert dead[result.id]["reason"] == "publish failed: KeyError('bogus')"
