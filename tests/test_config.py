@@ -241,7 +241,7 @@ def test_past_warning_setting() -> None:
     assert read({"delayq_url": "redis://x:1/0", "delayq_past_warning": None}).past_warning is None
     assert read({"delayq_url": "redis://x:1/0", "delayq_past_warning": ""}).past_warning is None
     for bad in (-1, "soon", float("nan"), True):
-        with pytest.raises(ConfigurationError, match="^delayq_past_warning must"):
+        with pytest.raises(ConfigurationError, match=r"^delayq_past_warning must"):
             read({"delayq_url": "redis://x:1/0", "delayq_past_warning": bad})
 
 

@@ -112,6 +112,21 @@ def test_enqueue_new_job_is_stored_in_its_shard(store: Store, r: redis.Redis) ->
     assert all(r.zcard(s.due) == 0 and r.hlen(s.jobs) == 0 for s in others)
 
 
+def test_enqueue_relative_adds_the_delay_to_the_servers_time(store: Store, r: redis.Redis) -> None:
+    """Clock "in": each due is a delay that the script adds to its TIME (one call and a
+    pipeline of shards); the reply's first entry is that TIME, which the store keeps."""
+    before = server_ms(r)
+    (one,) = store.enqueue([("a", 5000, "env-a")], relative=True)
+    many = store.enqueue([(f"m{i}", 1000 * i, "env") for i in range(40)], relative=True)
+    after = server_ms(r)
+    assert one[0] == ENQUEUE_NEW and before + 5000 <= one[1] <= after + 5000
+    assert r.zscore(store.keys.for_job("a").due, "a") == one[1]
+    for i, (status, due) in enumerate(many):
+        assert status == ENQUEUE_NEW and before + 1000 * i <= due <= after + 1000 * i
+        assert r.zscore(store.keys.for_job(f"m{i}").due, f"m{i}") == due
+    assert before <= store.server_now_ms() <= server_ms(r)
+
+
 def test_enqueue_keep_leaves_the_waiting_job_untouched(store: Store, r: redis.Redis) -> None:
     due = server_ms(r) + 60_000
     store.enqueue([("a", due, "first")])
