@@ -25,7 +25,7 @@ from celery_delayq import apply_in as canvas_apply_in
 from celery_delayq.api import get_store
 from celery_delayq.message import decode_envelope
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
-from tests.helpers import server_ms
+from tests.helpers import command_calls, server_ms
 
 #: Shifts of the producer's clock, in seconds.
 SKEWS = [3600.0, -3600.0]
@@ -214,3 +214,19 @@ def test_past_warning_off_or_higher(
     caplog.set_level(logging.WARNING, logger="celery_delayq.store")
     app.tasks["t.add"].apply_at(server_ms(r) / 1000 - 7200, (1, 2))
     assert not [rec for rec in caplog.records if rec.name == "celery_delayq.store"]
+
+
+def test_apply_in_reads_the_servers_clock_with_its_own_enqueue(
+    app_factory: Callable[..., Celery], r: redis.Redis
+) -> None:
+    """The first relative call of a process asks ``TIME`` once; later ones reuse the ``TIME`` the
+    enqueue script returned: one ``EVALSHA`` a call, as before (``TIME`` in a script counts in
+    ``INFO commandstats`` too: one a call)."""
+    app = app_factory()
+    add = app.tasks["t.add"]
+    add.apply_in(5, (1, 2))
+    time_calls, evalsha_calls = command_calls(r, "time")[0], command_calls(r, "evalsha")[0]
+    for _ in range(10):
+        add.apply_in(5, (1, 2))
+    assert command_calls(r, "evalsha")[0] - evalsha_calls == 10
+    assert command_calls(r, "time")[0] - time_calls == 10  # the scripts' own TIME only
