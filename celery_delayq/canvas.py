@@ -32,7 +32,6 @@ celery_delayq.exceptions.InvalidOptions: option 'countdown' conflicts with the d
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -75,9 +74,12 @@ def apply_at(sig: Any, eta: Any, **options: Any) -> Any:
 
 
 def apply_in(sig: Any, delay: Any, **options: Any) -> Any:
-    """Schedule ``sig`` to be applied after ``delay`` (seconds, or a ``timedelta``); see :func:`apply_at`."""
+    """Schedule ``sig`` to be applied after ``delay`` (seconds, or a ``timedelta``) counted from the
+    Redis server's now (not this machine's clock); see :func:`apply_at`."""
     _check_signature(sig)
-    return _schedule(sig, due_ms_from_delay(delay), options)
+    due_ms_from_delay(delay, now_ms=0)  # bad input raises before any round trip
+    base = None if sig.app.conf.task_always_eager else get_store(sig.app).server_now_ms()
+    return _schedule(sig, due_ms_from_delay(delay, now_ms=base), options, base)
 
 
 def _check_signature(sig: Any) -> None:
@@ -176,7 +178,9 @@ def _retyped(sig: Any, jobs: _Jobs) -> Any:
     return new
 
 
-def _schedule(sig: Signature, due_ms: int, options: dict[str, Any]) -> Any:
+def _schedule(sig: Signature, due_ms: int, options: dict[str, Any], base: int | None = None) -> Any:
+    """Store the jobs of ``sig`` due at ``due_ms``; with ``base`` (the server's now as estimated),
+    the store gets the delay ``due_ms - base``, which the enqueue script adds to its ``TIME``."""
     app = sig.app
     options = dict(options)
     replace = bool(options.pop("replace", False))
@@ -191,7 +195,10 @@ def _schedule(sig: Signature, due_ms: int, options: dict[str, Any]) -> Any:
         return result
     if jobs.chord:
         _check_chord_counter_lives(app, due_ms)
-    statuses = get_store(app).enqueue(jobs.jobs, replace=replace)
+    stored = jobs.jobs
+    if base is not None:
+        stored = [(job_id, due - base, envelope) for job_id, due, envelope in stored]
+    statuses = get_store(app).enqueue(stored, replace=replace, relative=base is not None)
     if isinstance(sig, _chain | group | _chord) or len(jobs.jobs) != 1:
         return result
     one: ScheduledResult = scheduled_results(app, jobs.names[0], [jobs.jobs[0][0]], statuses)[0]
@@ -213,7 +220,7 @@ def _check_chord_counter_lives(app: Any, due_ms: int) -> None:
     if not lifetime:
         return
     seconds = lifetime.total_seconds() if isinstance(lifetime, timedelta) else float(lifetime)
-    ahead = (due_ms - time.time() * 1000.0) / 1000.0
+    ahead = (due_ms - get_store(app).server_now_ms()) / 1000.0
     if ahead >= seconds:
         raise InvalidOptions(
             f"chord due in {ahead:.0f} s, after result_chord_expires ({seconds:.0f} s): Celery's "

@@ -78,6 +78,11 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "TCP port of the beat's Prometheus /metrics endpoint (1-65535); None: no endpoint.",
     ),
     "delayq_metrics_addr": ("127.0.0.1", "Address the beat's /metrics endpoint listens on."),
+    "delayq_past_warning": (
+        3600.0,
+        "Log (once per process) a job given a due time more than this many seconds before the "
+        "Redis server's now, a sign of a wrong producer clock; None: never.",
+    ),
 }
 
 
@@ -166,6 +171,18 @@ def _port(name: str, value: Any) -> int | None:
     return port
 
 
+def _optional_seconds(name: str, value: Any) -> float | None:
+    """A number of seconds >= 0, or None (also an empty string): off.
+
+    >>> _optional_seconds("s", "600"), _optional_seconds("s", None)
+    (600.0, None)
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    seconds: float = _number(name, value, float, 0)
+    return seconds
+
+
 def _address(name: str, value: Any) -> str:
     """A host name or IP address to listen on: a non-empty string without spaces."""
     if not isinstance(value, str) or not value.strip() or " " in value.strip():
@@ -193,6 +210,7 @@ class DelayQConfig:
     publish_eta: bool = False
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    past_warning: float | None = 3600.0
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -256,6 +274,7 @@ class DelayQConfig:
             publish_eta=_flag(n["delayq_publish_eta"], get["delayq_publish_eta"]),
             metrics_port=_port(n["delayq_metrics_port"], get["delayq_metrics_port"]),
             metrics_addr=_address(n["delayq_metrics_addr"], get["delayq_metrics_addr"]),
+            past_warning=_optional_seconds(n["delayq_past_warning"], get["delayq_past_warning"]),
         )
 
     @classmethod

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -265,7 +264,7 @@ class Schedules:
             )
         tz = tz or self.app.conf.timezone or "UTC"
         zone(tz)
-        now_ms = int(time.time() * 1000)
+        now_ms = self.store.server_now_ms()
         parsed = parse_rule(rule, tz, anchor_ms=created_ms or now_ms, app=self.app)
         if isinstance(parsed, CronRule):
             tz = parsed.tz  # a CronRule (or stored rule) given with its own zone runs in that zone
@@ -329,7 +328,7 @@ class Schedules:
         point: tuple[str, int, str] = ("", 0, "")
         if definition["enabled"]:
             rule = rule_from_json(definition["rule"])
-            at = rule.next_after(int(time.time() * 1000))
+            at = rule.next_after(self.store.server_now_ms())
             if at is not None:
                 pid, envelope = self.envelope_for(definition, at)
                 point = (pid, at, envelope)
@@ -347,11 +346,11 @@ class Schedules:
         """A schedule created paused stores no message: build one anyway, so arguments that do
         not fit the task are refused now (as for an enabled one), not at resume."""
         if not definition["enabled"]:
-            self.envelope_for(definition, int(time.time() * 1000))
+            self.envelope_for(definition, self.store.server_now_ms())
 
     def _check_future(self, definition: dict[str, Any]) -> None:
         rule = rule_from_json(definition["rule"])
-        if isinstance(rule, OnceRule) and rule.at_ms <= int(time.time() * 1000):
+        if isinstance(rule, OnceRule) and rule.at_ms <= self.store.server_now_ms():
             raise InvalidSchedule(
                 f"schedule {definition['name']!r}: the one-shot time is in the past; "
                 "use task.apply_at() to run a task once now"
@@ -534,7 +533,7 @@ class Schedules:
         """Run the schedule's task once now, outside its rule (the schedule is unchanged)."""
         current = self._get_or_fail(name)
         definition = json.loads(self._raw(name)[0] or "{}")
-        now_ms = int(time.time() * 1000)
+        now_ms = self.store.server_now_ms()
         task_id = "{" + current.name + "}@run-now-" + _iso_ms(now_ms)
         task = self.app.tasks.get(current.task) or current.task
         envelope = build_envelope(

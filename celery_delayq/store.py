@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
+import time
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -51,6 +53,12 @@ CANCEL_MISSING, CANCEL_WAITING, CANCEL_HELD = 0, 1, 2
 RESCHEDULE_MISSING, RESCHEDULE_MOVED, RESCHEDULE_HELD = 0, 1, 2
 # requeue results (see lua/requeue.lua)
 REQUEUE_MISSING, REQUEUE_DONE, REQUEUE_STORED, REQUEUE_NO_ENVELOPE = 0, 1, 2, 3
+
+logger = logging.getLogger("celery_delayq.store")
+
+#: Seconds :meth:`Store.server_now_ms` counts from one reading of the server's ``TIME`` at most
+#: (a monotonic clock drifts from the server's by well under 1 ms in that time).
+SERVER_CLOCK_MAX_AGE = 60.0
 
 #: Jobs sent to one enqueue call at most (ARGV stays small, the server stays responsive). The
 #: script's ZADD of 2 values a job goes in slices of ``scripts.LUA_UNPACK_MAX`` values, as every
@@ -189,6 +197,8 @@ class Store:
         self.config = config
         self.keys = KeySpace(config.prefix, config.shards)
         self.client = client if client is not None else make_client(config.url, config.cluster)
+        self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
+        self._warned_past = False
 
     @property
     def is_cluster(self) -> bool:
@@ -203,19 +213,28 @@ class Store:
 
     # -- producers -------------------------------------------------------------------------
 
-    def enqueue(self, jobs: Sequence[tuple[str, int, str]], replace: bool = False) -> list[tuple[int, int]]:
+    def enqueue(
+        self, jobs: Sequence[tuple[str, int, str]], replace: bool = False, relative: bool = False
+    ) -> list[tuple[int, int]]:
         """Store ``(id, due ms, envelope)`` jobs; return ``(status, due ms)`` for each, in order.
 
         Jobs are grouped by shard, ``ENQUEUE_CHUNK`` a call, and all calls go
-        in one pipeline. Status values are those of ``lua/enqueue.lua``.
+        in one pipeline. Status values are those of ``lua/enqueue.lua``. With ``relative``,
+        each due is a delay in ms that the script adds to its server's ``TIME`` (``apply_in``,
+        ``countdown``): the returned due is that stored time. Otherwise each due is a time,
+        and one far in the past of the server's clock is logged once (``delayq_past_warning``).
         """
         mode = "replace" if replace else "keep"
+        clock = "in" if relative else "at"
         channel = self.keys.wake_channel
         if len(jobs) == 1:  # one script call: no pipeline around it
             job_id, due_ms, envelope = jobs[0]
             shard = self.keys.shard_of(job_id)
-            one = [mode, channel, shard, job_id, int(due_ms), stored_form(job_id, envelope)]
-            status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
+            one = [mode, channel, shard, clock, job_id, int(due_ms), stored_form(job_id, envelope)]
+            now, status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
+            self._saw_server_time(int(now))
+            if not relative:
+                self._check_past(int(now), [(job_id, int(due_ms))])
             return [(int(status), int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
@@ -229,7 +248,7 @@ class Store:
             keys = self.keys.shard(shard).core
             for start in range(0, len(positions), ENQUEUE_CHUNK):
                 chunk = positions[start : start + ENQUEUE_CHUNK]
-                args: list[Any] = [mode, channel, shard]
+                args: list[Any] = [mode, channel, shard, clock]
                 for p in chunk:
                     job_id, due_ms, envelope = jobs[p]
                     args.extend((job_id, int(due_ms), stored_form(job_id, envelope)))
@@ -240,11 +259,61 @@ class Store:
             results = run_replicated(self.client, calls, self.config.wait_replicas)
         else:
             results = run_pipelined(self.client, calls)
+        now = 0
         for chunk, result in zip(owners, results, strict=True):
-            pairs = iter(result)
+            now = int(result[0])
+            pairs = iter(result[1:])
             for p, status, due in zip(chunk, pairs, pairs, strict=True):
                 out[p] = (int(status), int(due))
+        if calls:
+            self._saw_server_time(now)
+            if not relative:
+                self._check_past(now, [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
         return out
+
+    # -- the server's clock ----------------------------------------------------------------
+
+    def _saw_server_time(self, server_ms: int) -> None:
+        """Remember the server's ``TIME`` read now (by a script), with this process's monotonic
+        clock: :meth:`server_now_ms` counts from it."""
+        self._clock = (server_ms, time.monotonic())
+
+    def server_now_ms(self) -> int:
+        """The Redis server's now, in ms: the last ``TIME`` a script returned (or a ``TIME``
+        command, when there is none younger than ``SERVER_CLOCK_MAX_AGE`` seconds) plus the time
+        elapsed since on this process's monotonic clock, which a change of the wall clock does
+        not move. What a job's envelope counts a relative expiry from, and what a schedule's
+        first run is computed from; the due time of ``apply_in`` is counted by the script."""
+        clock = self._clock
+        if clock is None or time.monotonic() - clock[1] > SERVER_CLOCK_MAX_AGE:
+            seconds, micros = self.client.time()
+            clock = (int(seconds) * 1000 + int(micros) // 1000, time.monotonic())
+            self._clock = clock
+        return clock[0] + int((time.monotonic() - clock[1]) * 1000)
+
+    def _check_past(self, server_ms: int, jobs: Sequence[tuple[str, int]]) -> None:
+        """Log once (per store, so per app and process) a job due more than
+        ``delayq_past_warning`` seconds before the server's now: likely a producer whose clock
+        is wrong (an ``apply_at`` computed from ``time.time()``)."""
+        limit = self.config.past_warning
+        if limit is None or self._warned_past or not jobs:
+            return
+        job_id, due_ms = min(jobs, key=lambda job: job[1])
+        behind = (server_ms - due_ms) / 1000.0
+        if behind <= limit:
+            return
+        self._warned_past = True
+        skew = time.time() - server_ms / 1000.0
+        logger.warning(
+            "delayq: job %s was given a due time %.0f s before the Redis server's now (more than "
+            "delayq_past_warning = %g s); it runs at once. This process's clock differs from the "
+            "server's by %+.1f s: if that is large, this producer's clock is wrong. (Logged once "
+            "per process.)",
+            job_id,
+            behind,
+            limit,
+            skew,
+        )
 
     # -- beats -------------------------------------------------------------------------------
 

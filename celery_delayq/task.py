@@ -72,8 +72,13 @@ class DelayQTaskMixin:
         return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
 
     def apply_in(self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
-        """Schedule the task to run after ``delay`` (seconds, or a ``timedelta``)."""
-        return self._delayq_schedule([(due_ms_from_delay(delay), args, kwargs)], options)[0]
+        """Schedule the task to run after ``delay`` (seconds, or a ``timedelta``), counted from the
+        Redis server's now (not this machine's clock)."""
+        app = self._delayq_app()
+        due_ms_from_delay(delay, now_ms=0)  # bad input raises before any round trip
+        base = None if app_state(app).always_eager else get_store(app).server_now_ms()
+        due_ms = due_ms_from_delay(delay, now_ms=base)
+        return self._delayq_schedule([(due_ms, args, kwargs)], options, base)[0]
 
     def apply_at_many(self, items: Iterable[tuple[Any, Any, Any]], **options: Any) -> list[ScheduledResult]:
         """Schedule many jobs in few round trips: ``items`` are ``(eta, args, kwargs)``.
@@ -89,8 +94,13 @@ class DelayQTaskMixin:
         return self._delayq_schedule(prepared, options)
 
     def _delayq_schedule(
-        self, items: list[tuple[int, Any, Any]], options: dict[str, Any]
+        self, items: list[tuple[int, Any, Any]], options: dict[str, Any], base: int | None = None
     ) -> list[ScheduledResult]:
+        """Store ``items``: ``(due ms, args, kwargs)``. With ``base`` (the server's now as
+        ``Store.server_now_ms`` estimates it), each due is ``base`` plus a delay, and the enqueue
+        script stores the delay added to its own ``TIME``: the due time counts from the server's
+        clock, and the envelope (an expiry counted from the due time) agrees with it to the
+        estimate's error (milliseconds)."""
         app = self._delayq_app()
         options = dict(options)
         replace = bool(options.pop("replace", False))
@@ -103,11 +113,12 @@ class DelayQTaskMixin:
         ids = [given_id] * len(items) if given_id else new_task_ids(len(items))
         to_build = [(job_id, due, a, k) for job_id, (due, a, k) in zip(ids, items, strict=True)]
         envelopes = build_envelopes(app, self, to_build, options, max_payload=config.max_payload, state=state)
+        shift = base or 0
         jobs = [
-            (task_id, due_ms, envelope)
+            (task_id, due_ms - shift, envelope)
             for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
         ]
-        statuses = get_store(app).enqueue(jobs, replace=replace)
+        statuses = get_store(app).enqueue(jobs, replace=replace, relative=base is not None)
         return scheduled_results(app, self.name, ids, statuses)
 
     def apply_async(
@@ -126,13 +137,18 @@ class DelayQTaskMixin:
             if config.intercept_eta:
                 options.pop("eta", None)
                 options.pop("countdown", None)
-                options["expires"] = celery_expires(options.get("expires"))
+                expires = options.get("expires")
+                if expires is not None:  # seconds count from the call: the server's now
+                    now = ms_to_datetime(get_store(app).server_now_ms())
+                    options["expires"] = celery_expires(expires, now=now)
                 # As in Celery (as_task_v2), a non-zero countdown wins over eta, and a countdown
                 # <= 0 (or an eta in the past) means "run at once". (Clamp with a comparison, not
                 # max(): max(0.0, nan) is 0.0, and NaN must be refused.)
-                if countdown:
+                base = None
+                if countdown:  # counted from the server's now (by the enqueue script)
                     seconds = float(countdown)
-                    due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds)
+                    base = get_store(app).server_now_ms()
+                    due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds, now_ms=base)
                 else:
                     # A naive eta is UTC, as Celery's worker reads it.
                     due_ms = due_ms_from_eta(celery_naive_as_utc(eta), app)
@@ -143,7 +159,7 @@ class DelayQTaskMixin:
                     options.pop(name, None)
                 options["replace"] = True
                 options["task_id"] = task_id
-                return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
+                return self._delayq_schedule([(due_ms, args, kwargs)], options, base)[0]
         return super().apply_async(args, kwargs, task_id=task_id, **options)  # type: ignore[misc]
 
 

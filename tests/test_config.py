@@ -230,7 +230,19 @@ ONE_BAD_VALUE: dict[str, Any] = {
     "delayq_publish_eta": "maybe",
     "delayq_metrics_port": 70_000,
     "delayq_metrics_addr": "a b",
+    "delayq_past_warning": -1,
 }
+
+
+def test_past_warning_setting() -> None:
+    read = DelayQConfig.from_mapping
+    assert read({"delayq_url": "redis://x:1/0"}).past_warning == 3600.0
+    assert read({"delayq_url": "redis://x:1/0", "delayq_past_warning": "600"}).past_warning == 600.0
+    assert read({"delayq_url": "redis://x:1/0", "delayq_past_warning": None}).past_warning is None
+    assert read({"delayq_url": "redis://x:1/0", "delayq_past_warning": ""}).past_warning is None
+    for bad in (-1, "soon", float("nan"), True):
+        with pytest.raises(ConfigurationError, match=r"^delayq_past_warning must"):
+            read({"delayq_url": "redis://x:1/0", "delayq_past_warning": bad})
 
 
 def test_every_setting_has_a_bad_value_in_the_spelling_test() -> None:

@@ -112,6 +112,21 @@ def test_enqueue_new_job_is_stored_in_its_shard(store: Store, r: redis.Redis) ->
     assert all(r.zcard(s.due) == 0 and r.hlen(s.jobs) == 0 for s in others)
 
 
+def test_enqueue_relative_adds_the_delay_to_the_servers_time(store: Store, r: redis.Redis) -> None:
+    """Clock "in": each due is a delay that the script adds to its TIME (one call and a
+    pipeline of shards); the reply's first entry is that TIME, which the store keeps."""
+    before = server_ms(r)
+    (one,) = store.enqueue([("a", 5000, "env-a")], relative=True)
+    many = store.enqueue([(f"m{i}", 1000 * i, "env") for i in range(40)], relative=True)
+    after = server_ms(r)
+    assert one[0] == ENQUEUE_NEW and before + 5000 <= one[1] <= after + 5000
+    assert r.zscore(store.keys.for_job("a").due, "a") == one[1]
+    for i, (status, due) in enumerate(many):
+        assert status == ENQUEUE_NEW and before + 1000 * i <= due <= after + 1000 * i
+        assert r.zscore(store.keys.for_job(f"m{i}").due, f"m{i}") == due
+    assert before <= store.server_now_ms() <= server_ms(r)
+
+
 def test_enqueue_keep_leaves_the_waiting_job_untouched(store: Store, r: redis.Redis) -> None:
     due = server_ms(r) + 60_000
     store.enqueue([("a", due, "first")])
@@ -545,7 +560,7 @@ def test_run_pipelined_repeats_only_the_noscript_calls(store: Store, r: redis.Re
         ScriptCall(
             SCRIPTS["enqueue"],
             store.keys.for_job("b").core,
-            ["replace", store.keys.wake_channel, store.keys.shard_of("b"), "b", now, "env-b"],
+            ["replace", store.keys.wake_channel, store.keys.shard_of("b"), "at", "b", now, "env-b"],
         ),
         ScriptCall(SCRIPTS["cancel"], store.keys.for_job("a").core, ["a"]),  # NOSCRIPT first
     ]
@@ -553,7 +568,7 @@ def test_run_pipelined_repeats_only_the_noscript_calls(store: Store, r: redis.Re
     zrem_before, _ = command_calls(r, "zrem")
     hset_before, _ = command_calls(r, "hset")
     results = run_pipelined(store.client, calls)
-    assert results == [[ENQUEUE_NEW, now], CANCEL_WAITING]
+    assert [results[0][1:], results[1]] == [[ENQUEUE_NEW, now], CANCEL_WAITING]
     evalsha_after, failed_after = command_calls(r, "evalsha")
     assert (evalsha_after - evalsha_before, failed_after - failed_before) == (3, 1)
     assert command_calls(r, "hset")[0] - hset_before == 1  # enqueue ran once, not again
@@ -735,11 +750,11 @@ def test_enqueue_of_5000_jobs_in_one_script_call(store: Store, r: redis.Redis) -
     ENQUEUE_CHUNK a call; the script does not rely on that)."""
     keys = store.keys.shard(2)
     ids = ids_on_shard(store.keys, 2, 5000)
-    args: list[Any] = ["keep", store.keys.wake_channel, 2]
+    args: list[Any] = ["keep", store.keys.wake_channel, 2, "at"]
     for i, job_id in enumerate(ids):
         args += [job_id, 2_000_000_000_000 + i, "env"]
     reply = SCRIPTS["enqueue"](r, keys.core, args)
-    assert reply == [x for i in range(5000) for x in (ENQUEUE_NEW, 2_000_000_000_000 + i)]
+    assert reply[1:] == [x for i in range(5000) for x in (ENQUEUE_NEW, 2_000_000_000_000 + i)]
     assert r.zrange(keys.due, 0, -1, withscores=True) == [
         (job_id, 2_000_000_000_000 + i) for i, job_id in enumerate(ids)
     ]
@@ -750,10 +765,13 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
     """``(script, ARGV)`` of writing scripts given bad input (see ``_stored_state``)."""
     due = 2_000_000_000_000
     return [
-        ("enqueue", ["keep", channel, 0, "new-1", due, "env", "new-2", "soon", "env"]),
-        ("enqueue", ["replace", channel, 0, "new-1", due, "env", "new-2", "nan", "env"]),
-        ("enqueue", ["keep", channel, 0, "new-1", due, "env", "new-2", due]),
-        ("enqueue", ["upsert", channel, 0, "new-1", due, "env"]),
+        ("enqueue", ["keep", channel, 0, "at", "new-1", due, "env", "new-2", "soon", "env"]),
+        ("enqueue", ["replace", channel, 0, "at", "new-1", due, "env", "new-2", "nan", "env"]),
+        ("enqueue", ["keep", channel, 0, "at", "new-1", due, "env", "new-2", due]),
+        ("enqueue", ["upsert", channel, 0, "at", "new-1", due, "env"]),
+        ("enqueue", ["keep", channel, 0, "later", "new-1", due, "env"]),
+        ("enqueue", ["keep", channel, 0, "in", "new-1", 5000, "env", "new-2", -1, "env"]),
+        ("enqueue", ["keep", channel, 0, "in", "new-1", 5000, "env", "new-2", "1.5", "env"]),
         ("claim", ["beat-1", "many", 30_000]),
         ("claim", ["beat|1", 10, 30_000]),
         ("claim", ["beat-1", 10, 0]),
