@@ -8,6 +8,7 @@ The tree::
     │   ├── InvalidDueTime           naive/NaN/inf/negative/out-of-range due time
     │   ├── InvalidOptions           an option that cannot be stored or routed
     │   ├── PayloadTooLarge          the stored job would exceed delayq_max_payload
+    │   ├── ReservedTaskId           a task id of the form of a schedule's point, {name}@<time>
     │   ├── SerializationError       args/kwargs the app's serializer cannot encode
     │   ├── InvalidSchedule          malformed cron, unknown timezone, bad rule, args or policy
     │   │   └── ScheduleNotFound     no schedule has that name (also LookupError)
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidOptions",
     "InvalidSchedule",
     "PayloadTooLarge",
+    "ReservedTaskId",
     "ScheduleError",
     "ScheduleExists",
     "ScheduleNotFound",
@@ -76,6 +78,11 @@ class UnsupportedServer(StoreError):
 
 class PayloadTooLarge(ScheduleError, ValueError):
     """The stored job would exceed ``delayq_max_payload`` bytes."""
+
+
+class ReservedTaskId(ScheduleError, ValueError):
+    """The task id has the form of a recurring schedule's execution point, ``{<name>}@<time>``:
+    such ids belong to the schedules (a job stored under one would stop its schedule)."""
 
 
 class InvalidSchedule(ScheduleError, ValueError):

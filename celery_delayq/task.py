@@ -18,6 +18,7 @@ from celery import Task, shared_task
 from .api import get_store
 from .config import DelayQConfig
 from .exceptions import InvalidOptions
+from .keys import is_point_id
 from .message import (
     TRANSPORT_OPTIONS,
     app_state,
@@ -32,7 +33,7 @@ from .message import (
 from .result import ScheduledResult
 from .store import ENQUEUE_KEPT
 
-__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task", "scheduled_results"]
+__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task", "retry_store_id", "scheduled_results"]
 
 
 def scheduled_results(
@@ -44,6 +45,27 @@ def scheduled_results(
         for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
     ]
     return ScheduledResult.many(done, app.backend, task_name, app)
+
+
+def retry_store_id(task_id: Any, options: dict[str, Any]) -> str | None:
+    """The id a retry of a schedule's run is stored under: ``<point id>:retry-<n>``, or None
+    (any other job is stored under its task id).
+
+    Celery's ``retry()`` sends the task again with the same task id and ``retries=n``. For a
+    run of a schedule that id is the point's (``{name}@<time>``): stored under it, the retry
+    would take the place of the point while a beat still holds it, and stop the schedule. The
+    retry keeps its task id in the message (so ``AsyncResult(point id)`` follows the retries
+    to the final result, as in Celery) and is stored under an id of its own.
+
+    >>> retry_store_id("{tick}@2026-01-01T00:00:00.000Z", {"retries": 2})
+    '{tick}@2026-01-01T00:00:00.000Z:retry-2'
+    >>> retry_store_id("{tick}@2026-01-01T00:00:00.000Z", {}), retry_store_id("abc", {"retries": 1})
+    (None, None)
+    """
+    retries = options.get("retries")
+    if is_point_id(task_id) and isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:
+        return f"{task_id}:retry-{retries}"
+    return None
 
 
 class DelayQTaskMixin:
@@ -90,7 +112,7 @@ class DelayQTaskMixin:
         return self._delayq_schedule(prepared, options)
 
     def _delayq_schedule(
-        self, items: list[tuple[int, Any, Any]], options: dict[str, Any]
+        self, items: list[tuple[int, Any, Any]], options: dict[str, Any], store_id: str | None = None
     ) -> list[ScheduledResult]:
         app = self._delayq_app()
         options = dict(options)
@@ -105,7 +127,7 @@ class DelayQTaskMixin:
         to_build = [(job_id, due, a, k) for job_id, (due, a, k) in zip(ids, items, strict=True)]
         envelopes = build_envelopes(app, self, to_build, options, max_payload=config.max_payload, state=state)
         jobs = [
-            (task_id, due_ms, envelope)
+            (store_id or task_id, due_ms, envelope)
             for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
         ]
         statuses = get_store(app).enqueue(jobs, replace=replace)
@@ -117,7 +139,8 @@ class DelayQTaskMixin:
         """``Task.apply_async``; with ``delayq_intercept_eta`` on, eta/countdown go through delayq.
 
         Intercepted calls replace a waiting job with the same id (a retry
-        reuses its task's id), and return a :class:`ScheduledResult`.
+        reuses its task's id), and return a :class:`ScheduledResult`. A retry of a
+        schedule's run is stored under an id of its own (:func:`retry_store_id`).
         """
         eta = options.get("eta")
         countdown = options.get("countdown")
@@ -144,7 +167,8 @@ class DelayQTaskMixin:
                     options.pop(name, None)
                 options["replace"] = True
                 options["task_id"] = task_id
-                return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
+                store_id = retry_store_id(task_id, options)
+                return self._delayq_schedule([(due_ms, args, kwargs)], options, store_id)[0]
         return super().apply_async(args, kwargs, task_id=task_id, **options)  # type: ignore[misc]
 
 
