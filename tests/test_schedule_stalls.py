@@ -145,7 +145,7 @@ def seed_stall(app: Celery, r: redis.Redis, name: str, late_s: float) -> tuple[s
     """What a job stored under the point's id left behind: the schedule waits for a point that
     is ``late_s`` in the past and is no longer stored."""
     store = get_store(app)
-    pid, record = point_of(app, name)
+    pid, _ = point_of(app, name)
     shard = store.keys.shard(store.keys.shard_of(pid))
     r.zrem(shard.due, pid)
     r.hdel(shard.jobs, pid)
@@ -175,7 +175,7 @@ def test_a_stalled_schedule_is_repaired_by_its_missed_run_policy_logged_and_coun
     schedules.add("hourly", "t.noop", "0 * * * *", missed="skip")  # past grace: skipped
     schedules.add("healthy", "t.noop", 1)
     stalled, stalled_ms = seed_stall(app, r, NAME, late_s=20)
-    hourly_stalled, hourly_ms = seed_stall(app, r, "hourly", late_s=3 * 3600)
+    _, hourly_ms = seed_stall(app, r, "hourly", late_s=3 * 3600)
     healthy_before = point_of(app, "healthy")
     beat = dispatchers(app)
     assert repaired_metric(beat) == 0
