@@ -17,6 +17,7 @@ from typing import Any
 
 from .config import DelayQConfig
 from .exceptions import InvalidSchedule
+from .keys import is_point_id
 from .message import decode_envelope, due_ms_from_eta, ms_to_datetime
 from .scripts import SCRIPTS, ScriptCall, run_pipelined, run_replicated
 from .store import (
@@ -145,7 +146,7 @@ class DelayQ:
 
     def is_schedule_point(self, job_id: str) -> str | None:
         """The name of the recurring schedule whose execution point ``job_id`` is, or None."""
-        if not (job_id.startswith("{") and "}@" in job_id):
+        if not is_point_id(job_id):
             return None
         record = self.store.get(job_id)
         if record is None or record.state == "dead":
@@ -263,7 +264,7 @@ class DelayQ:
     ) -> int:
         """Cancel the ids of one page that ``purge`` removes; how many it removed."""
         jobs_key = core[1]
-        maybe_point = [i for i in ids if i.startswith("{") and "}@" in i]
+        maybe_point = [i for i in ids if is_point_id(i)]
         wanted = ids if task is not None else maybe_point
         envelopes: dict[str, str | None] = {}
         if wanted:

@@ -19,7 +19,8 @@ Besides delivering, a dispatcher keeps three things that cost no Redis call per 
 lateness of what it published (``<prefix>:lateness:publish``, see :mod:`.lateness`), flushed
 at most every ``LATENESS_FLUSH_EVERY`` s; its heartbeat in ``<prefix>:beats``, every
 ``HEARTBEAT_EVERY`` s; and, when ``delayq_metrics_port`` is set, the counters a
-Prometheus endpoint (:mod:`.metrics`) reads.
+Prometheus endpoint (:mod:`.metrics`) reads. Every ``STALL_SWEEP_EVERY`` s it also takes one
+bounded step of the sweep that finds and re-arms stalled schedules (:class:`.schedules.StallSweep`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ BEAT_FORGET_MS = 600_000
 #: Seconds between two looks for such entries (one HGETALL with a heartbeat).
 PRUNE_EVERY = 60.0
 
+#: Seconds between two steps of the sweep for stalled schedules (see schedules.StallSweep).
+STALL_SWEEP_EVERY = 10.0
+
 #: Upper bounds of the claim batch size histogram: jobs taken by one claim of one shard.
 CLAIM_SIZE_BOUNDS: tuple[int, ...] = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 
@@ -113,6 +117,8 @@ class DispatchStats:
     dead_lettered: int = 0
     publish_errors: int = 0
     wakeups: int = 0
+    #: stalled schedules this beat found and re-armed (see schedules.StallSweep)
+    stalls_repaired: int = 0
     #: ticks that failed as a whole (Redis or the broker unreachable; counted by the Scheduler)
     errors: int = 0
     #: claims that took jobs, by size: one count per bound of CLAIM_SIZE_BOUNDS, then larger
@@ -158,6 +164,8 @@ class Dispatcher:
         self._heartbeat_at = 0.0  # monotonic: the first pass writes one
         self._heartbeat_failing = False
         self._prune_at = 0.0
+        self._stalls: Any = None  # the StallSweep, built at its first step
+        self._stall_sweep_at = 0.0  # monotonic: the first chores run one
         self.metrics: MetricsServer | None = None  # the endpoint, once serve_metrics() started it
 
     # -- clock -------------------------------------------------------------------------------
@@ -794,9 +802,9 @@ class Dispatcher:
     # -- lateness, heartbeat, metrics ---------------------------------------------------------
 
     def _next_chore(self) -> float:
-        """Monotonic time of the next :meth:`chores` work: the next heartbeat, or the next
-        lateness flush when something waits to be flushed."""
-        at = self._heartbeat_at
+        """Monotonic time of the next :meth:`chores` work: the next heartbeat or stall sweep,
+        or the next lateness flush when something waits to be flushed."""
+        at = min(self._heartbeat_at, self._stall_sweep_at)
         if self.lateness.pending:
             at = min(at, self._flushed_at + LATENESS_FLUSH_EVERY)
         return at
@@ -804,7 +812,8 @@ class Dispatcher:
     def chores(self, force: bool = False) -> None:
         """Flush the lateness histogram (at most every LATENESS_FLUSH_EVERY s), write the
         heartbeat (every HEARTBEAT_EVERY s) and, every PRUNE_EVERY s, remove the heartbeats
-        of beats not seen for BEAT_FORGET_MS; ``force``: all of it now.
+        of beats not seen for BEAT_FORGET_MS; ``force``: all of it now. Every
+        STALL_SWEEP_EVERY s (not forced), one step of the sweep for stalled schedules.
 
         Never raises: delivery must not stop because of them. On a Redis error the
         observations are kept for the next flush, and one warning is logged until one works.
@@ -837,6 +846,25 @@ class Dispatcher:
                 self._heartbeat_failing = False
                 if prune:
                     self._prune_at = now + PRUNE_EVERY
+        if now >= self._stall_sweep_at:
+            self._stall_sweep_at = now + STALL_SWEEP_EVERY
+            self.sweep_stalls()
+
+    def sweep_stalls(self) -> int:
+        """One step of the sweep for stalled schedules (every STALL_SWEEP_EVERY s, from
+        :meth:`chores`): how many it re-armed. Never raises."""
+        try:
+            if self._stalls is None:
+                from .schedules import Schedules, StallSweep
+
+                self._stalls = StallSweep(Schedules(self.app))
+            repaired = len(self._stalls.step(int(self.server_now_ms())))
+        except Exception as exc:
+            logger.warning("delayq: the sweep for stalled schedules failed (%r); tried again in %.0f s",
+                           exc, STALL_SWEEP_EVERY)
+            return 0
+        self.stats.stalls_repaired += repaired
+        return repaired
 
     def heartbeat(self) -> dict[str, Any]:
         """This beat's entry in ``<prefix>:beats`` (the value is its JSON)."""

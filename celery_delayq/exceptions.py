@@ -10,6 +10,7 @@ The tree::
     │   │   └── InvalidTaskId        a task id that is not a string, too long, or not UTF-8
     │   ├── InvalidArguments         args that are not a list/tuple, kwargs not a mapping
     │   ├── PayloadTooLarge          the stored job would exceed delayq_max_payload
+    │   ├── ReservedTaskId           a task id of the form of a schedule's point, {name}@<time>
     │   ├── SerializationError       args/kwargs the app's serializer cannot encode
     │   ├── InvalidSchedule          malformed cron, unknown timezone, bad rule, args or policy
     │   │   └── ScheduleNotFound     no schedule has that name (also LookupError)
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidSchedule",
     "InvalidTaskId",
     "PayloadTooLarge",
+    "ReservedTaskId",
     "ScheduleError",
     "ScheduleExists",
     "ScheduleNotFound",
@@ -89,6 +91,11 @@ class UnsupportedServer(StoreError):
 
 class PayloadTooLarge(ScheduleError, ValueError):
     """The stored job would exceed ``delayq_max_payload`` bytes."""
+
+
+class ReservedTaskId(ScheduleError, ValueError):
+    """The task id has the form of a recurring schedule's execution point, ``{<name>}@<time>``:
+    such ids belong to the schedules (a job stored under one would stop its schedule)."""
 
 
 class InvalidSchedule(ScheduleError, ValueError):

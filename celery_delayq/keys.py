@@ -14,11 +14,50 @@ the shards spread over its nodes. A job's shard is a stable hash of its id
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cached_property
 
-__all__ = ["KeySpace", "ShardKeys", "shard_of"]
+__all__ = ["KeySpace", "ShardKeys", "is_point_id", "iso_ms", "point_id", "shard_of"]
+
+#: The form of a recurring schedule's execution point id (:func:`point_id`).
+_POINT_ID = re.compile(r"\{[^{}]+\}@\d{4,}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def iso_ms(at_ms: int) -> str:
+    """``at_ms`` (ms since the epoch) as UTC ISO-8601 with milliseconds.
+
+    >>> iso_ms(1_767_225_600_007)
+    '2026-01-01T00:00:00.007Z'
+    """
+    when = datetime.fromtimestamp(at_ms // 1000, UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at_ms % 1000:03d}Z"
+
+
+def point_id(name: str, at_ms: int) -> str:
+    """The task id of schedule ``name``'s execution point at ``at_ms``: the same in every beat.
+
+    >>> point_id("nightly-report", 1_767_225_600_000)
+    '{nightly-report}@2026-01-01T00:00:00.000Z'
+    """
+    return "{" + name + "}@" + iso_ms(at_ms)
+
+
+def is_point_id(job_id: object) -> bool:
+    """Whether ``job_id`` has the form of a schedule's execution point id, ``{<name>}@<time>``.
+
+    Such ids are reserved for the schedules: a job stored under one would take the place of
+    the point and stop its schedule. ``Schedules.run_now`` ids (``{name}@run-now-...``) and
+    the ids of a point's retries (``{name}@<time>:retry-<n>``) are not point ids.
+
+    >>> is_point_id("{nightly}@2026-01-01T00:00:00.000Z"), is_point_id("{nightly}@run-now-x")
+    (True, False)
+    >>> is_point_id("{nightly}@2026-01-01T00:00:00.000Z:retry-1"), is_point_id(42)
+    (False, False)
+    """
+    return isinstance(job_id, str) and job_id.startswith("{") and _POINT_ID.fullmatch(job_id) is not None
 
 
 def shard_of(job_id: str, shards: int) -> int:

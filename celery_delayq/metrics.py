@@ -146,6 +146,8 @@ class DispatcherCollector(Collector):
             ("delayq_tick_errors", "Ticks of this beat that failed: Redis or the broker unreachable.",
              stats.errors),
             ("delayq_wakeups", "Wake messages that brought a shard's next claim forward.", stats.wakeups),
+            ("delayq_schedules_repaired", "Stalled schedules this beat found and re-armed (next run "
+             "past, its point not stored).", stats.stalls_repaired),
         )
         for name, documentation, value in counters:
             yield CounterMetricFamily(name, documentation, value=value)

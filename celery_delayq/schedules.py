@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from .api import get_store
 from .exceptions import InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
+from .keys import iso_ms as _iso_ms
+from .keys import point_id
 from .message import build_envelope, ms_to_datetime
 from .result import ScheduledResult
 from .rules import CronRule, IntervalRule, OnceRule, Rule, parse_rule, rule_from_json, zone
@@ -46,23 +49,16 @@ __all__ = [
     "Schedule",
     "ScheduleNotFound",
     "Schedules",
+    "StallSweep",
     "next_point",
     "plan_point",
     "point_id",
 ]
 
+logger = logging.getLogger("celery_delayq.schedules")
+
 MISSED_POLICIES = ("once", "skip", "all")
 DEFINITION_VERSION = 1
-
-
-def _iso_ms(at_ms: int) -> str:
-    when = datetime.fromtimestamp(at_ms // 1000, UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at_ms % 1000:03d}Z"
-
-
-def point_id(name: str, at_ms: int) -> str:
-    """The task id of ``name``'s execution point at ``at_ms``: the same in every beat."""
-    return "{" + name + "}@" + _iso_ms(at_ms)
 
 
 def _check_name(name: Any) -> str:
@@ -322,13 +318,17 @@ class Schedules:
         )
         return pid, envelope
 
-    def _put(self, definition: dict[str, Any], mode: str) -> bool:
+    def _put(
+        self, definition: dict[str, Any], mode: str, after_ms: int | None = None, stalled: str = ""
+    ) -> bool:
+        """Store ``definition`` and its first point after ``after_ms`` (default: now); with
+        ``stalled``, only if the schedule still waits for that point and it is not stored."""
         name = definition["name"]
         shard = self.keys.shard_of("{" + name + "}")
         point: tuple[str, int, str] = ("", 0, "")
         if definition["enabled"]:
             rule = rule_from_json(definition["rule"])
-            at = rule.next_after(self.store.server_now_ms())
+            at = rule.next_after(self.store.server_now_ms() if after_ms is None else after_ms)
             if at is not None:
                 pid, envelope = self.envelope_for(definition, at)
                 point = (pid, at, envelope)
@@ -340,7 +340,9 @@ class Schedules:
             self.keys.wake_channel,
             shard,
         ]
-        return bool(self.store.write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args))
+        if stalled:
+            args.append(stalled)
+        return int(self.store.write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args)) == 1
 
     def _check_paused(self, definition: dict[str, Any]) -> None:
         """A schedule created paused stores no message: build one anyway, so arguments that do
@@ -366,6 +368,20 @@ class Schedules:
         if definition is None:
             return False
         return self._put(json.loads(definition), "put")
+
+    def repair(self, name: str, stalled_id: str, stalled_ms: int) -> bool:
+        """Re-arm a stalled schedule: one whose current point ``stalled_id`` (due at
+        ``stalled_ms``) is in the past and no longer stored, so no beat will ever fire it.
+
+        The point after it is stored, due in the past, so the beats deliver it at once and
+        the schedule's missed-run policy decides what runs (as after any downtime). In one
+        script, and only if the schedule still waits for ``stalled_id`` and no job with that
+        id is stored: False when it does not (a beat fired it, or it was changed, meanwhile).
+        """
+        definition, _ = self._raw(name)
+        if definition is None:
+            return False
+        return self._put(json.loads(definition), "put", after_ms=stalled_ms, stalled=stalled_id)
 
     def _raw(self, name: str) -> tuple[str | None, str | None]:
         shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
@@ -642,3 +658,86 @@ class Schedules:
             for shard in self.keys.all_shards():
                 pipe.hlen(shard.schedules)
             return sum(int(n) for n in pipe.execute())
+
+
+#: A schedule is *stalled* when its next run is more than this (ms) in the past and its point
+#: is not stored: no beat will ever fire it (see :class:`StallSweep`).
+STALL_AFTER_MS = 5_000
+
+
+class StallSweep:
+    """Finds stalled schedules and repairs them (:meth:`Schedules.repair`), a bounded part of
+    the schedule definitions at a time; every beat runs one (``Dispatcher.chores``).
+
+    A schedule stalls when its current point is gone while the schedule waits for it: a job
+    stored under the point's id took its place (which :func:`~.keys.is_point_id` now refuses),
+    or a point that was dead-lettered could not be re-armed. Each :meth:`step` reads at most
+    one ``HSCAN`` page (``page`` names) per shard, at most one lap of the shards, continuing
+    where the last step stopped, with the run states of the names found (``HMGET``); only a
+    schedule whose next run is over :data:`STALL_AFTER_MS` past costs one more read (is its
+    point stored?) and, when it is stalled, the repair script.
+    """
+
+    def __init__(self, schedules: Schedules, page: int = 500) -> None:
+        self.schedules = schedules
+        self.page = page
+        self._shard = 0
+        self._cursor = 0
+
+    def step(self, now_ms: int) -> builtins.list[tuple[str, str]]:
+        """Look at the next part of the definitions; repair and log each stalled schedule.
+        Returns the ``(name, stalled point id)`` of those repaired."""
+        keys, client = self.schedules.keys, self.schedules.store.client
+        repaired: builtins.list[tuple[str, str]] = []
+        for _ in range(keys.shards):
+            shard = keys.shard(self._shard)
+            self._cursor, found = client.hscan(shard.schedules, self._cursor, count=self.page)
+            if found:
+                repaired.extend(self._repair(shard, found, now_ms))
+            if self._cursor == 0:
+                self._shard = (self._shard + 1) % keys.shards
+                if self._shard == 0:
+                    break  # one lap at most per step
+            else:
+                break  # a big shard: the next step goes on from here
+        return repaired
+
+    def _repair(self, shard: Any, found: dict[str, str], now_ms: int) -> builtins.list[tuple[str, str]]:
+        client = self.schedules.store.client
+        names = builtins.list(found)
+        candidates: builtins.list[tuple[str, str, int, str]] = []
+        for name, raw, state in zip(names, found.values(), client.hmget(shard.history, names), strict=True):
+            try:
+                definition = json.loads(raw)
+                run = json.loads(state) if state else {}
+            except ValueError:
+                continue  # a definition or state that does not read is not this sweep's to mend
+            if not (isinstance(definition, dict) and definition.get("enabled") and isinstance(run, dict)):
+                continue
+            cur, due = run.get("cur"), run.get("next")
+            if isinstance(cur, str) and isinstance(due, int | float) and due < now_ms - STALL_AFTER_MS:
+                candidates.append((name, cur, int(due), str(definition.get("missed"))))
+        if not candidates:
+            return []
+        with client.pipeline(transaction=False) as pipe:
+            for _, cur, _, _ in candidates:
+                pipe.hexists(shard.jobs, cur)
+            stored = pipe.execute()
+        repaired: builtins.list[tuple[str, str]] = []
+        for (name, cur, due, missed), there in zip(candidates, stored, strict=True):
+            if there:
+                continue
+            try:
+                done = self.schedules.repair(name, cur, due)
+            except Exception as exc:
+                logger.error("delayq: schedule %r is stalled (its point %s is gone) and cannot be "
+                             "re-armed here: %r", name, cur, exc)
+                continue
+            if done:
+                repaired.append((name, cur))
+                logger.warning(
+                    "delayq: schedule %r was stalled: its next run %s is %.0f s past and its point "
+                    "is not stored; re-armed from the point after it (missed-run policy %r)",
+                    name, cur, (now_ms - due) / 1000.0, missed,
+                )
+        return repaired

@@ -23,8 +23,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from .config import DelayQConfig
-from .exceptions import UnsupportedServer
-from .keys import KeySpace, ShardKeys, shard_of
+from .exceptions import ReservedTaskId, UnsupportedServer
+from .keys import KeySpace, ShardKeys, is_point_id, shard_of
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "JobRecord",
     "ShardStats",
     "Store",
+    "refuse_point_id",
 ]
 
 #: What a Redis or Redis Cluster client raises when the store cannot be reached or answer
@@ -125,6 +126,25 @@ class ShardStats:
 # whenever it is read: claim, get, scan. decode_envelope always sees whole envelopes.
 _WITH_ID = '{"v":2,"i":'
 _WITHOUT_ID = '{"v":2,"t":'
+
+
+def refuse_point_id(job_id: str) -> None:
+    """Raise :class:`ReservedTaskId` when ``job_id`` is a schedule's point id (``is_point_id``).
+
+    >>> refuse_point_id("{nightly}@2026-01-01T00:00:00.000Z")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.ReservedTaskId: task id '{nightly}@2026-01-01T00:00:00.000Z' is reserved: ...
+    >>> refuse_point_id("{nightly}@run-now-2026-01-01T00:00:00.000Z")  # not a point id
+    """
+    if is_point_id(job_id):
+        name = job_id[1 : job_id.index("}")]
+        raise ReservedTaskId(
+            f"task id {job_id!r} is reserved: it is the form of an execution point of schedule "
+            f"{name!r} ({{name}}@<time>), and a job stored under it would take the point's place and "
+            f"stop the schedule; use another id (Schedules(app).run_now({name!r}) runs the "
+            "schedule's task now)"
+        )
 
 
 def stored_form(job_id: str, envelope: str) -> str:
@@ -223,12 +243,15 @@ class Store:
         each due is a delay in ms that the script adds to its server's ``TIME`` (``apply_in``,
         ``countdown``): the returned due is that stored time. Otherwise each due is a time,
         and one far in the past of the server's clock is logged once (``delayq_past_warning``).
+        An id of the form of a schedule's execution point raises :class:`ReservedTaskId`
+        and nothing is stored.
         """
         mode = "replace" if replace else "keep"
         clock = "in" if relative else "at"
         channel = self.keys.wake_channel
         if len(jobs) == 1:  # one script call: no pipeline around it
             job_id, due_ms, envelope = jobs[0]
+            refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
             one = [mode, channel, shard, clock, job_id, int(due_ms), stored_form(job_id, envelope)]
             now, status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
@@ -240,7 +263,11 @@ class Store:
         shards, crc32 = self.keys.shards, zlib.crc32
         for position, (job_id, _, _) in enumerate(jobs):
             # keys.shard_of, inline for the ids without a hash tag
-            shard = shard_of(job_id, shards) if "{" in job_id else crc32(job_id.encode()) % shards
+            if "{" in job_id:
+                refuse_point_id(job_id)
+                shard = shard_of(job_id, shards)
+            else:
+                shard = crc32(job_id.encode()) % shards
             by_shard[shard].append(position)
         calls: list[ScriptCall] = []
         owners: list[list[int]] = []

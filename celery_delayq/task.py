@@ -18,6 +18,7 @@ from celery import Task, shared_task
 from .api import get_store
 from .config import DelayQConfig
 from .exceptions import InvalidOptions
+from .keys import is_point_id
 from .message import (
     TRANSPORT_OPTIONS,
     app_state,
@@ -33,7 +34,7 @@ from .message import (
 from .result import ScheduledResult
 from .store import ENQUEUE_KEPT
 
-__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task", "scheduled_results"]
+__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task", "retry_store_id", "scheduled_results"]
 
 
 def scheduled_results(
@@ -45,6 +46,27 @@ def scheduled_results(
         for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
     ]
     return ScheduledResult.many(done, app.backend, task_name, app)
+
+
+def retry_store_id(task_id: Any, options: dict[str, Any]) -> str | None:
+    """The id a retry of a schedule's run is stored under: ``<point id>:retry-<n>``, or None
+    (any other job is stored under its task id).
+
+    Celery's ``retry()`` sends the task again with the same task id and ``retries=n``. For a
+    run of a schedule that id is the point's (``{name}@<time>``): stored under it, the retry
+    would take the place of the point while a beat still holds it, and stop the schedule. The
+    retry keeps its task id in the message (so ``AsyncResult(point id)`` follows the retries
+    to the final result, as in Celery) and is stored under an id of its own.
+
+    >>> retry_store_id("{tick}@2026-01-01T00:00:00.000Z", {"retries": 2})
+    '{tick}@2026-01-01T00:00:00.000Z:retry-2'
+    >>> retry_store_id("{tick}@2026-01-01T00:00:00.000Z", {}), retry_store_id("abc", {"retries": 1})
+    (None, None)
+    """
+    retries = options.get("retries")
+    if is_point_id(task_id) and isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:
+        return f"{task_id}:retry-{retries}"
+    return None
 
 
 class DelayQTaskMixin:
@@ -94,13 +116,19 @@ class DelayQTaskMixin:
         return self._delayq_schedule(prepared, options)
 
     def _delayq_schedule(
-        self, items: list[tuple[int, Any, Any]], options: dict[str, Any], base: int | None = None
+        self,
+        items: list[tuple[int, Any, Any]],
+        options: dict[str, Any],
+        base: int | None = None,
+        store_id: str | None = None,
     ) -> list[ScheduledResult]:
         """Store ``items``: ``(due ms, args, kwargs)``. With ``base`` (the server's now as
         ``Store.server_now_ms`` estimates it), each due is ``base`` plus a delay, and the enqueue
         script stores the delay added to its own ``TIME``: the due time counts from the server's
         clock, and the envelope (an expiry counted from the due time) agrees with it to the
-        estimate's error (milliseconds)."""
+        estimate's error (milliseconds). With ``store_id`` (one item: a retry of a schedule's
+        run, :func:`retry_store_id`), the job is stored under that id; its message keeps its
+        task id."""
         app = self._delayq_app()
         options = dict(options)
         replace = bool(options.pop("replace", False))
@@ -115,7 +143,7 @@ class DelayQTaskMixin:
         envelopes = build_envelopes(app, self, to_build, options, max_payload=config.max_payload, state=state)
         shift = base or 0
         jobs = [
-            (task_id, due_ms - shift, envelope)
+            (store_id or task_id, due_ms - shift, envelope)
             for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
         ]
         statuses = get_store(app).enqueue(jobs, replace=replace, relative=base is not None)
@@ -127,7 +155,8 @@ class DelayQTaskMixin:
         """``Task.apply_async``; with ``delayq_intercept_eta`` on, eta/countdown go through delayq.
 
         Intercepted calls replace a waiting job with the same id (a retry
-        reuses its task's id), and return a :class:`ScheduledResult`.
+        reuses its task's id), and return a :class:`ScheduledResult`. A retry of a
+        schedule's run is stored under an id of its own (:func:`retry_store_id`).
         """
         eta = options.get("eta")
         countdown = options.get("countdown")
@@ -159,7 +188,8 @@ class DelayQTaskMixin:
                     options.pop(name, None)
                 options["replace"] = True
                 options["task_id"] = task_id
-                return self._delayq_schedule([(due_ms, args, kwargs)], options, base)[0]
+                store_id = retry_store_id(task_id, options)
+                return self._delayq_schedule([(due_ms, args, kwargs)], options, base, store_id)[0]
         return super().apply_async(args, kwargs, task_id=task_id, **options)  # type: ignore[misc]
 
 

@@ -494,3 +494,71 @@ def test_beat_schedule_shared_by_several_beats(
     assert not any(dups.values()), dups
     check_point_records(r, {"p", "q", "keep"})
     assert_running(procs, [0, *second_beats])
+
+
+# -- a schedule whose task retries, under load (issue 13) ------------------------------------
+
+
+def test_a_schedule_with_a_retrying_task_under_load_runs_every_point(
+    redis_url: str, r: redis.Redis, procs: Procs, producer: Producer
+) -> None:
+    """A per-second cron of ``e2e.flaky``, which fails once and retries with
+    ``self.retry(countdown=1)`` (``delayq_intercept_eta`` on), while 1,000 other jobs are due
+    each second: every point of 30 s runs twice (first attempt and retry, under the point's
+    task id) and the schedule never stalls (the beats' sweep never had to repair it).
+
+    Before, the retry was stored under the point's id: when it came while the beat still held
+    the point, it took the point's place, the point's fire found its lease gone, and the
+    schedule stopped for good after a run or two (with the fix undone, this test fails: the
+    beat's log has the sweep's "was stalled" line, or points are missing). The other jobs go
+    to a queue no worker reads
+    (``sink``): they load the beat (big claims, long passes), not the worker.
+    """
+    seconds, per_second = 30, 1000
+    env = env_with(redis_url, {"delayq_intercept_eta": True, "delayq_reclaim_ttl": LONG_RECLAIM_TTL})
+    producer.app.conf.delayq_intercept_eta = True
+    start_stack(procs, env)
+    warm_up(producer, r, procs)
+    beat_log = procs.procs[1][1]
+    # The load, stored before the run: `per_second` jobs due on each whole second, with the
+    # schedule's point (cron-aligned load, the worst case: the point shares its claim with them).
+    begin = (now_ms() // 1000 + 8) * 1000
+    for s in range(seconds + 3):
+        producer.record.apply_at_many([((begin + s * 1000) / 1000.0, (), {})] * per_second, queue="sink")
+    mid_second()
+    schedules = Schedules(producer.app)
+    added = schedules.add("retrier", "e2e.flaky", "* * * * * *", kwargs={"fail_times": 1, "countdown": 1.0})
+    created = round(added.created.timestamp() * 1000)
+    end = max(begin, created) + seconds * 1000
+    time.sleep(max(0.0, (end - now_ms()) / 1000.0))
+    expected = rule_points(added.rule, created, end)
+    assert len(expected) >= seconds
+    # The last points' retries come a second or so later; a loaded machine: allow several seconds.
+    ran = wait_for(
+        lambda: all(point_runs(r).get("retrier", {}).get(p, 0) >= 2 for p in expected), 30.0, 0.2
+    )
+    runs = point_runs(r).get("retrier", {})
+    missing = [p for p in expected if runs.get(p, 0) < 2]
+    assert ran, (
+        f"{len(missing)} of {len(expected)} points did not run twice (first attempt + retry): "
+        f"{[schedules_point(p) for p in missing[:5]]}...; runs {sorted(runs.items())[:5]}...; "
+        f"schedule {schedules.get('retrier')}\n{procs.logs()}"
+    )
+    assert all(runs[p] == 2 for p in expected), {p: n for p, n in runs.items() if n != 2}
+    retries = sorted(rec["retries"] for rec in starts(r) if parse_point(rec["id"]))
+    assert retries.count(0) >= len(expected) and retries.count(1) >= len(expected)
+    log = beat_log.read_text(errors="replace")
+    assert "was stalled" not in log, log
+    assert "ReservedTaskId" not in log and "ReservedTaskId" not in procs.logs()
+    sink = int(r.llen("sink"))
+    assert sink >= seconds * per_second  # the load did go through the beat
+    after = schedules.get("retrier")
+    assert after is not None and after.next_run is not None
+    assert after.next_run.timestamp() > time.time() - 5, after
+    assert_running(procs, [0, 1])
+    print(f"\n[retrying schedule] {len(expected)} points, each run twice; {sink} other jobs "
+          "published to 'sink' meanwhile; no stall repaired")
+
+
+def schedules_point(point_ms: int) -> str:
+    return datetime.fromtimestamp(point_ms / 1000, UTC).isoformat()

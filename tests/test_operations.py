@@ -291,6 +291,7 @@ def test_metrics_endpoint_serves_counters_gauges_and_histograms(
     assert value(page, "delayq_publish_errors", "delayq_publish_errors_total") == 0
     assert value(page, "delayq_stale_acks", "delayq_stale_acks_total") == 0
     assert value(page, "delayq_passes", "delayq_passes_total") == 1
+    assert value(page, "delayq_schedules_repaired", "delayq_schedules_repaired_total") == 0
     zcard = sum(int(r.zcard(shard.due)) for shard in get_store(app).keys.all_shards())
     assert value(page, "delayq_pending_jobs") == zcard == 5
     assert value(page, "delayq_leased_jobs") == 0

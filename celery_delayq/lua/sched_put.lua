@@ -17,12 +17,16 @@ ARGV[5] its due time in ms
 ARGV[6] its envelope
 ARGV[7] wake channel
 ARGV[8] shard index
+ARGV[9] optional: a repair of a stalled schedule (see schedules.StallSweep): the id of the
+        point the schedule waits for. Nothing is written, and 2 returned, unless the
+        schedule exists, its current point is still that id, and no job with that id is
+        stored (so a beat that fired or a caller that changed it meanwhile wins).
 
 The previous definition's waiting point is removed; a point a beat holds right
 now is left to that beat, whose fire then sees it is no longer current and does
 not advance the schedule. The run history (last run, run count) is kept.
 
-Returns 1 stored, 0 refused (mode "add" and the name exists).
+Returns 1 stored, 0 refused (mode "add" and the name exists), 2 not stalled (ARGV[9]).
 Another mode, or a due time that is not a whole number of ms, is refused with an
 error, before anything is written.
 ]]
@@ -40,6 +44,11 @@ local state = {runs = 0}
 local raw = redis.call('HGET', KEYS[7], name)
 if raw then
   state = cjson.decode(raw)
+end
+local stalled = ARGV[9]
+if stalled and stalled ~= '' and (state.cur ~= stalled or redis.call('HEXISTS', KEYS[2], stalled) == 1
+    or redis.call('HEXISTS', KEYS[6], name) == 0) then
+  return 2
 end
 local cur = state.cur
 if type(cur) == 'string' and cur ~= ARGV[4] and redis.call('HEXISTS', KEYS[3], cur) == 0 then
