@@ -161,6 +161,9 @@ class Dispatcher:
         self._flush_failing = False
         self.host = socket.gethostname()
         self.started_ms = int(time.time() * 1000)
+        # The last heartbeat's seen_ms: a heartbeat never goes back in time, although the estimate
+        # of the server's clock (re-measured at each claim) may step back by a millisecond or so.
+        self._seen_ms = 0
         self._heartbeat_at = 0.0  # monotonic: the first pass writes one
         self._heartbeat_failing = False
         self._prune_at = 0.0
@@ -869,12 +872,13 @@ class Dispatcher:
     def heartbeat(self) -> dict[str, Any]:
         """This beat's entry in ``<prefix>:beats`` (the value is its JSON)."""
         stats = self.stats
+        self._seen_ms = max(self._seen_ms, int(self.server_now_ms()))
         return {
             "token": self.token,
             "host": self.host,
             "pid": os.getpid(),
             "started_ms": self.started_ms,
-            "seen_ms": int(self.server_now_ms()),
+            "seen_ms": self._seen_ms,
             "passes": stats.passes,
             "published": stats.published,
             "dead_lettered": stats.dead_lettered,

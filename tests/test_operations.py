@@ -492,3 +492,14 @@ def test_a_beat_whose_metrics_port_is_taken_delivers_anyway(
             assert beat.dispatcher.stats.published == 2 == published_count(r)
         finally:
             beat.close()
+
+
+def test_a_heartbeat_never_goes_back_when_the_clock_estimate_steps_back(
+    app: Celery, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """The beat's estimate of the server's clock is re-measured at each claim and may step back
+    by a millisecond or more; the seen_ms it writes does not (CI saw later < earlier by 1 ms)."""
+    dispatcher = dispatchers(app)
+    first = dispatcher.heartbeat()["seen_ms"]
+    dispatcher._offset_ms -= 5_000  # the next measure says the server is 5 s behind the last one
+    assert dispatcher.heartbeat()["seen_ms"] >= first
