@@ -21,6 +21,8 @@ from typing import Any
 
 import redis
 from celery import Celery
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from celery_delayq import DelayedTask
 
@@ -44,9 +46,16 @@ _client: redis.Redis | None = None
 
 
 def recorder() -> redis.Redis:
+    """The client that records runs: the tests' instrument, so it retries a connection that the
+    server closed or refused for up to ~6 s (a CI soak once lost one run's record to "Connection
+    closed by server" during redis-py's handshake, while the task itself ran)."""
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(RECORD)
+        _client = redis.Redis.from_url(
+            RECORD,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 10),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        )
     return _client
 
 
