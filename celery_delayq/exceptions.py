@@ -17,19 +17,28 @@ The tree::
     │   ├── UnknownTask              a schedule names a task the app does not have
     │   └── ScheduleExists           Schedules.add() of a name that is taken
     └── StoreError                   Redis answered in a way the store cannot use
-        └── UnsupportedServer        Redis older than 6.2 (scripts need it)
+        ├── UnsupportedServer        Redis older than 6.2 (scripts need it)
+        ├── CorruptData              a stored entry that does not read (also ValueError)
+        └── StoreFull                Redis is over maxmemory and refused to store jobs
 
 Every ScheduleError is raised at the moment of the call, before anything is
 written to Redis: a job that fails validation is never stored, and jobs already
 stored are never touched by a failing call. ``SerializationError`` and
 ``InvalidDueTime`` are also ``ValueError``/``TypeError`` subclasses as fits, so
 code that catches the builtin error keeps working.
+
+``StoreFull`` is raised after the call reached Redis: its ``stored`` and ``not_stored``
+list exactly which jobs of the call were written (each enqueue script call is refused
+whole, before its first write, or runs whole).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ConfigurationError",
+    "CorruptData",
     "DelayQError",
     "InvalidArguments",
     "InvalidDueTime",
@@ -43,6 +52,7 @@ __all__ = [
     "ScheduleNotFound",
     "SerializationError",
     "StoreError",
+    "StoreFull",
     "UnknownTask",
     "UnsupportedServer",
 ]
@@ -87,6 +97,39 @@ class StoreError(DelayQError):
 
 class UnsupportedServer(StoreError):
     """The Redis server is too old for the scripts (6.2 or newer is needed)."""
+
+
+class CorruptData(StoreError, ValueError):
+    """A stored entry (an envelope, a lease, a schedule definition or run state, a heartbeat)
+    that does not read: not JSON, the wrong type, nested too deeply or too large. The beat
+    dead-letters such a job, or stops such a schedule, with this as the reason."""
+
+
+class StoreFull(StoreError):
+    """Redis is over its ``maxmemory`` and refused to store jobs (``OOM command not allowed``).
+
+    ``stored`` lists the task ids of the call that were stored (a bulk call is sent as one
+    script call per shard and chunk; each is refused whole or runs whole), ``not_stored``
+    those that were not, both in the order of the call. Nothing stored before is lost: the
+    beat goes on delivering (which frees memory), so retrying ``not_stored`` later works.
+    """
+
+    def __init__(
+        self, stored: list[str], not_stored: list[str], not_stored_positions: list[int] | None = None
+    ) -> None:
+        self.stored = stored
+        self.not_stored = not_stored
+        #: Where each ``not_stored`` job was in the call's items (``apply_at_many``), to retry them.
+        self.not_stored_positions = not_stored_positions if not_stored_positions is not None else []
+        super().__init__(
+            f"Redis is full (used memory over its maxmemory, policy noeviction): "
+            f"{len(not_stored)} job(s) not stored, {len(stored)} stored. Retry the ones in "
+            f".not_stored once the beats have drained due jobs, or raise maxmemory "
+            f"(CONFIG SET maxmemory) or free memory; see docs/errors.md"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stored, self.not_stored, self.not_stored_positions))
 
 
 class PayloadTooLarge(ScheduleError, ValueError):

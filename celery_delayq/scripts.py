@@ -9,6 +9,16 @@ Every script is sent with :data:`PRELUDE` in front of it, on the same line as th
 opening comment (so the line numbers in a script's errors are those of its file): the limit
 :data:`LUA_UNPACK_MAX` and the helpers the scripts share (``call_sliced``, ``int_arg``).
 
+A script whose file opens with ``#!lua flags=allow-oom`` frees memory (claim, ack, cancel,
+bury, fire; not deliver: see ``lua/deliver.lua``): Redis 7+ and Valkey run it when Redis is
+over ``maxmemory``, so a full store drains. Redis 6.2 has no script flags (the line is a Lua
+syntax error there): a script is sent there without it (:attr:`LuaScript.legacy_source`),
+and each such script's first write is a command that Redis never refuses for memory
+(``HDEL``, ``ZREM``): Redis 6.2 (and 7 for a script without flags) refuses only a
+script's *first* write when it was over ``maxmemory`` at the script's start, and lets a
+script that has written go on. Which form a server takes is learnt once per client: the
+flagged one is tried first and a server that cannot compile it gets the other from then on.
+
 Pipelines send every ``EVALSHA`` in one round trip and repeat only the calls
 that came back NOSCRIPT (redis-py's own pipeline would ask ``SCRIPT EXISTS``
 before every execute, one more round trip each time). On a Redis Cluster
@@ -17,13 +27,14 @@ key's slot (every key of a call shares one hash tag), all nodes in one round
 trip, and ``SCRIPT LOAD`` loads a script on every primary.
 
 >>> " ".join(sorted(SCRIPTS))
-'ack bury cancel claim deliver enqueue fire get requeue reschedule sched_del sched_put stats'
+'ack bury cancel claim deliver enqueue fire get renew requeue reschedule sched_del sched_put stats'
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,11 +48,13 @@ from redis.exceptions import (
     NoScriptError,
     RedisClusterException,
     RedisError,
+    ResponseError,
     TimeoutError,
     TryAgainError,
 )
 
 __all__ = [
+    "ALLOW_OOM",
     "LUA_UNPACK_MAX",
     "PRELUDE",
     "SCRIPTS",
@@ -82,30 +95,85 @@ PRELUDE = (
 )
 
 
+#: The first line of a script that frees memory (see the module's docstring).
+ALLOW_OOM = "#!lua flags=allow-oom"
+
+#: Clients (Redis, RedisCluster) whose server cannot compile script flags (Redis 6.2).
+_NO_FLAGS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _no_flags(exc: ResponseError) -> bool:
+    """Is this the answer of a server without script flags to a script that declares some?"""
+    text = str(exc)
+    return "Error compiling script" in text or "Unknown lua shebang" in text
+
+
 @dataclass(frozen=True)
 class LuaScript:
-    """One script: its name, source and SHA-1."""
+    """One script: its name, source and SHA-1.
+
+    ``source``/``sha`` are what Redis 7+ and Valkey run; for a script with flags,
+    ``legacy_source``/``legacy_sha`` are the same script without its flags line (Redis 6.2).
+    A script without flags has one form: the legacy fields equal the others."""
 
     name: str
     source: str
     sha: str
+    legacy_source: str = ""
+    legacy_sha: str = ""
+
+    @property
+    def flagged(self) -> bool:
+        return self.sha != self.legacy_sha and bool(self.legacy_sha)
+
+    def sha_for(self, client: Any) -> str:
+        """The SHA of the form ``client``'s server runs."""
+        return self.legacy_sha if self.flagged and client in _NO_FLAGS else self.sha
+
+    def load(self, client: Any) -> None:
+        """``SCRIPT LOAD`` the form ``client``'s server runs; a server that cannot compile
+        the flags line is remembered (per client) and given the legacy form."""
+        if self.flagged and client not in _NO_FLAGS:
+            try:
+                client.script_load(self.source)
+                return
+            except ResponseError as exc:
+                if not _no_flags(exc):
+                    raise
+                _NO_FLAGS.add(client)
+                logger.info(
+                    "delayq: the Redis server has no script flags (6.2): the scripts that "
+                    "free memory run in their legacy form"
+                )
+        client.script_load(self.legacy_source or self.source)
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run on ``client`` (a Redis or RedisCluster), loading it on NOSCRIPT."""
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            return client.evalsha(self.sha_for(client), len(keys), *keys, *args)
         except NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            self.load(client)
+            return client.evalsha(self.sha_for(client), len(keys), *keys, *args)
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()
 
 
 def _load_all() -> dict[str, LuaScript]:
     scripts: dict[str, LuaScript] = {}
     for entry in resources.files(__package__).joinpath("lua").iterdir():
         if entry.name.endswith(".lua"):
-            source = PRELUDE + entry.read_text(encoding="utf-8")
+            text = entry.read_text(encoding="utf-8")
             name = entry.name[: -len(".lua")]
-            scripts[name] = LuaScript(name, source, hashlib.sha1(source.encode()).hexdigest())
+            if text.startswith("#!"):
+                # The flags line stays line 1 (Redis needs it first); the legacy form has an
+                # empty line 1, so line numbers in errors are the file's in both forms.
+                shebang, _, body = text.partition("\n")
+                source, legacy = shebang + "\n" + PRELUDE + body, "\n" + PRELUDE + body
+            else:
+                source = legacy = PRELUDE + text
+            scripts[name] = LuaScript(name, source, _sha(source), legacy, _sha(legacy))
     return scripts
 
 
@@ -135,7 +203,7 @@ def run_pipelined(client: Any, calls: Sequence[ScriptCall], raise_errors: bool =
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i].script for i in missing}:
-            client.script_load(script.source)
+            script.load(client)
         again = _send(client, [calls[i] for i in missing], raise_errors)
         for i, result in zip(missing, again, strict=True):
             results[i] = result
@@ -181,16 +249,17 @@ def _pipeline(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
     cluster = isinstance(client, RedisCluster)
     with client.pipeline(transaction=False) as pipe:
         for call in calls:
+            sha = call.script.sha_for(client)
             if cluster:
                 # The node of the call's slot, named here: left to itself, redis-py's cluster
                 # pipeline asks the server (COMMAND GETKEYS) where each EVALSHA goes, one more
                 # round trip a call. A redirected call (MOVED, a failover) is re-routed by slot.
                 node = client.get_node_from_key(call.keys[0])
                 pipe.execute_command(
-                    "EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args, target_nodes=node
+                    "EVALSHA", sha, len(call.keys), *call.keys, *call.args, target_nodes=node
                 )
             else:
-                pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+                pipe.execute_command("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
         return list(pipe.execute(raise_on_error=False))
 
 
@@ -198,7 +267,9 @@ def _pipeline(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
 _REROUTE = (AskError, TryAgainError, ConnectionError, TimeoutError)
 
 
-def run_replicated(client: Any, calls: Sequence[ScriptCall], replicas: int) -> list[Any]:
+def run_replicated(
+    client: Any, calls: Sequence[ScriptCall], replicas: int, raise_errors: bool = True
+) -> list[Any]:
     """As :func:`run_pipelined`, then ``WAIT replicas WAIT_TIMEOUT_MS`` on each connection that
     carried calls: it returns once that many replicas have every write (or the time is up).
 
@@ -206,6 +277,7 @@ def run_replicated(client: Any, calls: Sequence[ScriptCall], replicas: int) -> l
     node, each group and its ``WAIT`` in one pipeline on that node. Fewer replicas than asked
     (a slow or missing replica, a redirected call) is logged as a warning: the writes are
     stored on the primary, but a failover before they are replicated could lose them.
+    With ``raise_errors=False`` a call's error is returned in place of its result.
     """
     if not calls:
         return []
@@ -226,7 +298,8 @@ def run_replicated(client: Any, calls: Sequence[ScriptCall], replicas: int) -> l
             with target.pipeline(transaction=False) as pipe:
                 for i in positions:
                     call = calls[i]
-                    pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+                    sha = call.script.sha_for(client)  # the form is learnt per client, not per node
+                    pipe.execute_command("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
                 pipe.execute_command("WAIT", replicas, WAIT_TIMEOUT_MS)
                 replies = list(pipe.execute(raise_on_error=False))
         except (RedisError, RedisClusterException) as exc:
@@ -246,8 +319,8 @@ def run_replicated(client: Any, calls: Sequence[ScriptCall], replicas: int) -> l
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i].script for i in missing}:
-            client.script_load(script.source)
-        repeated = run_replicated(client, [calls[i] for i in missing], replicas)
+            script.load(client)
+        repeated = run_replicated(client, [calls[i] for i in missing], replicas, raise_errors)
         for i, result in zip(missing, repeated, strict=True):
             results[i] = result
     if confirmed < replicas:
@@ -259,7 +332,8 @@ def run_replicated(client: Any, calls: Sequence[ScriptCall], replicas: int) -> l
             replicas,
             WAIT_TIMEOUT_MS,
         )
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
+    if raise_errors:
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
     return results

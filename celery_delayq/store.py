@@ -20,10 +20,19 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 
+from .bounded import MAX_SMALL, load_json, parse_lease
 from .config import DelayQConfig
-from .exceptions import ReservedTaskId, UnsupportedServer
+from .exceptions import CorruptData, ReservedTaskId, StoreFull, UnsupportedServer
 from .keys import KeySpace, ShardKeys, is_point_id, shard_of
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
 
@@ -39,12 +48,56 @@ __all__ = [
     "JobRecord",
     "ShardStats",
     "Store",
+    "error_text",
+    "redis_error_kind",
     "refuse_point_id",
 ]
 
 #: What a Redis or Redis Cluster client raises when the store cannot be reached or answer
 #: (redis-py's cluster errors such as ``SlotNotCoveredError`` are not ``RedisError``s).
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+
+def redis_error_kind(exc: BaseException) -> str:
+    """What a Redis error says about the server: ``"unreachable"`` (no connection, a timeout,
+    a cluster failing over), ``"oom"`` (``maxmemory`` reached, writes refused), ``"noscript"``
+    (the script cache was flushed again after the reload), ``"script"`` (any other error reply:
+    a script or a command refused; Redis answers, so backing off does not help by itself), or
+    ``"other"``.
+
+    >>> from redis.exceptions import ConnectionError, OutOfMemoryError, ResponseError
+    >>> redis_error_kind(ConnectionError("refused")), redis_error_kind(OutOfMemoryError("OOM"))
+    ('unreachable', 'oom')
+    >>> redis_error_kind(ResponseError(  # Redis 6.2's words for a script's refused write
+    ...     "Error running script ...: @user_script: 1: -OOM command not allowed when used memory "
+    ...     "> 'maxmemory'."))
+    'oom'
+    >>> redis_error_kind(ResponseError("Error running script: attempt to perform arithmetic on nil"))
+    'script'
+    """
+    if is_oom(exc):
+        return "oom"
+    if isinstance(exc, NoScriptError):
+        return "noscript"
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ClusterDownError | TryAgainError
+                  | ReadOnlyError | RedisClusterException):
+        return "unreachable"
+    if isinstance(exc, ResponseError):
+        return "script"
+    return "other"
+
+
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """``"<class>: <message>"`` of an error, for a log line: redis-py's ``repr`` of its errors
+    (``server:ResponseError``) leaves out the message that says what went wrong.
+
+    >>> error_text(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+    'ResponseError: WRONGTYPE Operation against a key holding the wrong kind of value'
+    """
+    text = str(exc)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
+
 
 # enqueue statuses (see lua/enqueue.lua)
 ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED, ENQUEUE_AFTER_HELD = 0, 1, 2, 3
@@ -85,6 +138,8 @@ class ClaimResult:
     now_ms: int
     next_ms: int | None
     jobs: list[ClaimedJob]
+    #: lease entries of claimed jobs that did not read and were replaced (see lua/claim.lua)
+    repaired: int = 0
 
 
 @dataclass(frozen=True)
@@ -210,6 +265,54 @@ def make_client(url: str, cluster: bool = False) -> Any:
     return redis.Redis.from_url(url, **options)
 
 
+def evicts_jobs(policy: str) -> bool:
+    """May this ``maxmemory-policy`` evict the store's keys? ``allkeys-*`` evict any key.
+    ``volatile-*`` evict only keys with a TTL, and no key of the store has one (nothing in
+    celery-delayq sets a TTL), so they act as ``noeviction`` for the jobs. An unknown policy
+    is taken to evict.
+
+    >>> [evicts_jobs(p) for p in ("noeviction", "allkeys-lru", "volatile-ttl", "new-policy")]
+    [False, True, False, True]
+    """
+    return policy != "noeviction" and not policy.startswith("volatile-")
+
+
+#: In the error of a write refused because Redis is over maxmemory (every version's wording;
+#: Redis 6.2 puts it inside a script's error: "@user_script: 1: -OOM command not allowed ...").
+OOM_REPLY = "command not allowed when used memory"
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Did Redis refuse this for memory (over ``maxmemory``, policy ``noeviction``)? Redis 7
+    and Valkey answer a script's refused write with ``OOM``; Redis 6.2 wraps it in the
+    script's error text."""
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and OOM_REPLY in str(exc)
+    )
+
+
+def _raise_store_full(
+    jobs: Sequence[tuple[str, int, str]], owners: Sequence[Sequence[int]], results: Sequence[Any]
+) -> None:
+    """Raise :class:`StoreFull` when Redis refused any enqueue call for memory, naming the jobs
+    of the calls that ran and of those it refused; raise any other error of a call as is.
+    A refused call wrote nothing: Redis refuses a script's first write (HSETNX/HSET) when it
+    was over maxmemory at the script's start, and never stops a script once it has written."""
+    refused = [isinstance(result, Exception) and is_oom(result) for result in results]
+    if not any(refused):
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return
+    for result, full in zip(results, refused, strict=True):
+        if isinstance(result, Exception) and not full:
+            raise result
+    not_stored = sorted(p for chunk, full in zip(owners, refused, strict=True) if full for p in chunk)
+    stored = sorted(p for chunk, full in zip(owners, refused, strict=True) if not full for p in chunk)
+    first = next(result for result, full in zip(results, refused, strict=True) if full)
+    raise StoreFull([jobs[p][0] for p in stored], [jobs[p][0] for p in not_stored], not_stored) from first
+
+
 class Store:
     """One app's shards in one Redis deployment."""
 
@@ -254,7 +357,12 @@ class Store:
             refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
             one = [mode, channel, shard, clock, job_id, int(due_ms), stored_form(job_id, envelope)]
-            now, status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
+            try:
+                now, status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
+            except redis.ResponseError as exc:
+                if is_oom(exc):
+                    raise StoreFull([], [job_id], [0]) from exc
+                raise
             self._saw_server_time(int(now))
             if not relative:
                 self._check_past(int(now), [(job_id, int(due_ms))])
@@ -283,9 +391,10 @@ class Store:
                 owners.append(chunk)
         out: list[tuple[int, int]] = [(0, 0)] * len(jobs)
         if self.config.wait_replicas:
-            results = run_replicated(self.client, calls, self.config.wait_replicas)
+            results = run_replicated(self.client, calls, self.config.wait_replicas, raise_errors=False)
         else:
-            results = run_pipelined(self.client, calls)
+            results = run_pipelined(self.client, calls, raise_errors=False)
+        _raise_store_full(jobs, owners, results)
         now = 0
         for chunk, result in zip(owners, results, strict=True):
             now = int(result[0])
@@ -372,10 +481,11 @@ class Store:
                 continue
             jobs = [
                 ClaimedJob(raw[i], loaded_form(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
-                for i in range(2, len(raw), 4)
+                for i in range(3, len(raw), 4)
             ]
             next_ms = int(raw[1])
-            results.append(ClaimResult(shard, int(raw[0]), None if next_ms < 0 else next_ms, jobs))
+            next_due = None if next_ms < 0 else next_ms
+            results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2])))
         return results
 
     def ack(self, token: str, ids_by_shard: dict[int, list[str]]) -> dict[str, bool]:
@@ -391,6 +501,32 @@ class Store:
         for chunk, result in zip(owners, run_pipelined(self.client, calls), strict=True):
             removed.update({job_id: bool(r) for job_id, r in zip(chunk, result, strict=True)})
         return removed
+
+    def renew(self, token: str, ids_by_shard: dict[int, list[str]]) -> tuple[dict[str, bool], int | None]:
+        """Extend to the server's now + ``delayq_reclaim_ttl`` the leases ``token`` still holds
+        (``lua/renew.lua``, one pipelined round trip, one call per shard chunk).
+
+        Returns ``({id: held}, server now ms)``: a job not held (re-claimed by another beat,
+        cancelled, replaced) must not be published. The time is the earliest "now" of the
+        calls (on a Cluster each node reads its own clock, a few ms apart), so every renewed
+        lease runs to at least that time + TTL. It is None when nothing was asked.
+        """
+        ttl_ms = int(self.config.reclaim_ttl * 1000)
+        calls: list[ScriptCall] = []
+        owners: list[list[str]] = []
+        for shard, ids in ids_by_shard.items():
+            for start in range(0, len(ids), ACK_CHUNK):
+                chunk = ids[start : start + ACK_CHUNK]
+                calls.append(
+                    ScriptCall(SCRIPTS["renew"], self.keys.shard(shard).core, [token, ttl_ms, *chunk])
+                )
+                owners.append(chunk)
+        held: dict[str, bool] = {}
+        now_ms: int | None = None
+        for chunk, result in zip(owners, run_pipelined(self.client, calls), strict=True):
+            now_ms = int(result[0]) if now_ms is None else min(now_ms, int(result[0]))
+            held.update({job_id: bool(r) for job_id, r in zip(chunk, result[1:], strict=True)})
+        return held, now_ms
 
     def deliver(
         self, token: str, items_by_shard: dict[int, list[tuple[str, str, str]]]
@@ -440,7 +576,10 @@ class Store:
         if raw is None:
             return None
         if raw[0] == "dead":
-            record = json.loads(raw[1])
+            try:
+                record = load_json(raw[1], f"dead-letter record of {job_id!r}")
+            except CorruptData as exc:
+                record = {"envelope": "", "reason": str(exc)}
             return JobRecord(
                 job_id,
                 shard,
@@ -494,9 +633,12 @@ class Store:
                 if envelope is None:
                     continue
                 envelope = loaded_form(job_id, envelope)
-                if lease:
-                    due, tries, _ = lease.split("|", 2)
-                    yield JobRecord(job_id, index, int(due), envelope, "leased", int(tries), int(score))
+                parsed = None if lease is None else parse_lease(lease)
+                if parsed is not None:
+                    due, tries = parsed
+                    yield JobRecord(job_id, index, due, envelope, "leased", tries, int(score))
+                elif lease is not None:  # a lease entry that does not read: a claim replaces it
+                    yield JobRecord(job_id, index, int(score), envelope, "leased", 0, int(score))
                 else:
                     yield JobRecord(job_id, index, int(score), envelope, "waiting")
             if len(members) < page:
@@ -565,7 +707,7 @@ class Store:
         raw = self.client.hget(self.keys.for_job(job_id).dead, job_id)
         if raw is None:
             return None
-        record: dict[str, Any] = json.loads(raw)
+        record: dict[str, Any] = load_json(raw, f"dead-letter record of {job_id!r}")
         return record
 
     def beats(self) -> dict[str, Any]:
@@ -574,8 +716,8 @@ class Store:
         out: dict[str, Any] = {}
         for token, raw in self.client.hgetall(self.keys.beats).items():
             try:
-                out[token] = json.loads(raw)
-            except ValueError:
+                out[token] = load_json(raw, "heartbeat", None, MAX_SMALL)
+            except CorruptData:
                 out[token] = raw
         return out
 
@@ -591,7 +733,10 @@ class Store:
         """Every dead-lettered job: ``(id, record)``."""
         for shard in self.keys.all_shards():
             for job_id, raw in self.client.hscan_iter(shard.dead):
-                yield job_id, json.loads(raw)
+                try:
+                    yield job_id, load_json(raw, f"dead-letter record of {job_id!r}")
+                except CorruptData as exc:  # listed with the reason, never ends the listing
+                    yield job_id, {"reason": str(exc), "envelope": ""}
 
     # -- server ------------------------------------------------------------------------------
 
@@ -620,10 +765,11 @@ class Store:
             policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.ResponseError:
             policy = None  # CONFIG disabled (managed Redis, ACL): nothing to say
-        if policy and policy != "noeviction":
+        if policy and evicts_jobs(policy):
             warnings.append(
-                f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis may evict "
-                "scheduled jobs; set it to 'noeviction'"
+                f"Redis maxmemory-policy is {policy!r}: when used memory reaches maxmemory, Redis "
+                "may evict scheduled jobs; set it to 'noeviction' (a full Redis then refuses new "
+                "jobs with StoreFull while the beats go on delivering due ones, which frees memory)"
             )
         return warnings
 

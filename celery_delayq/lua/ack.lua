@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ ack: remove delivered jobs, each only while it still holds the caller's lease.
 
 KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
@@ -11,6 +12,7 @@ replaced or cancelled since no longer holds this token and is left alone, so a
 stale claimer never deletes work it does not own.
 
 Returns an array with one entry per id in ARGV order: 1 removed, 0 left alone.
+Runs when Redis is over maxmemory: it only deletes.
 ]]
 local suffix = '|' .. ARGV[1]
 local out = {}

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ cancel: remove one job by id.
 
 KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
@@ -11,6 +12,7 @@ Returns
   2  removed while a beat held it: it is being delivered now and may already
      be in the broker; the holder's ack will find nothing and no beat will
      deliver it again
+Runs when Redis is over maxmemory: it only deletes.
 ]]
 local id = ARGV[1]
 if redis.call('HEXISTS', KEYS[2], id) == 0 then

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ claim: lease a bounded batch of due jobs of one shard to one beat.
 
 KEYS[1] due     sorted set: job id -> due time (ms); a leased job's score is its lease expiry
@@ -16,10 +17,21 @@ which includes leases that expired because their holder died) gets score
 now + TTL and a lease entry holding its original due time, its delivery count
 and the token. A member whose envelope is missing is dropped.
 
-Returns {now ms, next ms, id, envelope, due ms, tries, id, envelope, ...}
+Returns {now ms, next ms, repaired, id, envelope, due ms, tries, id, envelope, ...}
 where next is the earliest score left in the shard after the claim (a lease
 expiry counts: that is when it may need re-claiming), or -1 when the shard is
 empty. The wake marker is set to next (or far future when empty).
+
+A lease entry that does not read as "<due ms>|<tries>|<token>" (corrupt data) is
+treated as an expired lease of unknown history: the job is claimed with its score
+as its due time (its score is <= now, so whatever it held is over) and tries 1,
+and the entry is replaced by a valid lease. repaired counts those entries, so the
+caller can report them; one bad entry never makes the claim (and its shard) fail.
+Memory: a claim runs when Redis is over maxmemory (it is how a full store drains): its
+net growth is one lease entry per job taken, at most ARGV[2] per call (see
+docs/operations.md). Its first write is an HDEL that deletes nothing (no job has the
+empty id): Redis 6.2, which has no script flags, refuses only a script's first write
+when full, and never refuses HDEL (a command the documented ACL user already has).
 A token holding "|" or a batch or TTL that is not a whole number >= 1 is refused
 with an error, before anything is written.
 ]]
@@ -32,10 +44,12 @@ end
 if batch == nil or batch < 1 or ttl == nil or ttl < 1 then
   return redis.error_reply('delayq claim: batch and TTL must be whole numbers >= 1')
 end
+redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local found = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch, 'WITHSCORES')
-local out = {now, -1}
+local out = {now, -1, 0}
+local repaired = 0
 local expiry = now + ttl
 local zargs = {}
 for i = 1, #found, 2 do
@@ -50,8 +64,12 @@ for i = 1, #found, 2 do
     local lease = redis.call('HGET', KEYS[3], id)
     if lease then
       local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
-      due = tonumber(d)
-      tries = tonumber(n)
+      if d and n then
+        due = tonumber(d)
+        tries = tonumber(n)
+      else
+        repaired = repaired + 1
+      end
     end
     tries = tries + 1
     redis.call('HSET', KEYS[3], id, string.format('%d|%d|%s', due, tries, token))
@@ -63,6 +81,7 @@ for i = 1, #found, 2 do
     out[#out + 1] = tries
   end
 end
+out[3] = repaired
 call_sliced('ZADD', KEYS[1], zargs, 2)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if head[2] then

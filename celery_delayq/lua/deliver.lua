@@ -20,6 +20,12 @@ to a Redis Cluster (the queue list lives outside the shard's slot there).
 Returns one entry per job, in order: 1 pushed and removed, 0 not held (nothing done),
 or the error text of a refused LPUSH (the job keeps its lease and is retried).
 An incomplete triple is refused with an error, before anything is written.
+Unlike claim and ack, this script has no allow-oom flag, and its first write is the
+LPUSH: when the broker (this Redis) is over maxmemory, the push is refused (an OOM error
+text for each job) and the job keeps its lease. A message is larger than the job it
+replaces (about 965 bytes against 340), and a Celery worker cannot start on a Redis over
+maxmemory, nor keep a message it pops there (kombu's unacked write is refused): pushing
+into a full broker would grow it and lose messages (docs/operations.md, "A full Redis").
 ]]
 if #ARGV < 1 or (#ARGV - 1) % 3 ~= 0 then
   return redis.error_reply('delayq deliver: messages come in triples: id, list key, message')

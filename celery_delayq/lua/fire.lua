@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ fire: ack a schedule's execution point and move the schedule to its next point.
 
 This is lazy unrolling: a schedule only ever has one point stored; the beat
@@ -19,12 +20,16 @@ ARGV[10] shard index
 
 Returns
   1  acked and advanced
+  3  acked and advanced, but the run state (history) did not read as a JSON object
+     (corrupt data): it was reset (run count and last run lost) before advancing
   2  acked, not advanced: the schedule was deleted, paused or replaced while
      the point was being delivered (its current point is another, or none)
   0  the caller no longer holds the lease (another beat re-claimed the point):
      nothing changed; that beat will fire it
 A point time or next due time that is not a whole number of ms is refused with an
 error, before anything is written.
+Runs when Redis is over maxmemory: its first write is a ZREM (never refused when full,
+even on Redis 6.2), and the next point it stores replaces the one it acks.
 ]]
 local id = ARGV[2]
 if int_arg(4) == nil or (ARGV[6] ~= '' and int_arg(7) == nil) then
@@ -43,7 +48,12 @@ local raw = redis.call('HGET', KEYS[7], name)
 if not raw or redis.call('HEXISTS', KEYS[6], name) == 0 then
   return 2
 end
-local state = cjson.decode(raw)
+local ok, state = pcall(cjson.decode, raw)
+local reset = not ok or type(state) ~= 'table' or state[1] ~= nil
+  or (state.cur ~= nil and type(state.cur) ~= 'string')
+if reset then
+  state = {runs = 0, cur = id}
+end
 if state.cur ~= id then
   return 2
 end
@@ -68,4 +78,7 @@ else
   state.next = nil
 end
 redis.call('HSET', KEYS[7], name, cjson.encode(state))
+if reset then
+  return 3
+end
 return 1

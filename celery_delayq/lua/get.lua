@@ -9,7 +9,8 @@ Returns
   nil                                           no such job
   {"job", envelope, due ms, tries, lease until}  a stored job; tries is 0 and
       lease until is -1 unless a beat holds it (lease until is then the ms at
-      which the lease expires, and due ms is the original due time)
+      which the lease expires, and due ms is the original due time; for a lease
+      entry that does not read, due ms is the score and tries 0)
   {"dead", record}                               a dead-lettered job
 ]]
 local id = ARGV[1]
@@ -19,7 +20,10 @@ if envelope then
   local lease = redis.call('HGET', KEYS[3], id)
   if lease then
     local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
-    return {'job', envelope, tonumber(d), tonumber(n), score}
+    if d and n then
+      return {'job', envelope, tonumber(d), tonumber(n), score}
+    end
+    return {'job', envelope, score, 0, score}
   end
   return {'job', envelope, score, 0, -1}
 end

@@ -15,7 +15,8 @@ if redis.call('HEXISTS', KEYS[6], name) == 0 then
 end
 local raw = redis.call('HGET', KEYS[7], name)
 if raw then
-  local cur = cjson.decode(raw).cur
+  local ok, state = pcall(cjson.decode, raw)  -- a run state that does not read names no point
+  local cur = ok and type(state) == 'table' and state.cur
   if type(cur) == 'string' and redis.call('HEXISTS', KEYS[3], cur) == 0 then
     redis.call('ZREM', KEYS[1], cur)
     redis.call('HDEL', KEYS[2], cur)

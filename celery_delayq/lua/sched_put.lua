@@ -22,6 +22,7 @@ ARGV[9] optional: a repair of a stalled schedule (see schedules.StallSweep): the
         schedule exists, its current point is still that id, and no job with that id is
         stored (so a beat that fired or a caller that changed it meanwhile wins).
 
+A run state that does not read (corrupt data) is replaced by a fresh one.
 The previous definition's waiting point is removed; a point a beat holds right
 now is left to that beat, whose fire then sees it is no longer current and does
 not advance the schedule. The run history (last run, run count) is kept.
@@ -43,7 +44,12 @@ end
 local state = {runs = 0}
 local raw = redis.call('HGET', KEYS[7], name)
 if raw then
-  state = cjson.decode(raw)
+  -- a run state that does not read (corrupt data) is replaced by a fresh one
+  local ok, decoded = pcall(cjson.decode, raw)
+  if ok and type(decoded) == 'table' and decoded[1] == nil
+      and (decoded.cur == nil or type(decoded.cur) == 'string') then
+    state = decoded
+  end
 end
 local stalled = ARGV[9]
 if stalled and stalled ~= '' and (state.cur ~= stalled or redis.call('HEXISTS', KEYS[2], stalled) == 1

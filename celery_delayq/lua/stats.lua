@@ -31,7 +31,11 @@ if head[1] then
   local due = tonumber(head[2])
   local lease = redis.call('HGET', KEYS[3], head[1])
   if lease then
-    due = tonumber(string.match(lease, '^(-?%d+)|')) or due
+    -- a lease entry that does not read counts as claim.lua takes it: due at its score
+    local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
+    if d and n then
+      due = tonumber(d)
+    end
   end
   out[7] = due
   out[8] = head[1]
