@@ -5,7 +5,10 @@ no-argument jobs due now with ``apply_at_many``, then drains them with one in-pr
 :class:`~celery_delayq.dispatch.Dispatcher` (``run_once()`` until all are published)
 under pyinstrument, and prints the call tree (frames under 2% of the time are left
 out) and the rate with and without the profiler. ``--kombu`` sets
-``delayq_atomic_publish=False`` to profile the path through kombu's publish batch.
+``delayq_atomic_publish=False`` to profile the path through kombu's publish batch. It also
+prints the fence's figures of the plain run (see ``FENCE_FRACTION`` in
+:mod:`celery_delayq.dispatch`): renewals, and the residual window from the last lease check to
+the end of each publish or batch flush.
 
 The profiler slows the Python side (often by half), so the profiled rate is lower
 than the plain one printed next to it; the shares of the tree are what it is for.
@@ -25,8 +28,8 @@ from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import EmbeddedRedis
 
 
-def drain(app: Celery, n: int, profile: bool) -> tuple[float, str, bool]:
-    """Store ``n`` due jobs, publish them all; return (seconds, profile text, atomic path used)."""
+def drain(app: Celery, n: int, profile: bool) -> tuple[float, str, Dispatcher]:
+    """Store ``n`` due jobs, publish them all; return (seconds, profile text, the dispatcher)."""
     job = app.tasks["bench.job"]
     now = time.time()
     for start in range(0, n, 10_000):
@@ -47,7 +50,7 @@ def drain(app: Celery, n: int, profile: bool) -> tuple[float, str, bool]:
         profiler.stop()
         text = profiler.output_text(unicode=True, color=False, show_all=False, time="percent_of_total")
     dispatcher.close()
-    return elapsed, text, dispatcher.wire
+    return elapsed, text, dispatcher
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,14 +68,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return None
 
         client = redis.Redis.from_url(url)
-        plain, _, wire = drain(app, args.n, profile=False)
+        plain, _, dispatcher = drain(app, args.n, profile=False)
         client.flushdb()
         profiled, text, _ = drain(app, args.n, profile=True)
         client.close()
         app.close()
-    path = "atomic (deliver.lua)" if wire else "kombu publish batch"
+    path = "atomic (deliver.lua)" if dispatcher.wire else "kombu publish batch"
     print(f"dispatch path: {path}; {args.n:,} jobs due at once, one in-process Dispatcher")
     print(f"without the profiler: {args.n / plain:,.0f} jobs/s; with it: {args.n / profiled:,.0f} jobs/s")
+    count, p99, most = dispatcher.fence_window()
+    print(
+        f"fence (without the profiler): {dispatcher.stats.passes} passes, {dispatcher.stats.renewals} "
+        f"renewal(s); residual window (last lease check -> publish sent or batch flushed) over {count:,} "
+        f"publishes/flushes: p99 {p99:.1f} ms, max {most:.1f} ms"
+    )
     print(text)
     return 0
 

@@ -13,6 +13,7 @@ from .canvas import apply_at, apply_in
 from .config import DelayQConfig
 from .exceptions import (
     ConfigurationError,
+    CorruptData,
     DelayQError,
     InvalidArguments,
     InvalidDueTime,
@@ -25,6 +26,7 @@ from .exceptions import (
     ScheduleExists,
     SerializationError,
     StoreError,
+    StoreFull,
     UnknownTask,
     UnsupportedServer,
 )
@@ -38,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigurationError",
+    "CorruptData",
     "CronRule",
     "DelayQ",
     "DelayQConfig",
@@ -63,6 +66,7 @@ __all__ = [
     "Schedules",
     "SerializationError",
     "StoreError",
+    "StoreFull",
     "UnknownTask",
     "UnsupportedServer",
     "__version__",

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -80,7 +79,7 @@ class PendingJob:
             else:
                 args = envelope.headers.get("argsrepr")
                 kwargs = envelope.headers.get("kwargsrepr")
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             task = "<corrupt envelope>"
         return cls(
             id=record.id,
@@ -200,13 +199,11 @@ class DelayQ:
         return self.store.dead()
 
     def requeue_dead(self, job_id: str, eta: Any = None) -> str:
-        """Put a dead-lettered job back as a waiting job due at ``eta`` (default: now), removing
-        its dead letter, in one script. ``"requeued"``; ``"missing"`` (no dead letter with this
-        id); ``"stored"`` (refused: a job with this id is stored, waiting or being delivered);
-        ``"no-envelope"`` (refused: the record holds no message)."""
-        due_ms = (
-            int(time.time() * 1000) if eta is None else due_ms_from_eta(eta, self.app)
-        )
+        """Put a dead-lettered job back as a waiting job due at ``eta`` (default: now, on the Redis
+        server's clock), removing its dead letter, in one script. ``"requeued"``; ``"missing"`` (no
+        dead letter with this id); ``"stored"`` (refused: a job with this id is stored, waiting or
+        being delivered); ``"no-envelope"`` (refused: the record holds no message)."""
+        due_ms = self.store.server_now_ms() if eta is None else due_ms_from_eta(eta, self.app)
         code = self.store.requeue(job_id, due_ms)
         if code == REQUEUE_DONE:
             return REQUEUED

@@ -155,9 +155,13 @@ def parse_when(text: str, app: Any, now_ms: int | None = None) -> int:
         ) from exc
 
 
-def _when(text: str, app: Any, what: str) -> int:
+def _when(text: str, s: Session, what: str) -> int:
+    """:func:`parse_when` for the command line: ``now``, ``+10m`` and ``-1h`` count from the
+    Redis server's clock (as the beat does), not this machine's."""
+    spec = text.strip()
+    relative = spec.lower() == "now" or spec[:1] in ("+", "-")
     try:
-        return parse_when(text, app)
+        return parse_when(text, s.app, s.store.server_now_ms() if relative else None)
     except ValueError as exc:
         usage(f"{what}: {exc}")
 
@@ -566,8 +570,8 @@ def ls_jobs(
 ) -> None:
     """Stored jobs in due order (a job being delivered is ordered by its lease expiry)."""
     s = session(ctx)
-    start_ms = _when(start, s.app, "--from") if start else None
-    end_ms = _when(end, s.app, "--until") if end else None
+    start_ms = _when(start, s, "--from") if start else None
+    end_ms = _when(end, s, "--until") if end else None
     after = _parse_cursor(cursor) if cursor else None
     if after is not None:
         start_ms = after[0] if start_ms is None else max(start_ms, after[0])
@@ -784,7 +788,7 @@ def _move(ctx: click.Context, job_id: str, due_ms: int, as_json: bool, what: str
 @click.pass_context
 def reschedule_job(ctx: click.Context, job_id: str, when: str, as_json: bool) -> None:
     """Move a waiting job to WHEN (ISO-8601, UNIX seconds, now, +10m, -1h)."""
-    _move(ctx, job_id, _when(when, session(ctx).app, "WHEN"), as_json, "reschedule")
+    _move(ctx, job_id, _when(when, session(ctx), "WHEN"), as_json, "reschedule")
 
 
 @delayq.command("run-now", short_help="Make a waiting job due now.")
@@ -793,7 +797,7 @@ def reschedule_job(ctx: click.Context, job_id: str, when: str, as_json: bool) ->
 @click.pass_context
 def run_now_job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Make a waiting job due now (a beat publishes it within moments)."""
-    _move(ctx, job_id, int(time.time() * 1000), as_json, "run")
+    _move(ctx, job_id, session(ctx).store.server_now_ms(), as_json, "run")
 
 
 @delayq.command("purge", short_help="Delete every pending one-off job (asks first).")
@@ -1211,7 +1215,7 @@ def _rule_of(s: Session, cron: str | None, every: str | None, at: str | None, re
             usage(f"--every must be longer than 0, got {every!r}")
         return timedelta(milliseconds=every_ms)
     assert at is not None
-    return ms_to_datetime(_when(at, s.app, "--at"))
+    return ms_to_datetime(_when(at, s, "--at"))
 
 
 def _schedule_options(f: F) -> F:
@@ -1525,7 +1529,7 @@ def dead_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
 def dead_requeue(ctx: click.Context, job_ids: tuple[str, ...], when: str | None, as_json: bool) -> None:
     """Put dead letters back as waiting jobs (due now, or --at WHEN); their dead letters go."""
     s = session(ctx)
-    due_ms = _when(when, s.app, "--at") if when else None
+    due_ms = _when(when, s, "--at") if when else None
     texts = {
         MISSING: "no dead letter with id {id!r}",
         "stored": "{id!r} not requeued: a job with this id is stored (see `delayq show {id}`)",
@@ -1533,7 +1537,7 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[str, ...], when: str | None,
     }
     results = []
     for job_id in job_ids:
-        at = due_ms if due_ms is not None else int(time.time() * 1000)
+        at = due_ms if due_ms is not None else s.store.server_now_ms()
         outcome = s.dq.requeue_dead(job_id, at / 1000.0)
         message = f"requeued, due {s.when(at)}" if outcome == REQUEUED else texts[outcome].format(id=job_id)
         results.append({"id": job_id, "outcome": outcome, "message": message, "due": iso(at)})

@@ -29,13 +29,14 @@ import bisect
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import socket
 import time
 import uuid
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +46,14 @@ from kombu.common import Broadcast
 from kombu.exceptions import BatchPublishError, EncodeError
 
 from .api import get_store
+from .bounded import MAX_SMALL, load_json
 from .config import setting_name
+from .exceptions import CorruptData
 from .lateness import Histogram, tally
 from .lateness import key_for as lateness_key
 from .message import DUE_HEADER, Envelope, decode_envelope, due_iso, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
-from .store import REDIS_ERRORS, ClaimedJob, Store
+from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, Store, error_text, redis_error_kind
 from .wire import WireTemplates, wire_message
 
 if TYPE_CHECKING:
@@ -71,6 +74,20 @@ BROKER_BACKOFF_MAX = 5.0
 #: publishes, so the batch is sent once, when it closes, and acks follow it.
 PUBLISH_BATCH_MAX = 1_000_000
 
+#: The fence: a beat publishes a job it leased only while its local monotonic clock is short of
+#: ``base + FENCE_FRACTION x delayq_reclaim_ttl``, where ``base`` is the monotonic time taken just
+#: before the claim (or the renew, lua/renew.lua) was sent. The server set the lease's expiry to
+#: its own now + TTL after that moment, so the lease cannot have expired before base + TTL (the
+#: server's clock runs at the local rate: NTP slews by at most 0.05 %). Past the fraction the
+#: beat renews in Redis what it still holds, and drops the rest unpublished. The other half of
+#: the TTL is the margin for what the fence cannot see: the publish or batch flush after the last
+#: check (the residual window, measured in docs/guarantees.md) and a pause within it.
+FENCE_FRACTION = 0.5
+
+#: Most residual windows (s, last fence check -> the broker has the bytes) a dispatcher keeps
+#: for :meth:`Dispatcher.fence_window` (the most recent ones).
+FENCE_WINDOWS_KEPT = 10_000
+
 #: Seconds between two flushes of the due -> publish lateness histogram (at most; only when
 #: something was published).
 LATENESS_FLUSH_EVERY = 2.0
@@ -90,7 +107,15 @@ STALL_SWEEP_EVERY = 10.0
 #: Upper bounds of the claim batch size histogram: jobs taken by one claim of one shard.
 CLAIM_SIZE_BOUNDS: tuple[int, ...] = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 
-_SENT, _OUTAGE, _RETRY, _BURIED, _WIRED = object(), object(), object(), object(), object()
+_SENT, _OUTAGE, _RETRY, _BURIED, _WIRED, _FENCED = (object() for _ in range(6))
+
+
+class _LeaseLost(Exception):
+    """Raised inside kombu's publish batch to discard it unsent: a job in it lost its lease."""
+
+
+#: fire.lua's answer when the schedule's run state did not read and was reset (see the script).
+FIRE_HISTORY_RESET = 3
 
 #: How soon (ms) a beat claims again the shards of a cluster node that failed while others
 #: answered (a primary failing over).
@@ -114,6 +139,10 @@ class DispatchStats:
     published: int = 0
     acked: int = 0
     stale_acks: int = 0
+    #: claimed jobs not published because the fence found their lease lost (also in stale_acks)
+    fenced: int = 0
+    #: renews of a pass's leases (lua/renew.lua) because the fence's local deadline had passed
+    renewals: int = 0
     dead_lettered: int = 0
     publish_errors: int = 0
     wakeups: int = 0
@@ -121,6 +150,13 @@ class DispatchStats:
     stalls_repaired: int = 0
     #: ticks that failed as a whole (Redis or the broker unreachable; counted by the Scheduler)
     errors: int = 0
+    #: failed ticks and shard claims by kind of Redis error (store.redis_error_kind): unreachable,
+    #: oom, script, noscript, other; a failed tick is counted by the Scheduler
+    redis_errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: stored entries found unreadable, by what they were: envelope (the job was dead-lettered),
+    #: lease (claim.lua replaced it), definition (the schedule's point was dead-lettered),
+    #: history (fire.lua reset the run state)
+    corrupt: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: claims that took jobs, by size: one count per bound of CLAIM_SIZE_BOUNDS, then larger
     claim_sizes: list[int] = field(default_factory=lambda: [0] * (len(CLAIM_SIZE_BOUNDS) + 1))
     lateness_ms: list[float] = field(default_factory=list)
@@ -150,6 +186,19 @@ class Dispatcher:
         # kombu channel -> whether its Redis is the store's server and database (deliver.lua)
         self._same_server: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self.wire = False  # whether the last pass pushed messages with deliver.lua
+        # The fence (see FENCE_FRACTION): monotonic time before which this pass's leases are
+        # surely held; the pass's claimed jobs by shard; ids found lost; jobs in the open kombu
+        # batch (buffered, not yet sent); when the last check passed.
+        self._fence_at = 0.0
+        self._pass_jobs: dict[int, list[str]] = {}
+        self._lost: set[str] = set()
+        self._buried: set[str] = set()  # dead-lettered in this pass: no lease left to renew
+        self._buffered: list[str] = []
+        self._checked_at = 0.0
+        self._overran = 0  # messages of this pass sent after the lease may have expired
+        #: residual windows (s): last fence check -> publish returned / batch flushed
+        self.fence_windows: deque[float] = deque(maxlen=FENCE_WINDOWS_KEPT)
+        self._off_atomic: set[str] = set()  # reasons already logged (once per beat)
         self._templates: WireTemplates | None = None
         self._broker_backoff = 0.0  # seconds; 0 while the broker answers
         self._broker_retry_at = 0.0  # monotonic time before which no claim is made
@@ -237,9 +286,13 @@ class Dispatcher:
     def _pass(self, shards: list[int]) -> None:
         sent = time.time()
         # On a cluster, a node that is down (failing over) must not hold up the other nodes'
-        # shards: their claims stand and are delivered now (see below).
-        failed: list[Exception] | None = [] if self.store.is_cluster else None
+        # shards: their claims stand and are delivered now (see below). The same for a shard
+        # whose claim script fails (a key of the wrong type, a full server): it must not wedge
+        # the others.
+        failed: list[Exception] = []
+        claim_sent = time.monotonic()  # the leases expire at the earliest at claim_sent + TTL
         results = self.store.claim(shards, self.token, failed=failed)
+        self._fence_at = claim_sent + FENCE_FRACTION * self.config.reclaim_ttl
         received = time.time()
         self.stats.passes += 1
         full = False
@@ -256,8 +309,20 @@ class Dispatcher:
                 full = True
                 self._next[result.shard] = None
             claimed.extend((result.shard, job) for job in result.jobs)
+            if result.repaired:
+                self.stats.corrupt["lease"] += result.repaired
+                logger.error(
+                    "delayq: shard %d held %d lease entr(ies) that do not read; the claim replaced "
+                    "them (each job is delivered as if its lease had expired)",
+                    result.shard,
+                    result.repaired,
+                )
         if claimed:
             self.stats.claimed += len(claimed)
+            self._pass_jobs = defaultdict(list)
+            for shard, job in claimed:
+                self._pass_jobs[shard].append(job.id)
+            self._lost, self._buried = set(), set()
             to_ack, fires = self._publish(claimed)
             self._settle(to_ack, fires)
             if full:
@@ -265,28 +330,38 @@ class Dispatcher:
         if failed:
             if not results:
                 raise failed[0]  # no node answered: the tick backs off as for any outage
-            # Some nodes answered (a primary is failing over): no back-off, the others' shards
-            # stay on time; the failed shards are tried again each second.
+            # Some shards answered (a cluster primary is failing over, or one shard's claim
+            # failed): no back-off, the others' shards stay on time; the failed shards are tried
+            # again each second.
             answered = {result.shard for result in results}
             retry_at = self.server_now_ms() + CLUSTER_RETRY_MS
             missed = [shard for shard in shards if shard not in answered]
             for shard in missed:
                 self._next[shard] = retry_at
+            for exc in failed:
+                self.stats.redis_errors[redis_error_kind(exc)] += 1
             logger.error(
-                "delayq: %d of %d shard(s) could not be claimed (%r); the others were delivered; "
+                "delayq: %d of %d shard(s) could not be claimed (%s); the others were delivered; "
                 "trying those again in %.0f s",
                 len(missed),
                 len(shards),
-                failed[0],
+                error_text(failed[0]),
                 CLUSTER_RETRY_MS / 1000,
             )
 
     def _settle(self, to_ack: dict[int, list[str]], fires: list[ScriptCall]) -> None:
         """Ack the published jobs and fire the published schedule points (after the publish)."""
         if fires:
-            for result in run_pipelined(self.store.client, fires):
+            for call, result in zip(fires, run_pipelined(self.store.client, fires), strict=True):
                 if int(result) == 0:
                     self.stats.stale_acks += 1
+                elif int(result) == FIRE_HISTORY_RESET:
+                    self.stats.corrupt["history"] += 1
+                    logger.error(
+                        "delayq: schedule %r had a run state (history) that does not read; it was "
+                        "reset (run count and last run lost) and the schedule goes on",
+                        call.args[2],
+                    )
         if to_ack:
             acked = self.store.ack(self.token, to_ack)
             removed = sum(acked.values())
@@ -323,14 +398,29 @@ class Dispatcher:
             errors = self._broker_errors(producer)
             self._direct = self._can_publish_direct(producer)
             channel = self._wire_channel(producer) if self._direct else None
+            if (
+                not self._direct
+                and "all" not in self._off_atomic
+                and self._wire_channel(producer) is not None
+            ):
+                self._off_atomic.add("all")
+                self._leaves_atomic(
+                    "all jobs (a before_task_publish, after_task_publish or task_sent receiver is "
+                    "connected, or task_send_sent_event is on: Celery's send_task_message must run)"
+                )
             self.wire = channel is not None
             templates = self._templates_for(channel, producer)
             self._conf = self._publish_conf()
             batch = getattr(producer, "batch", None)
+            # Whether kombu buffers the publishes until the batch is flushed (Redis), or sends
+            # each at once (RabbitMQ): the fence checks before the flush, or before each.
+            buffering = batch is not None and self._transport_batches(producer)
+            self._buffered = []
+            self._overran = 0
             try:
-                with batch(max_size=PUBLISH_BATCH_MAX) if batch else contextlib.nullcontext():
+                with batch(max_size=PUBLISH_BATCH_MAX) if batch else contextlib.nullcontext() as opened:
                     for shard, job in claimed:
-                        if templates is not None:
+                        if templates is not None and len(job.envelope) <= self.config.max_payload:
                             built = templates.build(job.envelope, job.due_ms)
                             if built is not None and (built[3] in registered or not dead_letter_unknown):
                                 key, text, qname, task = built
@@ -339,8 +429,9 @@ class Dispatcher:
                                 wired[shard].append((job, task, key, text))
                                 continue
                         try:
-                            envelope = decode_envelope(job.envelope)
+                            envelope = decode_envelope(job.envelope, self.config.max_payload)
                         except ValueError as exc:
+                            self.stats.corrupt["envelope"] += 1
                             self._bury(job, f"corrupt envelope: {exc}", None)
                             continue
                         if envelope.schedule is not None:
@@ -356,7 +447,7 @@ class Dispatcher:
                             )
                             continue
                         wire = wired[shard] if channel is not None else None
-                        outcome = self._try_publish(producer, errors, job, envelope, channel, wire)
+                        outcome = self._try_publish(producer, errors, job, envelope, channel, wire, buffering)
                         if outcome is _OUTAGE:
                             outage = True
                             break
@@ -364,7 +455,23 @@ class Dispatcher:
                             to_ack[shard].append(job.id)
                             sent.append(job.due_ms)
                     if points and not outage:
-                        fires = self._fire_points(producer, errors, points, sent)
+                        fires = self._fire_points(producer, errors, points, sent, buffering)
+                    if self._buffered and opened is not None:
+                        self._fence_check(None)  # raises _LeaseLost: the batch is discarded unsent
+                        opened.flush()
+                        self._published_at(len(self._buffered))
+            except _LeaseLost:
+                # The jobs found lost are counted below; those still held stay leased.
+                dropped = len(self._buffered)
+                logger.warning(
+                    "delayq: fence: a job in this pass's publish batch lost its lease (this beat was "
+                    "paused or slowed past %.0f%% of the lease); the batch of %d message(s) was "
+                    "discarded unsent; what this beat still holds is delivered after its lease (%.0f s)",
+                    FENCE_FRACTION * 100,
+                    dropped,
+                    self.config.reclaim_ttl,
+                )
+                to_ack, fires, sent = defaultdict(list), [], []
             except BatchPublishError as exc:
                 self.stats.publish_errors += 1
                 outage = True
@@ -380,6 +487,28 @@ class Dispatcher:
                 to_ack, fires, sent = defaultdict(list), [], []
             if channel is not None:
                 sent.extend(self._deliver(wired))
+        # Lost jobs of the atomic path are deliver.lua's to drop (and count), not the fence's.
+        fenced = len(self._lost.difference(job.id for jobs in wired.values() for job, *_ in jobs))
+        if fenced:
+            self.stats.fenced += fenced
+            self.stats.stale_acks += fenced
+            logger.warning(
+                "delayq: fence: %d claimed job(s) were not published: their lease was no longer "
+                "this beat's when it was renewed before publishing (this beat was paused or slowed "
+                "past %.0f%% of the lease, %.1f s)",
+                fenced,
+                FENCE_FRACTION * 100,
+                self.config.reclaim_ttl,
+            )
+        if self._overran:
+            logger.warning(
+                "delayq: fence: %d message(s) reached the broker after their lease may have expired "
+                "(the publish or the batch flush took longer than the last %.0f%% of the lease, "
+                "%.1f s); if another beat re-claimed them meanwhile they run twice",
+                self._overran,
+                (1 - FENCE_FRACTION) * 100,
+                self.config.reclaim_ttl,
+            )
         self._broker_state(outage, bool(sent or to_ack))
         now = self.server_now_ms()
         self.stats.published += len(sent)
@@ -401,10 +530,13 @@ class Dispatcher:
         envelope: Envelope,
         channel: Any = None,
         wire: list[tuple[ClaimedJob, str, str, str]] | None = None,
+        buffering: bool = False,
     ) -> object:
         """Publish one job: ``_SENT``, ``_OUTAGE`` (broker unreachable), ``_RETRY`` (after its
         lease) or ``_BURIED`` (moved to the dead letters); or ``_WIRED`` when its kombu message
-        was built and added to ``wire``, for :meth:`_deliver` to push and ack in one script."""
+        was built and added to ``wire``, for :meth:`_deliver` to push and ack in one script;
+        or ``_FENCED`` when this beat's lease on it is lost (:meth:`_fence_check`).
+        ``buffering``: kombu's batch holds the message until it is flushed."""
         try:
             if self._direct:
                 kwargs = self._direct_args(producer, envelope, job.due_ms)
@@ -413,9 +545,15 @@ class Dispatcher:
                     assert wire is not None
                     wire.append((job, envelope.task, *built))
                     return _WIRED
+                if wire is not None:
+                    self._leaves_atomic(_why_not_wired(channel, kwargs))
+                if not self._fence_check(job.id):
+                    return _FENCED
                 producer.publish(**kwargs)
             else:
                 envelope = self._declare_once(producer, envelope)
+                if not self._fence_check(job.id):
+                    return _FENCED
                 publish(
                     self.app,
                     producer,
@@ -424,6 +562,8 @@ class Dispatcher:
                     now_ms=int(self.server_now_ms()),
                     with_eta=self.config.publish_eta,
                 )
+        except _LeaseLost:
+            raise  # the fence discards the open batch: see _publish
         except errors as exc:
             # The broker is unreachable: keep the lease; the job is delivered again
             # when it expires. The caller stops this pass: the rest would fail too.
@@ -446,7 +586,79 @@ class Dispatcher:
             # Not a lost connection: maybe this message, maybe a passing broker
             # fault. Retry through the lease; bury after PUBLISH_ATTEMPTS claims.
             return self._failed(job, envelope, exc)
+        if buffering:
+            self._buffered.append(job.id)
+        else:
+            self._published_at(1)
         return _SENT
+
+    def _published_at(self, messages: int) -> None:
+        """A publish returned, or a batch flush: keep its residual window (since the last fence
+        check), and count the messages that reached the broker only after the lease may have
+        expired (a publish that Celery retried, a stall in the window): they may run twice."""
+        now = time.monotonic()
+        self.fence_windows.append(now - self._checked_at)
+        if now >= self._fence_at + (1 - FENCE_FRACTION) * self.config.reclaim_ttl:
+            self._overran += messages
+
+    # -- the fence (see FENCE_FRACTION) ---------------------------------------------------------
+
+    def _fence_check(self, job_id: str | None) -> bool:
+        """Whether ``job_id`` may be published now (None: the open batch may be flushed).
+
+        Within FENCE_FRACTION of the lease since the claim (or the last renew) was sent: yes,
+        without asking Redis. Past it: :meth:`_renew` every lease of the pass first; a job whose
+        lease was lost is not published, and when one of them is already in the open kombu
+        batch, raises :class:`_LeaseLost` (the batch is discarded unsent)."""
+        if time.monotonic() >= self._fence_at:
+            self._renew()
+            if self._lost.intersection(self._buffered):
+                raise _LeaseLost
+        self._checked_at = time.monotonic()
+        return job_id is None or job_id not in self._lost
+
+    def _renew(self) -> None:
+        """Renew, in one round trip (lua/renew.lua), the leases of this pass's jobs not yet
+        found lost; those not held any more are added to the lost ones. A renew that fails or
+        takes longer than the fence allows counts every job of the pass as lost."""
+        gone = self._lost | self._buried
+        ids = {shard: [i for i in jobs if i not in gone] for shard, jobs in self._pass_jobs.items()}
+        sent = time.monotonic()
+        self.stats.renewals += 1
+        try:
+            held, _ = self.store.renew(self.token, {shard: jobs for shard, jobs in ids.items() if jobs})
+        except REDIS_ERRORS as exc:
+            logger.warning(
+                "delayq: fence: cannot renew this beat's leases before publishing (%r); the rest of "
+                "this pass is left unpublished and delivered after its lease (%.0f s)",
+                exc,
+                self.config.reclaim_ttl,
+            )
+            held = {}
+        self._fence_at = sent + FENCE_FRACTION * self.config.reclaim_ttl
+        if time.monotonic() >= self._fence_at:
+            held = {}  # the renew itself took too long: nothing is sure any more
+        self._lost.update(i for jobs in ids.values() for i in jobs if not held.get(i))
+
+    def fence_window(self) -> tuple[int, float, float]:
+        """``(count, p99 ms, max ms)`` of the residual windows kept (the last FENCE_WINDOWS_KEPT):
+        the time from the last fence check to the end of a publish or batch flush."""
+        windows = sorted(self.fence_windows)
+        if not windows:
+            return 0, 0.0, 0.0
+        p99 = windows[min(len(windows) - 1, math.ceil(0.99 * len(windows)) - 1)]
+        return len(windows), p99 * 1000.0, windows[-1] * 1000.0
+
+    def _leaves_atomic(self, reason: str) -> None:
+        """Log once per beat and reason that jobs leave the atomic path (lua/deliver.lua) for
+        kombu's publish, fenced by :meth:`_fence_check` instead of by the script."""
+        if reason not in self._off_atomic:
+            self._off_atomic.add(reason)
+            logger.info(
+                "delayq: %s leave the atomic path (deliver.lua) and are published through kombu, "
+                "fenced by their lease (see docs/guarantees.md)",
+                reason,
+            )
 
     def _failed(self, job: ClaimedJob, envelope: Envelope | None, exc: object) -> object:
         """A publish failed for a reason that may pass: ``_RETRY`` after the lease, or
@@ -554,7 +766,7 @@ class Dispatcher:
             )
             return []
         delivered: list[int] = []
-        stale = 0
+        stale = full = 0
         for jobs in wired.values():
             for job, task, key, _ in jobs:
                 result = results[job.id]
@@ -562,6 +774,8 @@ class Dispatcher:
                     delivered.append(job.due_ms)
                 elif result == 0:
                     stale += 1
+                elif isinstance(result, str) and OOM_REPLY in result:
+                    full += 1  # (6.2: "@user_script: 1: -OOM command not allowed ...")
                 elif str(result).startswith(SERVER_BUSY_REPLIES):
                     self.stats.publish_errors += 1
                     logger.error(
@@ -578,6 +792,15 @@ class Dispatcher:
                 else:
                     self._failed(job, _decoded(job), f"LPUSH {key!r}: {result}")
         self.stats.acked += len(delivered)
+        if full:
+            self.stats.publish_errors += full
+            logger.error(
+                "delayq: the broker (the store's Redis) is over its maxmemory: %d message(s) not "
+                "pushed; they stay stored and are retried after their lease (%.0f s). A Celery "
+                "worker cannot run on a full Redis broker: raise maxmemory or free memory",
+                full,
+                self.config.reclaim_ttl,
+            )
         if stale:
             self.stats.stale_acks += stale
             logger.warning(
@@ -601,6 +824,12 @@ class Dispatcher:
             return False
         if any(sig.receivers for sig in (before_task_publish, after_task_publish, task_sent)):
             return False
+        return self._transport_batches(producer)
+
+    @staticmethod
+    def _transport_batches(producer: Any) -> bool:
+        """Whether the producer's transport has kombu publish batches (Redis: the publishes
+        are buffered and sent when the batch is flushed)."""
         try:
             channel = producer.channel
         except Exception:  # broker unreachable: the normal path reports it per job
@@ -691,6 +920,7 @@ class Dispatcher:
         errors: tuple[type[BaseException], ...],
         points: list[tuple[int, ClaimedJob, Envelope]],
         sent: list[int],
+        buffering: bool = False,
     ) -> list[ScriptCall]:
         """Publish due schedule points (per their missed-run policy); return the fire calls that
         ack them and advance each schedule (run once the publishes reached the broker)."""
@@ -711,7 +941,17 @@ class Dispatcher:
             name, at_ms = envelope.schedule
             published = ""
             next_id, next_due, next_envelope = "", 0, ""
-            definition = json.loads(raw) if raw else None
+            try:
+                # A definition holds the arguments as JSON values, not as the envelope's text:
+                # twice the envelope's bound leaves room for that.
+                limit = 2 * self.config.max_payload + MAX_SMALL
+                definition = load_json(raw, f"definition of schedule {name!r}", dict, limit) if raw else None
+            except CorruptData as exc:
+                # Nothing to plan from: the point goes to the dead letters with the reason, and
+                # the schedule stays stopped until it is stored again (upsert, or the beat's sync).
+                self.stats.corrupt["definition"] += 1
+                self._bury(job, f"schedule stopped: {exc}", envelope)
+                continue
             if definition is not None and definition.get("enabled"):
                 now_ms = int(self.server_now_ms())
                 try:
@@ -730,7 +970,9 @@ class Dispatcher:
                 if not publish_it:
                     logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
                 else:
-                    outcome = self._try_publish(producer, errors, job, envelope)
+                    if self.wire:
+                        self._leaves_atomic("schedule points")
+                    outcome = self._try_publish(producer, errors, job, envelope, buffering=buffering)
                     if outcome is _OUTAGE:
                         break
                     if outcome is _BURIED:
@@ -798,6 +1040,7 @@ class Dispatcher:
             "beat": self.token,
             "envelope": job.envelope,
         }
+        self._buried.add(job.id)
         if self.store.bury(self.token, job.id, record):
             self.stats.dead_lettered += 1
             logger.error("delayq: job %s moved to dead letters: %s", job.id, reason)
@@ -977,7 +1220,21 @@ class Dispatcher:
 
     def stop(self) -> None:
         """The beat is stopping: flush the lateness histogram, remove this beat's heartbeat,
-        stop the metrics endpoint, drop the subscription. Never raises for Redis."""
+        stop the metrics endpoint, drop the subscription. Never raises for Redis. Logs the
+        fence's residual window (see :meth:`fence_window`) when anything went through kombu."""
+        count, p99, most = self.fence_window()
+        if count:
+            logger.info(
+                "delayq: fence: residual window (last lease check -> publish sent or batch flushed) "
+                "over the last %d publishes/flushes: p99 %.1f ms, max %.1f ms; %d renewal(s), %d "
+                "job(s) not published for a lost lease",
+                count,
+                p99,
+                most,
+                self.stats.renewals,
+                self.stats.fenced,
+            )
+            self.fence_windows.clear()  # logged once, however often stop() is called
         if self.lateness.pending:
             try:
                 self.lateness.flush(self.store.client, self._lateness_key)
@@ -999,9 +1256,22 @@ class Dispatcher:
 def _seen_ms(raw: str) -> float:
     """``seen_ms`` of a heartbeat entry; 0 (forget it) for one that does not read."""
     try:
-        return float(json.loads(raw)["seen_ms"])
+        return float(load_json(raw, "heartbeat", dict, MAX_SMALL)["seen_ms"])
     except (ValueError, KeyError, TypeError):
         return 0.0
+
+
+def _why_not_wired(channel: Any, kwargs: dict[str, Any]) -> str:
+    """Why :func:`.wire.wire_message` left a message to kombu (for the once-per-beat log)."""
+    if kwargs.get("compression"):
+        return "compressed messages"
+    if kwargs.get("exchange"):
+        return "exchange-routed messages"
+    if kwargs.get("declare"):
+        return "messages that declare entities"
+    if kwargs.get("routing_key") in (getattr(channel, "_expires", None) or ()):
+        return "messages to a queue with x-expires"
+    return "messages wire.py cannot build"
 
 
 def _decoded(job: ClaimedJob) -> Envelope | None:

@@ -64,7 +64,9 @@ from kombu.entity import DELIVERY_MODES, Exchange, Queue
 from kombu.exceptions import EncodeError
 from kombu.serialization import dumps, registry
 
+from .bounded import MAX_DEPTH, check_depth, load_json
 from .exceptions import (
+    CorruptData,
     InvalidArguments,
     InvalidDueTime,
     InvalidOptions,
@@ -579,6 +581,13 @@ def _check_size(encoded: str, max_payload: int | None, task_id: str, name: str) 
             f"job {task_id!r} of {name!r} is {len(encoded)} bytes, over delayq_max_payload "
             f"({max_payload}); store large data elsewhere and pass a reference"
         )
+    try:
+        check_depth(encoded, "envelope")
+    except CorruptData:
+        raise InvalidOptions(
+            f"job {task_id!r} of {name!r} nests its options or headers more than {MAX_DEPTH} "
+            "levels deep; the beat would refuse it"
+        ) from None
     return encoded
 
 
@@ -1364,21 +1373,18 @@ def build_envelope(
 # -- reading ------------------------------------------------------------------------------------
 
 
-def decode_envelope(raw: str) -> Envelope:
-    """Parse a stored envelope; ``ValueError`` says what is wrong with a corrupt one."""
-    try:
-        data = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"envelope is not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError("envelope is not a JSON object")
+def decode_envelope(raw: str, max_bytes: int | None = None) -> Envelope:
+    """Parse a stored envelope; ``ValueError`` (:class:`~.exceptions.CorruptData`) says what
+    is wrong with a corrupt one: not JSON, not an object, nested deeper than
+    :data:`~.bounded.MAX_DEPTH`, longer than ``max_bytes``, or a field missing or malformed."""
+    data = load_json(raw, "envelope", dict, max_bytes)
     version = data.get("v")
     if version != 2 and version != 1:
-        raise ValueError(f"unknown envelope version {version!r}")
+        raise CorruptData(f"unknown envelope version {version!r}")
     try:
         return _decode_v2(data) if version == 2 else _decode_v1(data)
     except (KeyError, TypeError, ValueError, LookupError, OverflowError, OSError) as exc:
-        raise ValueError(f"envelope field missing or malformed: {exc!r}") from exc
+        raise CorruptData(f"envelope field missing or malformed: {exc!r}") from exc
 
 
 def _decode_v2(data: dict[str, Any]) -> Envelope:

@@ -55,6 +55,14 @@ def seconds_buckets(cumulative: Sequence[tuple[float, int]]) -> list[tuple[str, 
     return out
 
 
+def _labelled(name: str, documentation: str, label: str, counts: dict[str, int]) -> Iterator[Metric]:
+    """One counter family with a sample per key of ``counts`` (none before the first)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, value in sorted(counts.items()):
+        family.add_metric([key], value)
+    yield family
+
+
 def _histogram(name: str, documentation: str, snapshot: lateness.Snapshot) -> HistogramMetricFamily:
     return HistogramMetricFamily(
         name,
@@ -142,6 +150,17 @@ class DispatcherCollector(Collector):
                 "have been delivered).",
                 stats.stale_acks,
             ),
+            (
+                "delayq_fenced",
+                "Claimed jobs this beat did not publish: their lease was lost when it renewed it "
+                "before publishing (the beat was paused or slow; another beat delivers them).",
+                stats.fenced,
+            ),
+            (
+                "delayq_lease_renewals",
+                "Renews of a pass's leases before publishing (the pass had outlived half its lease).",
+                stats.renewals,
+            ),
             ("delayq_passes", "Claim passes of this beat.", stats.passes),
             ("delayq_tick_errors", "Ticks of this beat that failed: Redis or the broker unreachable.",
              stats.errors),
@@ -151,6 +170,13 @@ class DispatcherCollector(Collector):
         )
         for name, documentation, value in counters:
             yield CounterMetricFamily(name, documentation, value=value)
+        yield from _labelled(
+            "delayq_redis_errors", "Ticks of this beat that failed with a Redis error, by kind: "
+            "unreachable, oom, script, noscript, other.", "kind", stats.redis_errors)
+        yield from _labelled(
+            "delayq_corrupt_entries", "Stored entries this beat found unreadable, by what: envelope "
+            "and definition (dead-lettered), lease (replaced by the claim), history (reset).",
+            "what", stats.corrupt)
         sizes = stats.claim_sizes
         buckets: list[tuple[str, float]] = []
         seen = 0

@@ -18,7 +18,9 @@ Django's ``CELERY`` namespace).
 
 When Redis is unreachable the tick logs one line and backs off (0.5 s,
 doubling to 10 s) instead of crashing the beat; claimed jobs it could not ack
-are delivered again after their lease.
+are delivered again after their lease. The line says which kind of Redis error it was
+(unreachable, out of memory, a script or command error, NOSCRIPT; see
+:func:`.store.redis_error_kind`), and ``delayq_redis_errors_total{kind=...}`` counts them.
 
 With ``delayq_metrics_port`` set, the beat serves Prometheus metrics on
 ``http://<delayq_metrics_addr>:<port>/metrics`` (see :mod:`.metrics`); a port that cannot
@@ -41,7 +43,7 @@ from .config import DelayQConfig
 from .dispatch import Dispatcher
 from .exceptions import ConfigurationError, ScheduleError
 from .rules import Rule, parse_rule
-from .store import REDIS_ERRORS
+from .store import REDIS_ERRORS, error_text, redis_error_kind
 
 __all__ = ["BeatConfigurationError", "Scheduler"]
 
@@ -49,6 +51,19 @@ logger = logging.getLogger("celery_delayq.scheduler")
 
 _BACKOFF_START = 0.5
 _BACKOFF_MAX = 10.0
+
+#: The log line of a tick that failed with a Redis error, by :func:`redis_error_kind`
+#: (each also counted in ``delayq_redis_errors_total{kind=...}``; see docs/errors.md).
+_REDIS_ERROR_LINES = {
+    "unreachable": "delayq: Redis unavailable (%s); retrying in %.1f s",
+    "oom": "delayq: Redis is out of memory (maxmemory reached) and refused a write (%s); "
+    "retrying in %.1f s",
+    "noscript": "delayq: Redis answered NOSCRIPT even after the script was loaded again (%s): "
+    "something keeps flushing its script cache; retrying in %.1f s",
+    "script": "delayq: a Redis script or command failed (%s): Redis is reachable, this is a bug "
+    "or data it cannot read; retrying in %.1f s",
+    "other": "delayq: Redis error (%s); retrying in %.1f s",
+}
 
 
 class BeatConfigurationError(ConfigurationError, click.ClickException):
@@ -189,8 +204,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 dispatcher.wait(wait)
         except REDIS_ERRORS as exc:
             dispatcher.stats.errors += 1
+            kind = redis_error_kind(exc)
+            dispatcher.stats.redis_errors[kind] += 1
             self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
-            logger.error("delayq: Redis unavailable (%r); retrying in %.1f s", exc, self._backoff)
+            logger.error(_REDIS_ERROR_LINES[kind], error_text(exc), self._backoff)
             dispatcher.close()
             return self._backoff
         except (OperationalError, OSError) as exc:

@@ -35,7 +35,8 @@ from datetime import datetime
 from typing import Any
 
 from .api import get_store
-from .exceptions import InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
+from .bounded import MAX_SMALL, load_json
+from .exceptions import CorruptData, InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
 from .keys import iso_ms as _iso_ms
 from .keys import point_id
 from .message import build_envelope, ms_to_datetime
@@ -59,6 +60,25 @@ logger = logging.getLogger("celery_delayq.schedules")
 
 MISSED_POLICIES = ("once", "skip", "all")
 DEFINITION_VERSION = 1
+
+
+def read_definition(raw: Any, name: str) -> dict[str, Any]:
+    """A stored schedule definition decoded (bounded, see :mod:`.bounded`), or
+    :class:`CorruptData` saying why it does not read."""
+    data: dict[str, Any] = load_json(raw, f"definition of schedule {name!r}")
+    return data
+
+
+def read_state(raw: Any) -> dict[str, Any]:
+    """A stored run state (history) decoded; ``{}`` when there is none or it does not read
+    (the scripts reset such a state at the schedule's next write)."""
+    if not raw:
+        return {}
+    try:
+        data: dict[str, Any] = load_json(raw, "schedule run state", dict, MAX_SMALL)
+    except CorruptData:
+        return {}
+    return data
 
 
 def _check_name(name: Any) -> str:
@@ -95,8 +115,17 @@ class Schedule:
 
     @classmethod
     def from_stored(cls, definition: str, state: str | None) -> Schedule:
-        data = json.loads(definition)
-        run = json.loads(state) if state else {}
+        """The schedule stored as ``definition`` and run ``state``; :class:`CorruptData` when
+        the definition does not read (a run state that does not read counts as no runs yet)."""
+        data = load_json(definition, "schedule definition")
+        run = read_state(state)
+        try:
+            return cls._from_stored(data, run)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError) as exc:
+            raise CorruptData(f"schedule definition field missing or malformed: {exc!r}") from None
+
+    @classmethod
+    def _from_stored(cls, data: dict[str, Any], run: dict[str, Any]) -> Schedule:
         return cls(
             name=data["name"],
             task=data["task"],
@@ -367,7 +396,7 @@ class Schedules:
         definition, _ = self._raw(name)
         if definition is None:
             return False
-        return self._put(json.loads(definition), "put")
+        return self._put(read_definition(definition, name), "put")
 
     def repair(self, name: str, stalled_id: str, stalled_ms: int) -> bool:
         """Re-arm a stalled schedule: one whose current point ``stalled_id`` (due at
@@ -381,7 +410,7 @@ class Schedules:
         definition, _ = self._raw(name)
         if definition is None:
             return False
-        return self._put(json.loads(definition), "put", after_ms=stalled_ms, stalled=stalled_id)
+        return self._put(read_definition(definition, name), "put", after_ms=stalled_ms, stalled=stalled_id)
 
     def _raw(self, name: str) -> tuple[str | None, str | None]:
         shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
@@ -459,7 +488,7 @@ class Schedules:
     ) -> Schedule:
         """Create or replace a schedule (its run history is kept)."""
         existing, _ = self._raw(_check_name(name))
-        created = json.loads(existing)["created"] if existing else None
+        created = _created(existing, name)
         definition = self._definition(
             name,
             task,
@@ -548,7 +577,7 @@ class Schedules:
     def run_now(self, name: str) -> ScheduledResult:
         """Run the schedule's task once now, outside its rule (the schedule is unchanged)."""
         current = self._get_or_fail(name)
-        definition = json.loads(self._raw(name)[0] or "{}")
+        definition = read_definition(self._raw(name)[0] or "{}", name)
         now_ms = self.store.server_now_ms()
         task_id = "{" + current.name + "}@run-now-" + _iso_ms(now_ms)
         task = self.app.tasks.get(current.task) or current.task
@@ -579,8 +608,13 @@ class Schedules:
                 if found:
                     names = list(found)
                     states = client.hmget(shard.history, names)
-                    for definition, state in zip(found.values(), states, strict=True):
-                        schedule = Schedule.from_stored(definition, state)
+                    for name, definition, state in zip(names, found.values(), states, strict=True):
+                        try:
+                            schedule = Schedule.from_stored(definition, state)
+                        except CorruptData as exc:
+                            logger.error("delayq: schedule %r is not listed: %s (store it again "
+                                         "with upsert, or delete it)", name, exc)
+                            continue
                         if task is not None and schedule.task != task:
                             continue
                         if enabled is not None and schedule.enabled != enabled:
@@ -628,7 +662,11 @@ class Schedules:
                 definition["rule"] = rule.to_json()
             existing, _ = self._raw(name)
             if existing is not None:
-                stored = json.loads(existing)
+                try:
+                    stored = read_definition(existing, name)
+                except CorruptData as exc:  # beat_schedule names it: its entry takes the place
+                    logger.error("delayq: %s; replaced by its beat_schedule entry", exc)
+                    stored = {"origin": "config", "created": definition["updated"]}
                 if stored.get("origin") != "config":
                     report["kept_by_api"].append(name)
                     continue
@@ -647,7 +685,7 @@ class Schedules:
             if name in entries:
                 continue
             existing, _ = self._raw(name)
-            if existing is not None and json.loads(existing).get("origin") == "config":
+            if existing is not None and _origin(existing, name) == "config":
                 self.delete(name)
                 report["removed"].append(name)
             client.srem(registry, name)
@@ -708,10 +746,10 @@ class StallSweep:
         candidates: builtins.list[tuple[str, str, int, str]] = []
         for name, raw, state in zip(names, found.values(), client.hmget(shard.history, names), strict=True):
             try:
-                definition = json.loads(raw)
-                run = json.loads(state) if state else {}
-            except ValueError:
-                continue  # a definition or state that does not read is not this sweep's to mend
+                definition = read_definition(raw, name)
+            except CorruptData:
+                continue  # a definition that does not read is not this sweep's to mend
+            run = read_state(state)
             if not (isinstance(definition, dict) and definition.get("enabled") and isinstance(run, dict)):
                 continue
             cur, due = run.get("cur"), run.get("next")
@@ -741,3 +779,23 @@ class StallSweep:
                     name, cur, (now_ms - due) / 1000.0, missed,
                 )
         return repaired
+
+
+def _created(existing: str | None, name: str) -> Any:
+    """The ``created`` time of a stored definition; None when there is none or it does not
+    read (``upsert`` then replaces the corrupt entry as if it were new)."""
+    if existing is None:
+        return None
+    try:
+        return read_definition(existing, name).get("created")
+    except CorruptData:
+        return None
+
+
+def _origin(existing: str, name: str) -> str:
+    """``origin`` of a stored definition; ``"config"`` for one that does not read and whose
+    name is in the config registry (the beat's sync then removes it)."""
+    try:
+        return str(read_definition(existing, name).get("origin", "api"))
+    except CorruptData:
+        return "config"

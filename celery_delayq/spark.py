@@ -49,6 +49,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from .bounded import parse_lease
 from .config import DEFAULTS, DelayQConfig, setting_name
 from .exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
 from .message import (
@@ -775,7 +776,7 @@ def _row(
             args, kwargs = _json_text(body_args), _json_text(body_kwargs)
         else:  # a body the reader must not decode (pickle...): Celery's reprs
             args, kwargs = envelope.headers.get("argsrepr"), envelope.headers.get("kwargsrepr")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         task = "<corrupt envelope>"
     return (
         job_id, task, ms_to_datetime(due_ms), shard, state, queue, args, kwargs, tries,
@@ -830,10 +831,12 @@ def read_shard(
         offset += page_size
     leased: list[tuple[str, int, int]] = []  # id, due ms, tries
     for job_id, lease in client.hgetall(keys.leases).items():
-        due_text, tries, _ = lease.split("|", 2)
-        due = int(due_text)
+        parsed = parse_lease(lease)
+        if parsed is None:  # a lease entry that does not read: the next claim replaces it
+            continue
+        due, tries = parsed
         if job_id not in seen and low <= due <= high:
-            leased.append((job_id, due, int(tries)))
+            leased.append((job_id, due, tries))
     if leased:  # their envelopes and lease expiries: one round trip
         with client.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.jobs, [job_id for job_id, _, _ in leased])

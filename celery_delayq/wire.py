@@ -34,6 +34,7 @@ from typing import Any
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps as kombu_dumps
 
+from .bounded import load_json
 from .message import Envelope, decode_envelope, due_iso
 
 __all__ = ["WireTemplates", "wire_message"]
@@ -166,8 +167,8 @@ class WireTemplates:
         None when it must go the reference way (decode_envelope, then kombu or
         :func:`wire_message`)."""
         try:
-            data = json.loads(raw)
-        except ValueError:
+            data = load_json(raw, "envelope")
+        except ValueError:  # not JSON, nested too deeply: decode_envelope says why, and it is buried
             return None
         if type(data) is not dict or data.get("v") != 2 or not _TEMPLATE_FIELDS.issuperset(data):
             return None
