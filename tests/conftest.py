@@ -23,6 +23,7 @@ from celery import Celery
 from bench.spark import spark_problem  # "can a local Spark run here", shared with the benchmark
 from celery_delayq import DelayedTask
 from celery_delayq.embedded import EmbeddedRedis
+from tests.helpers import stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -219,15 +220,7 @@ class Procs:
                          for _, log in self.procs if log.exists())
 
     def stop_all(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc, _ in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(proc for proc, _ in self.procs)
 
 
 @pytest.fixture

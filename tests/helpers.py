@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -59,3 +61,18 @@ def command_calls(client: Any, command: str) -> tuple[int, int]:
     """``(calls, failed_calls)`` of ``command`` from ``INFO commandstats`` (Lua calls count too)."""
     stats = client.info("commandstats").get(f"cmdstat_{command}", {})
     return int(stats.get("calls", 0)), int(stats.get("failed_calls", 0))
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout: float = 15) -> None:
+    """Terminate every process still running, then wait for each; kill one that outlives
+    ``timeout`` seconds."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -24,6 +24,7 @@ from celery_delayq import (
     InvalidDueTime,
     InvalidOptions,
     ScheduledResult,
+    StoreFull,
     UnknownTask,
 )
 from celery_delayq.api import get_store
@@ -271,10 +272,10 @@ def test_apply_at_refuses_a_chord_due_after_the_result_backends_chord_expiry(cap
 
 def test_a_full_redis_refuses_a_canvas_whole(server_binary: tuple[str, str]) -> None:
     """Faults: a store at ``maxmemory`` (``noeviction``) refuses the enqueue script of every shard
-    before it writes, so ``apply_at`` of a group raises Redis's OOM error at the call and no member
-    is stored: a caller can retry the whole canvas. (The error is redis-py's own for now; a
-    ``StoreFull`` naming the stored ids is issue 13's.) On each server: Redis 7 refuses at the
-    script's first write, and so must 6.2, which has no script flags."""
+    before it writes, so ``apply_at`` of a group raises ``StoreFull`` at the call, naming every
+    member as not stored, and no member is stored: a caller can retry the whole canvas. On each
+    server: Redis 7 refuses at the script's first write, and so must 6.2, which has no script
+    flags."""
     with EmbeddedRedis(binary=server_binary[1]) as srv:
         url = srv.url + "/0"
         application = make_app(url, url)
@@ -288,9 +289,9 @@ def test_a_full_redis_refuses_a_canvas_whole(server_binary: tuple[str, str]) -> 
             client.config_set("maxmemory-policy", "noeviction")
             client.config_set("maxmemory", 1)
             members = group(add.s(i, i) for i in range(40))
-            # redis-py raises OutOfMemoryError on 7+, a plain ResponseError ("-OOM ...") on 6.2.
-            with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+            with pytest.raises(StoreFull, match="maxmemory") as refused:
                 celery_delayq.apply_in(members, 60)
+            assert refused.value.stored == [] and len(refused.value.not_stored) == 40
             client.config_set("maxmemory", 0)
             assert DelayQ(application).count() == 0
             result = celery_delayq.apply_in(members, 60)

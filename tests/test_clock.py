@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, group
+from celery.bin.base import CLIContext
 
 from celery_delayq import Schedules
 from celery_delayq import apply_in as canvas_apply_in
@@ -230,3 +231,44 @@ def test_apply_in_reads_the_servers_clock_with_its_own_enqueue(
         add.apply_in(5, (1, 2))
     assert command_calls(r, "evalsha")[0] - evalsha_calls == 10
     assert command_calls(r, "time")[0] - time_calls == 10  # the scripts' own TIME only
+
+
+@pytest.mark.parametrize("skew", SKEWS, indirect=True, ids=["ahead-1h", "behind-1h"])
+def test_now_on_the_command_line_and_in_requeue_is_the_servers(
+    skew: float, app_factory: Callable[..., Celery], r: redis.Redis
+) -> None:
+    """``delayq run-now``, ``delayq reschedule ID +10m``, ``delayq dead requeue`` and
+    ``DelayQ.requeue_dead()`` with no time count from the Redis server's now, as the beat does:
+    with this machine an hour ahead, the local clock would hold the job an hour; behind, it
+    would be due an hour early."""
+    from click.testing import CliRunner
+
+    from celery_delayq import DelayQ
+    from celery_delayq.cli import delayq
+    from tests.test_cli import bury
+
+    app = app_factory()
+    runner = CliRunner()
+
+    def cli(*args: str) -> None:
+        result = runner.invoke(delayq, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
+        assert result.exit_code == 0, result.output
+
+    add = app.tasks["t.add"]
+    moved = str(add.apply_at(server_ms(r) / 1000 + 3600, (1, 2)).id)
+    before = server_ms(r)
+    cli("run-now", moved)
+    assert_due_in(stored_due(r, app, moved), before, server_ms(r), 0)
+    before = server_ms(r)
+    cli("reschedule", moved, "+10m")
+    assert_due_in(stored_due(r, app, moved), before, server_ms(r), 600_000)
+
+    for requeue in ("cli", "api"):
+        dead = str(add.apply_at(server_ms(r) / 1000 - 1, (1, 2)).id)
+        bury(app, dead)
+        before = server_ms(r)
+        if requeue == "cli":
+            cli("dead", "requeue", dead)
+        else:
+            assert DelayQ(app).requeue_dead(dead) == "requeued"
+        assert_due_in(stored_due(r, app, dead), before, server_ms(r), 0)

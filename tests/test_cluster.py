@@ -391,6 +391,31 @@ def test_two_dispatchers_share_the_cluster_store(
     one.store.close()
 
 
+def test_renew_runs_on_every_node_in_one_call(store: Store, r: RedisCluster) -> None:
+    """The fence's renew (lua/renew.lua): one call per shard, every key of it in the shard's
+    slot, all nodes in one round trip."""
+    shards = range(store.config.shards)
+    ids = {shard: ids_on_shard(store.keys, shard, 2) for shard in shards}
+    now = server_ms(r)
+    store.enqueue([(job_id, now - 1, "env") for pair in ids.values() for job_id in pair])
+    store.claim(shards, "beat-1")
+    mine = {shard: pair[:1] for shard, pair in ids.items()}
+    held, server_now = store.renew("beat-1", mine)
+    after = max(server_ms(node.redis_connection) for node in r.get_primaries())
+    assert held == {pair[0]: True for pair in ids.values()} and server_now is not None
+    # Each node reads its own TIME: a renewed lease runs to that node's now + TTL, no earlier
+    # than the reported (earliest) now + TTL and no later than any node's clock after the call.
+    scores = [r.zscore(store.keys.shard(s).due, ids[s][0]) for s in shards]
+    assert all(server_now + 30_000 <= score <= after + 30_000 for score in scores), (
+        server_now,
+        after,
+        scores,
+    )
+    # The one not renewed keeps its claim lease.
+    assert all(r.zscore(store.keys.shard(s).due, ids[s][1]) <= server_now + 30_000 for s in shards)
+    assert store.renew("beat-2", ids)[0] == {job_id: False for pair in ids.values() for job_id in pair}
+
+
 def test_wait_wakes_on_a_job_stored_on_any_node(
     app: Celery, r: RedisCluster, broker: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:

@@ -20,6 +20,7 @@ import yaml
 from celery_delayq import DelayQ
 from celery_delayq.config import DEFAULTS
 from tests.conftest import make_app, wait_for
+from tests.helpers import stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -113,14 +114,8 @@ def test_the_quickstart_runs_as_written(tmp_path: Path, redis_url: str) -> None:
             assert job_id in worker_log.read_text(errors="replace")
             assert due.startswith(str(time.gmtime().tm_year))
         finally:
-            for proc, _ in procs:
-                proc.terminate()
-            for proc, log in procs:
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_processes(proc for proc, _ in procs)
+            for _, log in procs:
                 log.close()
     finally:
         app.close()

@@ -18,6 +18,7 @@ import redis
 from celery_delayq import Schedules
 from celery_delayq.cli import iter_commands
 from tests.conftest import ROOT, make_app, wait_for
+from tests.helpers import stop_processes
 
 #: A short error: a banner line at most, then ``Error: ...``.
 MAX_LINES = 4
@@ -171,12 +172,7 @@ def test_a_cron_string_in_beat_schedule_runs_from_the_store(tmp_path: Path, redi
         text = log.read_text(errors="replace")
         assert "Traceback" not in text and "beat_schedule in Redis: 1 added" in text, text
     finally:
-        beat.terminate()
-        try:
-            beat.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            beat.kill()
-            beat.wait()
+        stop_processes([beat])
         client.close()
         app.close()
 

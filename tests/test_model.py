@@ -5,7 +5,9 @@ every step that they agree.
 Covered: enqueue (keep and replace), claim with a long lease and with a lease so short
 that it has expired by the end of the step (so leases expire and are re-claimed by
 other tokens), ack, deliver (lists and a refused push), bury, cancel, reschedule
-(including "make a future job due"), get, scan and the passage of time. After every step
+(including "make a future job due"), get, scan and the passage of time, and a full Redis
+(over ``maxmemory``: enqueue, deliver's push and a move by reschedule are refused and
+change nothing; claim, ack, bury and cancel go on). After every step
 the whole database is compared with the model: each shard's ``due``, ``jobs``,
 ``leases``, ``dead`` and wake marker, the queue lists, and no other key.
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
+import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -38,6 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from celery_delayq.exceptions import StoreFull
 from celery_delayq.keys import KeySpace, shard_of
 from celery_delayq.store import (
     CANCEL_HELD,
@@ -47,11 +51,13 @@ from celery_delayq.store import (
     ENQUEUE_KEPT,
     ENQUEUE_NEW,
     ENQUEUE_REPLACED,
+    OOM_REPLY,
     RESCHEDULE_HELD,
     RESCHEDULE_MISSING,
     RESCHEDULE_MOVED,
     JobRecord,
     Store,
+    is_oom,
 )
 from tests.helpers import make_store, server_ms
 
@@ -64,10 +70,17 @@ TOKENS = ["beat-a:101:0123456789ab", "beat-b:202:ba9876543210", "101:0123456789a
 QUEUES = ["q-a", "q-b"]
 #: A string key: pushing a message to it fails, and deliver must leave the job leased.
 BAD_QUEUE = "q-bad"
+#: Malformed lease entries (corrupt_lease); none ends with "|<a token>", which ack would take
+#: for that token's lease.
+CORRUPT_LEASES = ["garbage", "17|", "", "|||", "abc|1|tok", "1.5|2|x", "-|0|"]
+#: The model's token of a job whose lease entry is corrupt (no beat's token).
+CORRUPT = "<corrupt>"
 LONG_TTL_MS = 3_600_000
 SHORT_TTL_MS = 10
 HOUR_MS = 3_600_000
 FAR_FUTURE = 9999999999999999
+#: The model's word for a push refused because Redis is over maxmemory.
+OOM_TEXT = "OOM"
 
 SETTINGS = settings(
     max_examples=100,
@@ -103,13 +116,14 @@ class Job:
     token: str | None = None  # the lease holder
     expiry: int = 0  # lease expiry (its score while leased)
     short: bool = False  # leased with the short TTL: expired once its claim step ended
+    corrupt: str | None = None  # the malformed lease entry written over it (token is then CORRUPT)
 
     @property
     def score(self) -> int:
         return self.expiry if self.token is not None else self.due
 
     def lease(self) -> str:
-        return f"{self.due}|{self.tries}|{self.token}"
+        return self.corrupt if self.corrupt is not None else f"{self.due}|{self.tries}|{self.token}"
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -130,6 +144,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.lists: dict[str, list[str]] = {q: [] for q in QUEUES}
         self.holders: dict[str, set[str]] = defaultdict(set)  # every token that ever held an id
         self.counter = 0
+        self.full = False  # over maxmemory (see "a full Redis" below)
+        self.client.config_set("maxmemory", 0)
         stats["examples"] += 1
 
     # -- helpers ----------------------------------------------------------------------------
@@ -169,7 +185,7 @@ class StoreMachine(RuleBasedStateMachine):
         return dict(by_shard)
 
     def _held(self) -> list[str]:
-        return sorted(i for i, j in self.jobs.items() if j.token is not None)
+        return sorted(i for i, j in self.jobs.items() if j.token not in (None, CORRUPT))
 
     def _stale(self) -> list[tuple[str, str]]:
         """(id, token): the token held this id once but does not hold it now."""
@@ -199,6 +215,9 @@ class StoreMachine(RuleBasedStateMachine):
         self._enqueue(jobs, data.draw(st.booleans(), "replace"))
 
     def _enqueue(self, jobs: list[tuple[str, tuple[bool, int], str]], replace: bool) -> None:
+        if self.full:
+            self._enqueue_refused(jobs, replace)
+            return
         now = server_ms(self.client)
         batch: list[tuple[str, int, str]] = []
         expected: list[tuple[int, int]] = []
@@ -266,9 +285,13 @@ class StoreMachine(RuleBasedStateMachine):
                 (i, self.jobs[i].envelope, self.jobs[i].due, self.jobs[i].tries + 1) for i in taken
             ]
             assert [(j.id, j.envelope, j.due_ms, j.tries) for j in result.jobs] == expected
+            repaired = [i for i in taken if self.jobs[i].token == CORRUPT]
+            assert result.repaired == len(repaired)
+            self._count("claim:repaired", len(repaired))
             for job_id in taken:
                 job = self.jobs[job_id]
-                if job.token is not None:
+                job.corrupt = None
+                if job.token is not None and job_id not in repaired:
                     assert job.short, f"re-claimed {job_id!r}, whose long lease has not expired"
                     self._count("claim:re-claimed")
                     if job.token != token:
@@ -311,6 +334,9 @@ class StoreMachine(RuleBasedStateMachine):
                 if job is None or job.token != token:
                     expected[job_id] = 0
                     self._count("deliver:refused")
+                elif self.full:
+                    expected[job_id] = OOM_TEXT  # push refused: the job keeps its lease
+                    self._count("deliver:full")
                 elif queue == BAD_QUEUE:
                     expected[job_id] = "WRONGTYPE"  # push refused: the job keeps its lease
                     self._count("deliver:push-error")
@@ -322,7 +348,9 @@ class StoreMachine(RuleBasedStateMachine):
         got = self.long.deliver(token, dict(by_shard))
         assert set(got) == set(expected)
         for job_id, want in expected.items():
-            if isinstance(want, str):
+            if want == OOM_TEXT:
+                assert isinstance(got[job_id], str) and OOM_REPLY in str(got[job_id]), got
+            elif isinstance(want, str):
                 assert isinstance(got[job_id], str) and str(got[job_id]).startswith(want), got
             else:
                 assert got[job_id] == want, (job_id, got)
@@ -423,6 +451,12 @@ class StoreMachine(RuleBasedStateMachine):
             expected = RESCHEDULE_MISSING
         elif job.token is not None:
             expected = RESCHEDULE_HELD
+        elif self.full:  # ZADD, its first write, is refused: nothing changes
+            self._count("reschedule:full")
+            with pytest.raises(redis.ResponseError) as refused:
+                self.long.reschedule(job_id, due)
+            assert is_oom(refused.value), refused.value
+            return
         else:
             expected = RESCHEDULE_MOVED
             job.due, job.future = due, not past
@@ -442,6 +476,36 @@ class StoreMachine(RuleBasedStateMachine):
         self._count("make_due")
         waiting = sorted(i for i, j in self.jobs.items() if j.token is None and j.future)
         self._reschedule(data.draw(st.sampled_from(waiting), "id"), True, data.draw(st.integers(1, 1000)))
+
+    # -- a full Redis (issue 13: OOM refusals) ---------------------------------------- begin --
+
+    @rule(full=st.booleans())
+    def memory(self, full: bool) -> None:
+        """Redis goes over its maxmemory (1 byte: every write that may grow memory is refused,
+        however much a step frees) or has room again. While full, the scripts that free memory
+        (claim, ack, bury, cancel) work as ever; enqueue, deliver's push and reschedule's move
+        are refused and change nothing."""
+        self._count("memory:full" if full else "memory:room")
+        self.full = full
+        self.client.config_set("maxmemory", 1 if full else 0)
+
+    def _enqueue_refused(self, jobs: list[tuple[str, tuple[bool, int], str]], replace: bool) -> None:
+        """A full Redis refuses every enqueue call before its first write: StoreFull names every
+        job as not stored, in the call's order, and nothing changes."""
+        self._count("enqueue:full")
+        now = server_ms(self.client)
+        batch = [(job_id, self._due(now, past, k), self._envelope(job_id, kind)[0])
+                 for job_id, (past, k), kind in jobs]
+        with pytest.raises(StoreFull) as full:
+            self.long.enqueue(batch, replace=replace)
+        assert full.value.stored == []
+        assert full.value.not_stored == [job_id for job_id, _, _ in batch]
+        assert full.value.not_stored_positions == list(range(len(batch)))
+
+    def teardown(self) -> None:
+        self.client.config_set("maxmemory", 0)  # the session's server is shared
+
+    # -- a full Redis ---------------------------------------------------------------- end --
 
     # -- reads and time ---------------------------------------------------------------------
 
@@ -467,6 +531,27 @@ class StoreMachine(RuleBasedStateMachine):
         order = sorted(self.jobs.items(), key=lambda p: (p[1].score, shard(p[0]), p[0].encode()))
         expected_scan = [(i, j.due, j.envelope, "leased" if j.token else "waiting") for i, j in order]
         assert [(r.id, r.due_ms, r.envelope, r.state) for r in self.long.scan(page=page)] == expected_scan
+
+    # -- corrupt lease entries (issue 13: poison data) ----------------------------------------
+    # A lease entry that does not read, written over a stored job's (waiting or leased), as a
+    # buggy migration or a hand edit could. The model of what the scripts then do: no token
+    # holds the job (ack, deliver and bury by any beat are refused); it counts as held for
+    # cancel (CANCEL_HELD), reschedule (RESCHEDULE_HELD) and enqueue (ENQUEUE_AFTER_HELD); get
+    # and scan show it leased, due at its score, 0 tries, lease until its score; and the claim
+    # that finds it due takes it as an expired lease (due = its score, tries 1), replaces the
+    # entry with its own lease and counts it in ``repaired``. Its score does not change.
+
+    @precondition(lambda self: bool(self.jobs) and not self.full)  # HSET is refused when full
+    @rule(data=st.data(), text=st.sampled_from(CORRUPT_LEASES))
+    def corrupt_lease(self, data: st.DataObject, text: str) -> None:
+        self._count("corrupt_lease")
+        job_id = data.draw(st.sampled_from(sorted(self.jobs)), "id")
+        job = self.jobs[job_id]
+        score = job.score
+        job.due, job.expiry, job.tries, job.token, job.short = score, score, 0, CORRUPT, False
+        job.corrupt = text
+        job.future = score > server_ms(self.client)
+        self.client.hset(self.keys.shard(shard(job_id)).leases, job_id, text)
 
     # -- after every step -------------------------------------------------------------------
 
@@ -522,6 +607,7 @@ def test_store_agrees_with_its_model(redis_url: str) -> None:
         # Typed for a machine class, but any callable returning a machine works: it is only called.
         run_state_machine_as_test(cast(Any, factory), settings=SETTINGS)
     finally:
+        long.client.config_set("maxmemory", 0)
         long.close()
         short.close()
     rules = sorted((k, v) for k, v in stats.items() if k != "examples" and ":" not in k)
@@ -537,7 +623,7 @@ def test_store_agrees_with_its_model(redis_url: str) -> None:
     needed = [
         "claim:re-claimed-by-another", "not_the_holder:stale-token-now-held-by-another",
         "enqueue:after-held", f"cancel:{CANCEL_HELD}", f"reschedule:{RESCHEDULE_HELD}",
-        "deliver:pushed", "ack:removed",
+        "deliver:pushed", "ack:removed", "claim:repaired", "enqueue:full",
     ]
     for name in needed:
         assert stats[name] > 0, name

@@ -351,6 +351,39 @@ def test_ack_matches_the_whole_token_not_a_suffix(store: Store, r: redis.Redis) 
     assert store.ack("xabc", {shard: ["a"]}) == {"a": True}
 
 
+# -- renew (the fence before a publish) -------------------------------------------------------
+
+
+def test_renew_extends_only_the_leases_the_token_holds(store: Store, r: redis.Redis) -> None:
+    shard = 3
+    mine, theirs, waiting = ids_on_shard(store.keys, shard, 3)
+    now = server_ms(r)
+    store.enqueue([(mine, now - 2, "m"), (theirs, now - 1, "t"), (waiting, now + 60_000, "w")])
+    claim_one(store, shard, "beat-1", batch=1)
+    claim_one(store, shard, "beat-2", batch=1)
+    due = store.keys.shard(shard).due
+    before = {job_id: r.zscore(due, job_id) for job_id in (mine, theirs, waiting)}
+    held, server_now = store.renew("beat-1", {shard: [mine, theirs, waiting, "missing"]})
+    assert held == {mine: True, theirs: False, waiting: False, "missing": False}
+    assert server_now is not None and server_now >= now
+    # Only beat-1's lease moved, to the server's now + TTL; nothing else changed or was added.
+    assert r.zscore(due, mine) == server_now + 30_000 >= before[mine]  # type: ignore[operator]
+    assert r.zscore(due, theirs) == before[theirs] and r.zscore(due, waiting) == before[waiting]
+    assert r.zscore(due, "missing") is None
+    assert r.hget(store.keys.shard(shard).leases, mine).endswith("|1|beat-1")  # type: ignore[union-attr]
+    assert store.renew("beat-1", {}) == ({}, None)
+
+
+def test_renew_after_expiry_and_re_claim_says_not_held(fast_store: Store, r: redis.Redis) -> None:
+    fast_store.enqueue([("a", server_ms(r) - 1, "env")])
+    shard = fast_store.keys.shard_of("a")
+    claim_one(fast_store, shard, "beat-1")
+    time.sleep(0.3)
+    claim_one(fast_store, shard, "beat-2")
+    assert fast_store.renew("beat-1", {shard: ["a"]})[0] == {"a": False}
+    assert fast_store.renew("beat-2", {shard: ["a"]})[0] == {"a": True}
+
+
 # -- cancel -----------------------------------------------------------------------------------
 
 
@@ -509,7 +542,7 @@ def test_script_flush_before_a_single_call(store: Store, r: redis.Redis) -> None
     assert failed_after - failed_before == 1  # the NOSCRIPT attempt
     assert evalsha_after - evalsha_before == 2
     assert store.get("a") is None
-    assert r.script_exists(SCRIPTS["cancel"].sha) == [True]
+    assert r.script_exists(SCRIPTS["cancel"].sha_for(store.client)) == [True]  # the form this server runs
 
 
 def test_script_flush_before_a_raw_call(store: Store, r: redis.Redis) -> None:
@@ -783,6 +816,8 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
         ("sched_put", ["sched", "upsert", '{"new":1}', "", "", "", channel, 0]),
         ("deliver", ["beat-1", "held", "celery"]),
         ("bury", ["beat-1", "held"]),
+        ("renew", ["beat|1", 30_000, "held"]),
+        ("renew", ["beat-1", "1.5", "held"]),
     ]
 
 

@@ -114,3 +114,34 @@ def plain_record(self: Any, *args: Any, **kwargs: Any) -> None:
     """``e2e.record`` on a plain Task (not a DelayedTask): the canvas tests schedule it through
     ``celery_delayq.apply_at(signature, ...)``, which works for any task of the app."""
     _record(self)
+
+
+# -- hooks of the paused-beat experiment (tests/test_fencing.py) ------------------------------
+
+if os.environ.get("DELAYQ_TEST_PUBLISH_RECEIVER"):
+    from celery.signals import after_task_publish
+
+    @after_task_publish.connect(weak=False)
+    def _published(**kwargs: Any) -> None:
+        """A receiver that does nothing: connected, it takes every job off the atomic path."""
+
+
+if os.environ.get("DELAYQ_TEST_STOP_AFTER_CLAIM"):
+    import signal
+
+    from celery_delayq import dispatch
+
+    _STOP_AT = int(os.environ["DELAYQ_TEST_STOP_AFTER_CLAIM"])
+    _publish_claimed = dispatch.Dispatcher._publish
+    _stopped: list[bool] = []
+
+    def _stop_then_publish(self: Any, claimed: Any) -> Any:
+        """The first time a pass claimed at least DELAYQ_TEST_STOP_AFTER_CLAIM jobs: record
+        ``e2e:stopped`` = how many, then SIGSTOP this beat (the test sends SIGCONT)."""
+        if not _stopped and len(claimed) >= _STOP_AT:
+            _stopped.append(True)
+            recorder().set("e2e:stopped", len(claimed))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return _publish_claimed(self, claimed)
+
+    dispatch.Dispatcher._publish = _stop_then_publish  # type: ignore[method-assign]

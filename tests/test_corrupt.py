@@ -1,0 +1,379 @@
+"""Corrupt stored data, piece by piece: the bounded decode (:mod:`celery_delayq.bounded`), the
+scripts in front of malformed lease entries and run states (on every server kind), the kinds of
+Redis error the beat tells apart, and their metrics. The end-to-end table is tests/test_poison.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
+from celery_delayq.api import get_store
+from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json, parse_lease
+from celery_delayq.dispatch import Dispatcher
+from celery_delayq.message import decode_envelope
+from celery_delayq.metrics import DispatcherCollector
+from celery_delayq.rules import IntervalRule
+from celery_delayq.schedules import point_id
+from celery_delayq.scripts import SCRIPTS
+from celery_delayq.store import Store, redis_error_kind
+from tests.conftest import make_app, wait_for
+from tests.helpers import server_ms
+from tests.test_scripts import redis_server, store
+
+__all__ = ["redis_server", "store"]  # fixtures, used by name
+
+# -- the bounded decode ----------------------------------------------------------------------
+
+
+def nested(depth: int, inside: str = "1") -> str:
+    return "[" * depth + inside + "]" * depth
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "reason"),
+    [
+        (nested(MAX_DEPTH + 1), list, f"nested more than {MAX_DEPTH} levels deep"),
+        ('{"a":' * 5000 + "1" + "}" * 5000, dict, "nested more than"),
+        (nested(200_000), None, "nested more than"),  # far past Python's recursion limit
+        ("not json", dict, "is not JSON"),
+        ("", dict, "is not JSON"),
+        ("[1, 2]", dict, "is a JSON array, not a JSON object"),
+        ('"text"', dict, "is a JSON string, not a JSON object"),
+        ("null", dict, "is null, not a JSON object"),
+        ("{}", list, "is a JSON object, not a JSON array"),
+        (b"\xff\xfe", dict, "is not UTF-8 text"),
+        (42, dict, "is not text but int"),
+    ],
+)
+def test_load_json_refuses_with_a_reason(text: Any, kind: type | None, reason: str) -> None:
+    with pytest.raises(CorruptData, match=reason) as info:
+        load_json(text, "the entry", kind)
+    assert str(info.value).startswith("the entry ")
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        nested(MAX_DEPTH),  # exactly the limit
+        json.dumps({"a": "[" * 5000, "b": ["{" * 300]}),  # brackets inside strings do not nest
+        json.dumps({"a": 'x\\"[[[' * 200}),  # nor after escaped quotes
+        json.dumps([[i] for i in range(5000)]),  # many brackets, shallow
+    ],
+)
+def test_load_json_takes_deep_enough_and_bracket_heavy_text(text: str) -> None:
+    assert load_json(text, "entry", None) == json.loads(text)
+
+
+def test_load_json_size_bound() -> None:
+    assert load_json('{"a": 1}', "entry", dict, max_bytes=8) == {"a": 1}
+    with pytest.raises(CorruptData, match="entry is 9 bytes, over the limit of 8"):
+        load_json('{"a": 12}', "entry", dict, max_bytes=8)
+
+
+def test_check_depth_counts_only_structure() -> None:
+    check_depth('"' + "[" * 1000 + '"', "entry")
+    with pytest.raises(CorruptData):
+        check_depth("{" * (MAX_DEPTH + 1), "entry")
+
+
+@pytest.mark.parametrize(
+    ("lease", "parsed"),
+    [
+        ("1767225600000|2|beat-1", (1767225600000, 2)),
+        ("-5|0|t", (-5, 0)),
+        ("1|2|", (1, 2)),
+        ("garbage", None),
+        ("17|", None),
+        ("|1|t", None),
+        ("a|1|t", None),
+        ("1|b|t", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_parse_lease(lease: Any, parsed: tuple[int, int] | None) -> None:
+    assert parse_lease(lease) == parsed
+
+
+def test_decode_envelope_is_bounded() -> None:
+    envelope = json.dumps({"v": 2, "i": "a", "t": "t.add", "c": 1, "j": "[1, 2], {}"})
+    assert decode_envelope(envelope).task == "t.add"
+    deep = envelope[:-1] + ', "h": ' + '{"x":' * 500 + "1" + "}" * 500 + "}"
+    with pytest.raises(CorruptData, match="envelope is nested more than 100 levels deep"):
+        decode_envelope(deep)
+    with pytest.raises(CorruptData, match=r"envelope is \d+ bytes, over the limit of 20"):
+        decode_envelope(envelope, max_bytes=20)
+
+
+def test_the_producer_refuses_what_the_beat_would_refuse(redis_url: str) -> None:
+    app = make_app(redis_url)
+
+    @app.task(base=DelayedTask, name="t.deep", shared=False)
+    def deep(*args: Any) -> None:
+        return None
+
+    headers: dict[str, Any] = {"leaf": 1}
+    for _ in range(MAX_DEPTH + 5):
+        headers = {"h": headers}
+    try:
+        with pytest.raises(InvalidOptions, match=f"more than {MAX_DEPTH} levels deep"):
+            deep.apply_in(60, headers=headers)
+        assert get_store(app).count() == 0
+        deep.apply_in(60, args=(nested(MAX_DEPTH * 3, "0"),))  # deep text in args is fine
+        assert get_store(app).count() == 1
+    finally:
+        get_store(app).close()
+        app.close()
+
+
+# -- the scripts, on every server kind -------------------------------------------------------
+
+
+# redis_server (each server kind in turn) and store (30 s leases): test_scripts.py's fixtures.
+
+
+BAD_LEASES = ["garbage", "17|", "", "|||", "abc|1|tok", "1.5|2|tok"]
+
+
+def _seed_bad_leases(store: Store, r: redis.Redis, shard: int, past_ms: int) -> list[str]:
+    keys = store.keys.shard(shard)
+    ids = [f"bad-{i}" for i in range(len(BAD_LEASES))]
+    for n, (job_id, lease) in enumerate(zip(ids, BAD_LEASES, strict=True)):
+        r.zadd(keys.due, {job_id: past_ms + n})
+        r.hset(keys.jobs, job_id, f"env-{n}")
+        r.hset(keys.leases, job_id, lease)
+    return ids
+
+
+def test_claim_repairs_malformed_leases_and_takes_the_jobs(store: Store, r: redis.Redis) -> None:
+    shard = 3
+    keys = store.keys.shard(shard)
+    past = server_ms(r) - 10_000
+    ids = _seed_bad_leases(store, r, shard, past)
+    r.zadd(keys.due, {"good": past + 100})
+    r.hset(keys.jobs, "good", "env-good")
+    r.hset(keys.leases, "future", "garbage")  # not due: left alone until it is
+    r.zadd(keys.due, {"future": server_ms(r) + 600_000})
+    r.hset(keys.jobs, "future", "env-future")
+
+    [result] = store.claim([shard], "beat-1")
+    assert result.repaired == len(BAD_LEASES)
+    got = {job.id: (job.envelope, job.due_ms, job.tries) for job in result.jobs}
+    expected = {job_id: (f"env-{n}", past + n, 1) for n, job_id in enumerate(ids)}
+    assert got == {**expected, "good": ("env-good", past + 100, 1)}
+    # Every lease is valid now, and the beat's own: ack works as for any job.
+    for job_id in ids:
+        assert parse_lease(r.hget(keys.leases, job_id)) == (past + ids.index(job_id), 1)
+    assert r.hget(keys.leases, "future") == "garbage"
+    acked = store.ack("beat-1", {shard: [*ids, "good"]})
+    assert all(acked.values())
+    assert r.zrange(keys.due, 0, -1) == ["future"]
+    [again] = store.claim([shard], "beat-2")
+    assert (again.jobs, again.repaired) == ([], 0)
+
+
+def test_the_other_scripts_tolerate_a_malformed_lease(store: Store, r: redis.Redis) -> None:
+    keys = store.keys.for_job("x")
+    due = server_ms(r) + 600_000
+    r.zadd(keys.due, {"x": due})
+    r.hset(keys.jobs, "x", "env")
+    r.hset(keys.leases, "x", "garbage")
+    # ack, bury, deliver: "garbage" is no beat's lease, so nothing is done
+    assert store.ack("beat-1", {store.keys.shard_of("x"): ["x"]}) == {"x": False}
+    assert store.bury("beat-1", "x", {"reason": "r"}) is False
+    assert store.deliver("beat-1", {store.keys.shard_of("x"): [("x", "q", "m")]}) == {"x": 0}
+    # get: a held job of unknown history
+    record = store.get("x")
+    assert record is not None and (record.state, record.due_ms, record.tries) == ("leased", due, 0)
+    assert [(j.id, j.state) for j in store.scan()] == [("x", "leased")]
+    stats = store.shard_stats()[store.keys.shard_of("x")]
+    assert (stats.stored, stats.leased, stats.overdue) == (1, 1, 0)
+    assert store.reschedule("x", due + 1) == 2  # held: refused, as for any lease
+    assert store.cancel("x") == 2
+    assert not r.exists(keys.leases) and not r.exists(keys.jobs)
+
+
+@pytest.fixture
+def sched_app(redis_url: str) -> Iterator[Celery]:
+    app = make_app(redis_url, delayq_reclaim_ttl=30.0, delayq_max_sleep=0.5)
+
+    @app.task(base=DelayedTask, name="t.noop", shared=False)
+    def noop() -> None:
+        return None
+
+    yield app
+    get_store(app).close()
+    app.close()
+
+
+@pytest.mark.parametrize("history", ["garbage", nested(5000), "[1, 2]", '{"cur": 5}', "null"])
+def test_fire_resets_a_run_state_that_does_not_read(
+    sched_app: Celery, r: redis.Redis, history: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    schedules = Schedules(sched_app)
+    store = get_store(sched_app)
+    schedules.add("h", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    keys = store.keys.for_job("{h}")
+    r.hset(keys.history, "h", history)
+    stored = schedules.get("h")  # a run state that does not read reads as no runs yet
+    assert stored is not None and stored.run_count == 0 and stored.next_run is None
+    assert wait_for(lambda: store.claim([store.keys.shard_of("{h}")], "beat-1")[0].jobs, 5)
+    [point] = [j for j in store.scan() if j.state == "leased"]
+    schedule = decode_envelope(point.envelope).schedule
+    assert schedule is not None
+    at = schedule[1]
+    definition = load_json(r.hget(keys.schedules, "h"), "definition")
+    next_id, envelope = schedules.envelope_for(definition, at + 1000)
+    args = [
+        "beat-1",
+        point.id,
+        "h",
+        at,
+        point.id,
+        next_id,
+        at + 1000,
+        envelope,
+        store.keys.wake_channel,
+        store.keys.shard_of("{h}"),
+    ]
+    assert SCRIPTS["fire"](r, keys.core, args) == 3
+    after = schedules.get("h")
+    assert after is not None and after.run_count == 1 and after.last_task_id == point.id
+    assert after.next_run is not None and int(after.next_run.timestamp() * 1000) == at + 1000
+    assert next_id == point_id("h", at + 1000) and r.hexists(keys.jobs, next_id)
+    # sched_put and sched_del over a corrupt run state work too
+    r.hset(keys.history, "h", history)
+    assert schedules.update("h", enabled=False).enabled is False
+    r.hset(keys.history, "h", history)
+    assert schedules.delete("h") is True
+
+
+def test_readers_skip_a_definition_that_does_not_read(
+    sched_app: Celery, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    schedules = Schedules(sched_app)
+    store = get_store(sched_app)
+    for name in ("ok", "bad"):
+        schedules.add(name, "t.noop", 3600)
+    r.hset(store.keys.for_job("{bad}").schedules, "bad", nested(5000))
+    with caplog.at_level(logging.ERROR, "celery_delayq.schedules"):
+        assert [s.name for s in schedules.list()] == ["ok"]
+    assert "schedule 'bad' is not listed: schedule definition is nested more than" in caplog.text
+    with pytest.raises(CorruptData):
+        schedules.get("bad")
+    # upsert is how to mend it
+    assert schedules.upsert("bad", "t.noop", 60).name == "bad"
+    assert {s.name for s in schedules.list()} == {"ok", "bad"}
+
+
+# -- kinds of Redis error, their log lines and metrics ----------------------------------------
+
+
+def test_redis_error_kinds_on_a_real_server(r: redis.Redis) -> None:
+    def kind_of(call: Callable[[], Any]) -> str:
+        with pytest.raises(redis.RedisError) as info:
+            call()
+        return redis_error_kind(info.value)
+
+    r.set("s", "text")
+    assert kind_of(lambda: r.eval("return redis.call('INCR', KEYS[1])", 1, "s")) == "script"
+    assert kind_of(lambda: r.eval("return nil + 1", 0)) == "script"
+    assert kind_of(lambda: r.evalsha("0" * 40, 0)) == "noscript"
+    gone = redis.Redis(port=1, socket_connect_timeout=0.5)
+    assert kind_of(gone.ping) == "unreachable"
+    r.config_set("maxmemory", 1)
+    try:
+        assert kind_of(lambda: r.set("x", "y")) == "oom"
+        assert kind_of(lambda: r.eval("return redis.call('SET', KEYS[1], 'v')", 1, "x")) == "oom"
+    finally:
+        r.config_set("maxmemory", 0)
+
+
+def test_a_beat_logs_a_script_error_apart_and_counts_it(
+    sched_app: Celery, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_delayq import Scheduler
+
+    app = sched_app
+    store = get_store(app)
+    shard = store.keys.shard(0)
+    r.set(shard.due, "not a sorted set")  # every claim of shard 0 fails with WRONGTYPE
+    app.tasks["t.noop"].apply_in(0, task_id=_id_on_other_shard(store))
+    beat = Scheduler(app)
+    try:
+        assert beat.dispatcher is not None
+        with caplog.at_level(logging.ERROR):
+            for _ in range(3):
+                beat.tick()
+        stats = beat.dispatcher.stats
+        assert stats.published == 1  # the other shards were claimed and delivered
+        assert stats.redis_errors["script"] >= 1
+        assert "could not be claimed" in caplog.text and "WRONGTYPE" in caplog.text
+        assert "Redis unavailable" not in caplog.text
+        families = {f.name: f for f in DispatcherCollector(beat.dispatcher).collect()}
+        samples = {tuple(s.labels.values()): s.value for s in families["delayq_redis_errors"].samples}
+        assert samples[("script",)] >= 1
+        # A failing single-shard tick is logged as a script error, not as an outage.
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            beat.dispatcher._next = [float("inf")] * store.config.shards
+            beat.dispatcher._next[0] = None
+            beat.dispatcher._last_full = time.monotonic()
+            beat.tick()
+        assert "a Redis script or command failed" in caplog.text, caplog.text
+    finally:
+        beat.close()
+
+
+def _id_on_other_shard(store: Store) -> str:
+    return next(f"job-{i}" for i in range(1000) if store.keys.shard_of(f"job-{i}") != 0)
+
+
+def test_corrupt_entries_are_counted(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    store = get_store(app)
+    app.tasks["t.add"].apply_in(0, args=(1, 2), task_id="lease-bad")
+    app.tasks["t.add"].apply_in(0, args=(1, 2), task_id="env-bad")
+    r.hset(store.keys.for_job("lease-bad").leases, "lease-bad", "garbage")
+    r.hset(store.keys.for_job("env-bad").jobs, "env-bad", nested(1000))
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dict(dispatcher.stats.corrupt) == {"lease": 1, "envelope": 1}
+    assert dispatcher.stats.published == 1 and dispatcher.stats.dead_lettered == 1
+    record = store.dead_record("env-bad")
+    assert record is not None and record["reason"].startswith("corrupt envelope: envelope is nested")
+    families = {f.name: f for f in DispatcherCollector(dispatcher).collect()}
+    samples = {tuple(s.labels.values()): s.value for s in families["delayq_corrupt_entries"].samples}
+    assert samples == {("envelope",): 1.0, ("lease",): 1.0}
+
+
+def test_beat_schedule_sync_replaces_a_definition_that_does_not_read(
+    sched_app: Celery, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The beat stores ``beat_schedule`` at start: a corrupt stored entry of the same name must
+    not stop the beat from starting; the configuration's entry takes its place."""
+    schedules = Schedules(sched_app)
+    entries = {"tick": {"task": "t.noop", "schedule": 60.0}}
+    assert schedules.sync_config(entries)["added"] == ["tick"]
+    key = get_store(sched_app).keys.for_job("{tick}").schedules
+    for text in ("not json", nested(5000)):
+        r.hset(key, "tick", text)
+        with caplog.at_level(logging.ERROR, "celery_delayq.schedules"):
+            assert schedules.sync_config(entries)["updated"] == ["tick"]
+        assert "replaced by its beat_schedule entry" in caplog.text
+        stored = schedules.get("tick")
+        assert stored is not None and stored.origin == "config" and stored.next_run is not None
+    r.hset(key, "tick", "[1]")
+    assert schedules.sync_config({})["removed"] == ["tick"]  # gone from beat_schedule: deleted
+    assert not r.hexists(key, "tick")
