@@ -13,7 +13,7 @@ from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, InvalidDueTime, PendingJob
 from celery_delayq.api import get_store
-from tests.helpers import server_ms, snapshot
+from tests.support.store import server_ms, snapshot
 
 BASE = datetime(2031, 1, 1, tzinfo=UTC)
 

@@ -30,7 +30,7 @@ from celery_delayq import (
 from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.message import decode_envelope
-from tests.conftest import make_app
+from tests.support.apps import make_app
 
 
 @pytest.fixture

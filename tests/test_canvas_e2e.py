@@ -31,7 +31,9 @@ import celery_delayq
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
-from tests.conftest import Procs, make_app, subprocess_env, wait_for
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 from tests.test_canvas import forget_subscriptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

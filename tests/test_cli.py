@@ -25,8 +25,9 @@ from celery_delayq.api import get_store
 from celery_delayq.cli import chart_lines, delayq, iter_commands, parse_when
 from celery_delayq.lateness import Histogram, key_for
 from celery_delayq.store import Store, stored_form
-from tests.conftest import ROOT, make_app, subprocess_env
-from tests.helpers import ids_on_shard, server_ms
+from tests.support.apps import make_app
+from tests.support.processes import ROOT, subprocess_env
+from tests.support.store import ids_on_shard, server_ms
 
 Run = Callable[..., Result]
 HOUR_MS = 3_600_000

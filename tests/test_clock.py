@@ -25,8 +25,10 @@ from celery_delayq import Schedules
 from celery_delayq import apply_in as canvas_apply_in
 from celery_delayq.api import get_store
 from celery_delayq.message import decode_envelope
-from tests.conftest import Procs, make_app, subprocess_env, wait_for
-from tests.helpers import command_calls, server_ms
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
+from tests.support.store import command_calls, server_ms
 
 #: Shifts of the producer's clock, in seconds.
 SKEWS = [3600.0, -3600.0]

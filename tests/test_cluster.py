@@ -1,6 +1,6 @@
 """The store, the API, the schedules and the dispatcher on a Redis Cluster (``delayq_cluster``).
 
-The session cluster (``redis_cluster`` in conftest) has three primaries. The store tests of
+The session cluster (``redis_cluster`` in tests/support/cluster.py) has three primaries. The store tests of
 ``test_scripts.py`` and ``test_api.py`` run here again, unchanged, with their fixtures
 (``store``, ``r``, ``app``) pointed at the cluster; the ones that read a single server's
 ``INFO commandstats`` or ``DUMP`` have cluster versions below. The broker is always the plain
@@ -31,8 +31,10 @@ from celery_delayq.dispatch import Dispatcher
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import CANCEL_WAITING, ENQUEUE_NEW, Store
 from tests import test_api, test_scripts
-from tests.conftest import LocalCluster, make_app, wait_for
-from tests.helpers import broker_lists, ids_on_shard, make_store, server_ms
+from tests.support.apps import make_app
+from tests.support.cluster import LocalCluster
+from tests.support.polling import wait_for
+from tests.support.store import broker_lists, ids_on_shard, make_store, server_ms
 
 pytestmark = pytest.mark.cluster
 

@@ -22,7 +22,9 @@ import pytest
 import redis
 
 from celery_delayq.store import REDIS_ERRORS
-from tests.conftest import LocalCluster, Procs, subprocess_env, wait_for
+from tests.support.cluster import LocalCluster
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 from tests.test_e2e import (
     MAX_LATE,
     Producer,

@@ -11,7 +11,7 @@ from celery import Celery
 from celery_delayq import ConfigurationError, DelayedTask, DelayQ, DelayQConfig
 from celery_delayq.api import get_store
 from celery_delayq.config import DEFAULTS
-from tests.helpers import snapshot
+from tests.support.store import snapshot
 
 
 def new_app(broker: str | None = "redis://127.0.0.1:6390/0", **conf: Any) -> Celery:

@@ -25,8 +25,9 @@ from celery_delayq.rules import IntervalRule
 from celery_delayq.schedules import point_id
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import Store, redis_error_kind
-from tests.conftest import make_app, wait_for
-from tests.helpers import server_ms
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.store import server_ms
 from tests.test_scripts import redis_server, store
 
 __all__ = ["redis_server", "store"]  # fixtures, used by name

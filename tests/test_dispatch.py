@@ -18,8 +18,8 @@ from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import free_port
-from tests.conftest import wait_for
-from tests.helpers import broker_lists, server_ms
+from tests.support.polling import wait_for
+from tests.support.store import broker_lists, server_ms
 
 HOUR = 3600.0
 

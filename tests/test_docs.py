@@ -19,8 +19,9 @@ import yaml
 
 from celery_delayq import DelayQ
 from celery_delayq.config import DEFAULTS
-from tests.conftest import make_app, wait_for
-from tests.helpers import stop_processes
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -25,7 +25,9 @@ from kombu import Connection
 from celery_delayq import DelayedTask, DelayQ, ScheduledResult
 from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
-from tests.conftest import Procs, make_app, subprocess_env, wait_for
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_delayq import DelayedTask, lateness
 from celery_delayq.embedded import free_port
-from tests.conftest import Procs, make_app, subprocess_env, wait_for
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -29,7 +29,8 @@ import redis
 from celery_delayq.api import get_store
 from celery_delayq.rules import IntervalRule, Rule
 from celery_delayq.schedules import Schedules
-from tests.conftest import Procs, subprocess_env, wait_for
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 from tests.test_e2e import (
     CLOCK_TOL,
     STARTUP,

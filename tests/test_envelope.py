@@ -37,8 +37,8 @@ from celery_delayq.message import (
     new_task_ids,
 )
 from celery_delayq.store import ENQUEUE_AFTER_HELD, ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED
-from tests.conftest import make_app
-from tests.helpers import server_ms
+from tests.support.apps import make_app
+from tests.support.store import server_ms
 from tests.test_producer import OPTION_SETS, dispatch, normalized, pop_broker_messages
 
 DUE = 1_900_000_000_000

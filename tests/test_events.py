@@ -36,7 +36,8 @@ from celery import Celery
 from celery.events.state import State
 
 from celery_delayq import lateness
-from tests.conftest import Procs, subprocess_env, wait_for
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 from tests.test_e2e import CLOCK_TOL, MAX_LATE, STARTUP, Producer, log_of
 
 pytestmark = pytest.mark.e2e

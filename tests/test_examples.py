@@ -17,7 +17,8 @@ import redis
 
 from celery_delayq import DelayQ, Schedules
 from celery_delayq.config import DEFAULTS
-from tests.conftest import Procs, make_app
+from tests.support.apps import make_app
+from tests.support.processes import Procs
 
 ROOT = Path(__file__).resolve().parent.parent
 

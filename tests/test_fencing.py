@@ -33,7 +33,8 @@ from celery_delayq.dispatch import FENCE_FRACTION, Dispatcher
 from celery_delayq.embedded import free_port
 from celery_delayq.schedules import Schedules
 from tests import test_e2e
-from tests.conftest import Procs, wait_for
+from tests.support.polling import wait_for
+from tests.support.processes import Procs
 from tests.test_dispatch import published_ids
 from tests.test_e2e import (
     Producer,

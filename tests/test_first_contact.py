@@ -17,8 +17,9 @@ import redis
 
 from celery_delayq import Schedules
 from celery_delayq.cli import iter_commands
-from tests.conftest import ROOT, make_app, wait_for
-from tests.helpers import stop_processes
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import ROOT, stop_processes
 
 #: A short error: a banner line at most, then ``Error: ...``.
 MAX_LINES = 4

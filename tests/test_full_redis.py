@@ -25,8 +25,10 @@ from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
 from celery_delayq.store import CANCEL_WAITING, OOM_REPLY, Store, evicts_jobs, is_oom
-from tests.conftest import Procs, make_app, subprocess_env, wait_for
-from tests.helpers import make_store, server_ms
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
+from tests.support.store import make_store, server_ms
 from tests.test_e2e import _delete_queue, rabbitmq_or_skip
 
 

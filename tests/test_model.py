@@ -59,7 +59,7 @@ from celery_delayq.store import (
     Store,
     is_oom,
 )
-from tests.helpers import make_store, server_ms
+from tests.support.store import make_store, server_ms
 
 SHARDS = 3
 #: A small pool, so that ids collide. Shard 0: job-2 job-3 a|b é-1; shard 1: job-0 job-7;

@@ -31,7 +31,8 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import ROOT, Procs, subprocess_env, wait_for
+from tests.support.polling import wait_for
+from tests.support.processes import ROOT, Procs, subprocess_env
 
 pytestmark = pytest.mark.e2e
 

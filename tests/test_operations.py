@@ -25,7 +25,7 @@ from celery_delayq.api import get_store
 from celery_delayq.dispatch import BEAT_FORGET_MS, Dispatcher
 from celery_delayq.embedded import free_port
 from celery_delayq.lateness import BOUNDS, Histogram
-from tests.helpers import broker_lists, server_ms
+from tests.support.store import broker_lists, server_ms
 
 HOUR = 3600.0
 PUBLISH_KEY = "delayq:lateness:publish"

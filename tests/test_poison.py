@@ -28,7 +28,8 @@ import redis
 from celery_delayq import Schedules
 from celery_delayq.api import get_store
 from celery_delayq.store import loaded_form
-from tests.conftest import Procs, subprocess_env, wait_for
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 from tests.test_e2e import Producer, assert_alive, log_of, producers, start_stack, warm_up
 
 pytestmark = pytest.mark.e2e

@@ -31,8 +31,8 @@ from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.message import decode_envelope, ms_to_datetime
 from celery_delayq.scripts import SCRIPTS
-from tests.conftest import make_app
-from tests.helpers import broker_lists, command_calls, snapshot
+from tests.support.apps import make_app
+from tests.support.store import broker_lists, command_calls, snapshot
 
 HOUR = 3600.0
 

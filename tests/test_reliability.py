@@ -54,7 +54,8 @@ from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.store import Store
-from tests.conftest import Procs, subprocess_env, wait_for
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 from tests.test_e2e import (
     CLOCK_TOL,
     Producer,

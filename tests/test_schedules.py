@@ -35,8 +35,9 @@ from celery_delayq.rules import parse_rule
 from celery_delayq.schedules import point_id
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import ClaimedJob
-from tests.conftest import make_app, wait_for
-from tests.helpers import server_ms, snapshot
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.store import server_ms, snapshot
 
 HOUR = 3600.0
 HOUR_MS = 3_600_000

@@ -27,8 +27,8 @@ from celery_delayq.store import (
     RESCHEDULE_MOVED,
     Store,
 )
-from tests.conftest import wait_for
-from tests.helpers import command_calls, ids_on_shard, make_store, server_ms
+from tests.support.polling import wait_for
+from tests.support.store import command_calls, ids_on_shard, make_store, server_ms
 
 FAR_FUTURE = "9999999999999999"
 

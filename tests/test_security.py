@@ -28,8 +28,9 @@ from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import EmbeddedRedis, free_port
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.store import make_client
-from tests.conftest import make_app, wait_for
-from tests.helpers import broker_lists, server_ms
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.store import broker_lists, server_ms
 
 SECURITY = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 HOUR = 3600.0

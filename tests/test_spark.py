@@ -22,8 +22,10 @@ from celery_delayq.api import get_store
 from celery_delayq.keys import KeySpace
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
 from celery_delayq.store import loaded_form
-from tests.conftest import Procs, make_app, subprocess_env, wait_for
-from tests.helpers import command_calls, make_store
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
+from tests.support.store import command_calls, make_store
 
 pa = pytest.importorskip("pyarrow")
 

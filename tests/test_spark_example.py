@@ -29,7 +29,9 @@ from celery import Celery
 from celery_delayq import DelayQ
 from celery_delayq.api import get_store
 from examples import spark_reminders as ex
-from tests.conftest import Procs, make_app, subprocess_env, wait_for
+from tests.support.apps import make_app
+from tests.support.polling import wait_for
+from tests.support.processes import Procs, subprocess_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
 

@@ -30,7 +30,7 @@ from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.message import build_envelope, decode_envelope, due_iso
 from celery_delayq.schedules import Schedules, point_id
 from celery_delayq.wire import WireTemplates, wire_message
-from tests.conftest import make_app
+from tests.support.apps import make_app
 
 AppFactory = Callable[..., Celery]
 

@@ -1,6 +1,6 @@
 """The Celery app that end-to-end tests run as real ``celery worker``/``celery beat`` processes.
 
-Configured from the environment (set by ``tests/conftest.py``):
+Configured from the environment (set by ``tests/support/processes.py``):
 ``DELAYQ_TEST_BROKER`` (broker URL), ``DELAYQ_TEST_STORE`` (delayq Redis URL,
 also where tasks record their runs), optional ``DELAYQ_TEST_CONF`` (JSON of
 extra app settings) and optional ``DELAYQ_TEST_RECORD`` (Redis URL where runs are

@@ -1,10 +1,9 @@
-"""Small helpers shared by the in-process test modules (no fixtures here: see conftest)."""
+"""What tests need of a store and of Redis itself: a :class:`Store` on a URL, the server's clock,
+ids on one shard, snapshots of the database, the broker's lists and command statistics."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -61,18 +60,3 @@ def command_calls(client: Any, command: str) -> tuple[int, int]:
     """``(calls, failed_calls)`` of ``command`` from ``INFO commandstats`` (Lua calls count too)."""
     stats = client.info("commandstats").get(f"cmdstat_{command}", {})
     return int(stats.get("calls", 0)), int(stats.get("failed_calls", 0))
-
-
-def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout: float = 15) -> None:
-    """Terminate every process still running, then wait for each; kill one that outlives
-    ``timeout`` seconds."""
-    procs = list(procs)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -1,0 +1,93 @@
+"""In-process Celery apps for tests: :func:`make_app`, the ``app``, ``app_factory`` and
+``dispatchers`` fixtures, and the autouse fixture that forgets shared tasks after each test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_delayq import DelayedTask
+
+
+@pytest.fixture(autouse=True)
+def _forget_shared_tasks() -> Iterator[None]:
+    """Drop the shared tasks a test declared (``@shared_task``, ``@app.task`` with Celery's
+    default ``shared=True``, code run from the docs) when it ends.
+
+    Celery pushes every shared task into every app finalized later in the process; two
+    callables under one name then raise DuplicateTaskNameWarning (an error under
+    ``filterwarnings = error``) in whichever later test first finalizes an app.
+    """
+    from celery import _state
+
+    before = set(_state._on_app_finalizers)
+    yield
+    _state._on_app_finalizers.intersection_update(before)
+
+
+def make_app(broker: str, delayq_url: str | None = None, **conf: Any) -> Celery:
+    app = Celery("t", broker=broker, set_as_current=False)
+    app.conf.update(
+        delayq_url=delayq_url,
+        broker_connection_retry_on_startup=True,
+        **conf,
+    )
+    return app
+
+
+@pytest.fixture
+def app(redis_url: str) -> Iterator[Celery]:
+    """An in-process app (broker and store on the session server) with two DelayedTasks."""
+    application = make_app(redis_url)
+
+    @application.task(base=DelayedTask, name="t.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @application.task(base=DelayedTask, name="t.noop", shared=False)
+    def noop() -> None:
+        return None
+
+    yield application
+    application.close()
+
+
+@pytest.fixture
+def app_factory(redis_url: str) -> Iterator[Callable[..., Celery]]:
+    """Fresh apps with ``t.add``; the store is always the test server, the broker may differ."""
+    apps: list[Celery] = []
+
+    def factory(broker: str | None = None, **conf: Any) -> Celery:
+        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
+
+        @application.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        apps.append(application)
+        return application
+
+    yield factory
+    for application in apps:
+        application.close()
+
+
+@pytest.fixture
+def dispatchers() -> Iterator[Callable[..., Any]]:
+    """Makes :class:`Dispatcher` objects and stops each at the end of the test (flushes its
+    lateness, removes its heartbeat, closes it)."""
+    from celery_delayq.dispatch import Dispatcher
+
+    made: list[Dispatcher] = []
+
+    def factory(app: Celery, **kwargs: Any) -> Dispatcher:
+        dispatcher = Dispatcher(app, **kwargs)
+        made.append(dispatcher)
+        return dispatcher
+
+    yield factory
+    for dispatcher in made:
+        dispatcher.stop()
