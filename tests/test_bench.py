@@ -60,6 +60,7 @@ def test_unknown_row_is_refused() -> None:
 
 
 @pytest.mark.parametrize("path", ["atomic (deliver.lua)", "kombu publish batch"])
+@pytest.mark.slow
 def test_the_dispatch_profile_runs(path: str) -> None:
     """``python -m bench.profile`` drains the jobs on the path it names and prints the call tree."""
     args = [sys.executable, "-m", "bench.profile", "3000"] + (["--kombu"] if "kombu" in path else [])

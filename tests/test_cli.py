@@ -649,6 +649,7 @@ def test_chart_lines_scale_to_the_peak() -> None:
 # -- a real process ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_real_celery_subprocess(redis_url: str, r: redis.Redis) -> None:
     app = make_app(redis_url)
 

@@ -314,6 +314,7 @@ def test_check_server_asks_every_primary(store: Store, r: RedisCluster) -> None:
         r.config_set("maxmemory-policy", "noeviction", target_nodes=node)
 
 
+@pytest.mark.slow
 def test_wait_replicas_without_replicas_warns_and_keeps_the_job(
     cluster_url: str, r: RedisCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -418,6 +419,7 @@ def test_renew_runs_on_every_node_in_one_call(store: Store, r: RedisCluster) -> 
     assert store.renew("beat-2", ids)[0] == {job_id: False for pair in ids.values() for job_id in pair}
 
 
+@pytest.mark.slow
 def test_wait_wakes_on_a_job_stored_on_any_node(
     app: Celery, r: RedisCluster, broker: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -449,6 +451,7 @@ def test_wait_wakes_on_a_job_stored_on_any_node(
 # -- recurring schedules ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_schedules_fire_their_points_on_every_node(
     app: Celery, r: RedisCluster, broker: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:

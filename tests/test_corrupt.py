@@ -280,6 +280,7 @@ def test_readers_skip_a_definition_that_does_not_read(
 # -- kinds of Redis error, their log lines and metrics ----------------------------------------
 
 
+@pytest.mark.slow
 def test_redis_error_kinds_on_a_real_server(r: redis.Redis) -> None:
     def kind_of(call: Callable[[], Any]) -> str:
         with pytest.raises(redis.RedisError) as info:
@@ -300,6 +301,7 @@ def test_redis_error_kinds_on_a_real_server(r: redis.Redis) -> None:
         r.config_set("maxmemory", 0)
 
 
+@pytest.mark.slow
 def test_a_beat_logs_a_script_error_apart_and_counts_it(
     sched_app: Celery, r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

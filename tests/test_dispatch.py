@@ -243,6 +243,7 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
     assert [job.id for job in dq.pending()] == [later.id]
 
 
+@pytest.mark.slow
 def test_an_unreachable_broker_makes_the_beat_back_off(
     app: Celery, app_factory: AppFactory, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -336,6 +337,7 @@ def test_two_dispatchers_deliver_each_job_once(
 # -- sleeping ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wait_returns_early_when_an_earlier_job_arrives(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -360,6 +362,7 @@ def test_wait_returns_early_when_an_earlier_job_arrives(
     assert published_ids(r) == [scheduled[0].id]
 
 
+@pytest.mark.slow
 def test_wait_sleeps_its_timeout_when_the_new_job_is_later(
     app: Celery, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -403,6 +406,7 @@ def test_seconds_until_due_reflects_the_next_due(
 
 
 
+@pytest.mark.slow
 def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
     app_factory: AppFactory, dispatchers: Callable[..., Dispatcher]
 ) -> None:

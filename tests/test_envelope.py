@@ -342,6 +342,7 @@ scalars = st.one_of(
     st.dictionaries(st.one_of(st.text(max_size=10), st.integers()), scalars, max_size=5),
     st.sampled_from([None, 0, 1, 5, 20, 60, 1024]),
 )
+@pytest.mark.slow
 def test_quick_saferepr_is_saferepr(
     args: tuple[Any, ...], kwargs: dict[Any, Any], maxlen: int | None
 ) -> None:

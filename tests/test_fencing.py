@@ -239,6 +239,7 @@ def kombu_apps(app_factory: Callable[..., Any]) -> tuple[Any, Any]:
     return app_factory(**conf), app_factory(**conf)
 
 
+@pytest.mark.slow
 def test_a_beat_whose_leases_were_taken_over_publishes_none_of_them(
     app_factory: Callable[..., Any], r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -277,6 +278,7 @@ def test_a_batch_older_than_the_fence_is_renewed_and_published_when_still_held(
     assert count == 1 and 0 <= p99 <= most  # one batch flush, after one check
 
 
+@pytest.mark.slow
 def test_a_lease_lost_while_its_message_waits_in_the_batch_discards_the_batch(
     app_factory: Callable[..., Any], r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -306,6 +308,7 @@ def test_a_lease_lost_while_its_message_waits_in_the_batch_discards_the_batch(
     assert (a.stats.published, a.stats.acked, a.stats.fenced) == (0, 0, 5)
 
 
+@pytest.mark.slow
 def test_a_paused_beat_does_not_publish_a_schedule_point_taken_over(
     app_factory: Callable[..., Any], r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -326,6 +329,7 @@ def test_a_paused_beat_does_not_publish_a_schedule_point_taken_over(
     assert Schedules(app_a).get("every-second").run_count == 1  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_a_flush_that_ends_after_the_lease_is_reported(
     app_factory: Callable[..., Any],
     r: redis.Redis,

@@ -138,6 +138,7 @@ def _help_commands() -> list[list[str]]:
     return commands
 
 
+@pytest.mark.slow
 def test_no_help_output_shows_double_backticks(tmp_path: Path) -> None:
     commands = _help_commands()
     assert len(commands) > 20

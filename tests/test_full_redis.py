@@ -143,6 +143,7 @@ def test_the_freeing_scripts_run_when_redis_is_full(
         store.close()
 
 
+@pytest.mark.slow
 def test_a_claim_adds_at_most_one_lease_per_job_taken(server: EmbeddedRedis) -> None:
     """The bound on what claims add to a full store: one lease entry per job taken (at most
     ``batch`` a shard a call); re-claiming an expired lease rewrites it in place, adding
@@ -267,6 +268,8 @@ def fill_until_full(task: Any, client: redis.Redis, chunk: int = 500) -> list[st
 
 
 @pytest.mark.parametrize("broker_kind", ["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_beat_drains_a_full_store(
     server: EmbeddedRedis, server_binary: tuple[str, str], redis_url: str, procs: Procs, broker_kind: str
 ) -> None:
@@ -321,6 +324,8 @@ def test_a_beat_drains_a_full_store(
         app.close()
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_full_store_that_is_also_the_broker_holds_its_jobs(
     server: EmbeddedRedis, server_binary: tuple[str, str], redis_url: str, procs: Procs
 ) -> None:

@@ -80,6 +80,7 @@ def test_every_published_job_is_counted_in_the_publish_histogram(
     assert not dispatcher.lateness.pending
 
 
+@pytest.mark.slow
 def test_the_histogram_is_flushed_at_most_every_two_seconds_even_while_asleep(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -171,6 +172,7 @@ def test_each_pass_keeps_a_heartbeat_with_sane_fields(
     assert later["started_ms"] == entry["started_ms"]
 
 
+@pytest.mark.slow
 def test_a_sleeping_beat_still_writes_its_heartbeat(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -256,6 +258,7 @@ def value(page: dict[str, Any], family: str, sample: str | None = None, **labels
     return float(page[family][(sample or family, tuple(sorted(labels.items())))])
 
 
+@pytest.mark.slow
 def test_metrics_endpoint_serves_counters_gauges_and_histograms(
     app_factory: Callable[..., Celery], r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -329,6 +332,7 @@ def test_metrics_endpoint_serves_counters_gauges_and_histograms(
         urllib.request.urlopen(url, timeout=5)
 
 
+@pytest.mark.slow
 def test_metrics_keep_answering_when_the_store_cannot_be_read(
     app_factory: Callable[..., Celery],
     dispatchers: Callable[..., Dispatcher],
@@ -349,6 +353,7 @@ def test_metrics_keep_answering_when_the_store_cannot_be_read(
     assert value(page, "delayq_passes", "delayq_passes_total") == 1
 
 
+@pytest.mark.slow
 def test_two_dispatchers_serve_their_own_registries(
     app: Celery, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -417,6 +422,7 @@ def test_the_prerun_receiver_records_delayq_messages_only(
     assert snap.quantile(0.5) == 250.0 and snap.quantile(1.0) == 5_000.0
 
 
+@pytest.mark.slow
 def test_the_flusher_thread_writes_within_seconds(
     app: Celery, r: redis.Redis, recorder: worker.LatenessRecorder
 ) -> None:
@@ -451,6 +457,7 @@ def test_the_setting_installs_the_recorder_at_worker_init(app_factory: Callable[
 # -- the beat (Scheduler) -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_beat_serves_metrics_and_removes_its_heartbeat_at_close(
     app_factory: Callable[..., Celery], r: redis.Redis
 ) -> None:
@@ -473,6 +480,7 @@ def test_the_beat_serves_metrics_and_removes_its_heartbeat_at_close(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
 
 
+@pytest.mark.slow
 def test_a_beat_whose_metrics_port_is_taken_delivers_anyway(
     app_factory: Callable[..., Celery], r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

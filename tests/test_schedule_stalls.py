@@ -105,6 +105,7 @@ def test_a_point_id_is_refused_by_every_way_of_storing_a_job(app: Celery, r: red
 # -- 2. a retry of a schedule's run has its own id ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_retry_of_a_points_run_is_stored_under_its_own_id_and_keeps_its_task_id(
     app: Celery, r: redis.Redis
 ) -> None:
@@ -165,6 +166,7 @@ def repaired_metric(dispatcher: Dispatcher) -> float:
     raise AssertionError("no delayq_schedules_repaired metric")
 
 
+@pytest.mark.slow
 def test_a_stalled_schedule_is_repaired_by_its_missed_run_policy_logged_and_counted(
     app: Celery, r: redis.Redis, dispatchers: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -212,6 +214,7 @@ def test_a_stalled_schedule_is_repaired_by_its_missed_run_policy_logged_and_coun
     assert beat.sweep_stalls() == 0
 
 
+@pytest.mark.slow
 def test_the_sweep_leaves_a_late_point_that_is_stored_and_a_paused_schedule(
     app: Celery, r: redis.Redis, dispatchers: Any
 ) -> None:

@@ -360,6 +360,7 @@ def test_get_and_list_filter_and_page_across_shards(app_factory: AppFactory) -> 
 # -- update, pause, resume, delete, run_now -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_update_takes_effect_at_the_next_point_and_removes_the_old_one(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -414,6 +415,7 @@ def test_update_tz_of_a_cron_schedule(app: Celery) -> None:
     assert paris.next_run != moved.next_run  # 09:00 in Tokyo is never 09:00 in Paris
 
 
+@pytest.mark.slow
 def test_pause_and_resume(app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]) -> None:
     schedules = Schedules(app)
     schedules.add("p", "t.noop", 0.2)
@@ -437,6 +439,7 @@ def test_pause_and_resume(app: Celery, r: redis.Redis, dispatchers: Callable[...
     assert sent[0]["due"] == ms_of(resumed.next_run)
 
 
+@pytest.mark.slow
 def test_delete(app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]) -> None:
     schedules = Schedules(app)
     schedules.add("d", "t.noop", 0.2)
@@ -454,6 +457,7 @@ def test_delete(app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatch
     assert schedules.count() == 1 and len(stored_ids(app, "stays")) == 1
 
 
+@pytest.mark.slow
 def test_run_now_publishes_once_and_leaves_the_schedule_alone(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -473,6 +477,7 @@ def test_run_now_publishes_once_and_leaves_the_schedule_alone(
         schedules.run_now("missing")
 
 
+@pytest.mark.slow
 def test_points_have_deterministic_ids_and_update_the_run_history(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -604,6 +609,7 @@ class Crash(BaseException):
     """The beat process dies (not an error the dispatcher could handle)."""
 
 
+@pytest.mark.slow
 def test_a_crash_between_claim_and_fire_gives_one_extra_run_and_skips_nothing(
     app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -643,6 +649,7 @@ def test_a_crash_between_claim_and_fire_gives_one_extra_run_and_skips_nothing(
 # -- missed-run policies ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_missed_run_policies_after_downtime(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -801,6 +808,7 @@ def _commandstats(client: redis.Redis) -> dict[str, int]:
     return {name: int(stats["calls"]) for name, stats in client.info("commandstats").items()}
 
 
+@pytest.mark.slow
 def test_a_pass_costs_the_same_with_10_or_10000_schedules_not_due(
     app_factory: AppFactory, r: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -855,6 +863,7 @@ def _fmt(delta: dict[str, float]) -> str:
 # -- fixes after review -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_dead_lettered_point_does_not_stop_its_schedule(
     app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:

@@ -182,6 +182,7 @@ def delivered(dispatcher: Dispatcher, broker: redis.Redis, job_id: str) -> bool:
 # -- ACL -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_documented_acl_user_runs_everything_the_store_does(
     admin: redis.Redis,
     acl_server: EmbeddedRedis,
@@ -596,6 +597,7 @@ def test_the_beat_never_unpickles(
 # -- prefixes --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_prefixes_on_one_database_never_meet(
     redis_url: str,
     r: redis.Redis,

@@ -86,6 +86,7 @@ def test_a_worker_and_beat_deliver_on_each_server(redis_url: str, procs: Procs) 
         r.close()
 
 
+@pytest.mark.slow
 def test_the_security_tests_pass_without_redis_server_on_path(tmp_path: Path) -> None:
     """tests/test_security.py as a fresh machine runs it: no ``redis-server`` (nor any
     ``redis-*``) on PATH, so the session's server is the wheel's Valkey. PATH is a folder of

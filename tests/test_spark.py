@@ -364,6 +364,7 @@ def test_spark_write_is_idempotent_and_matches_apply_at(spark: Any, app: Celery,
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_spark_write_refuses_overwrite_a_missing_column_and_a_bad_url(spark: Any, redis_url: str,
                                                                      r: redis.Redis) -> None:  # fmt: skip
     from py4j.protocol import Py4JJavaError
@@ -467,6 +468,7 @@ def test_jobs_written_by_spark_are_delivered_by_a_real_beat_and_worker(
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_without_spark_s_pushdown_setting_filters_still_work(spark: Any, redis_url: str,
                                                             r: redis.Redis) -> None:  # fmt: skip
     """Spark refuses a reader with ``pushFilters`` when ``spark.sql.python.filterPushdown.enabled``

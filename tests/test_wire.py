@@ -300,6 +300,7 @@ def test_a_queue_key_that_is_not_a_list_dead_letters_only_its_jobs(
     beat.close()
 
 
+@pytest.mark.slow
 def test_the_atomic_path_needs_the_same_server_and_database(app_factory: AppFactory, redis_url: str) -> None:
     other_db = redis_url.rsplit("/", 1)[0] + "/5"
     with EmbeddedRedis() as other:
@@ -314,6 +315,7 @@ def test_the_atomic_path_needs_the_same_server_and_database(app_factory: AppFact
 
 
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+@pytest.mark.slow
 def test_with_publish_eta_a_schedule_point_carries_its_time_as_eta(
     app_factory: AppFactory, r: redis.Redis, atomic: bool
 ) -> None:
