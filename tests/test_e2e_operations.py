@@ -19,7 +19,7 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_delayq import DelayedTask, lateness
-from celery_delayq.embedded import free_port
+from celery_delayq.devtools.embedded import free_port
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
