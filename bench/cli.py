@@ -83,7 +83,7 @@ def _machine() -> str:
         mem = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
     except Exception:
         mem = "?"
-    from celery_delayq.embedded import find_server_binary
+    from celery_delayq.devtools.embedded import find_server_binary
 
     found = find_server_binary()
     server = "?"

@@ -1,6 +1,6 @@
 """What every row uses: Redis servers, worker/beat processes, producer apps, fills, sampling.
 
-Every Redis server is a throwaway :class:`~celery_delayq.embedded.EmbeddedRedis` on a free
+Every Redis server is a throwaway :class:`~celery_delayq.devtools.embedded.EmbeddedRedis` on a free
 loopback port (never 6379). Every ``celery worker``/``celery beat`` runs ``bench.app`` in its
 own process group and is registered here; :meth:`Context.cleanup` stops them all, and the
 servers, whatever happened (it also runs at exit and on SIGTERM/SIGINT).
@@ -29,7 +29,7 @@ from celery import Celery
 from celery.utils import uuid
 
 from celery_delayq import DelayedTask
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_MODULE = "bench.app"

@@ -46,7 +46,7 @@ def _rss_mib(pid: int) -> float:
 
 
 def run(n: int, mode: str, task_seconds: float) -> str:
-    from celery_delayq.embedded import EmbeddedRedis
+    from celery_delayq.devtools.embedded import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         url = server.url + "/0"

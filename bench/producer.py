@@ -19,7 +19,7 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 
 
 def make_app(url: str) -> Celery:

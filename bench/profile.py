@@ -24,8 +24,8 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.dispatch import Dispatcher
-from celery_delayq.embedded import EmbeddedRedis
 
 
 def drain(app: Celery, n: int, profile: bool) -> tuple[float, str, Dispatcher]:

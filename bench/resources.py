@@ -11,7 +11,7 @@ from collections import Counter
 
 import psutil
 
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 
 from .celery_eta import celery_eta
 from .harness import (

@@ -146,17 +146,31 @@ class InvalidSchedule(ScheduleError, ValueError):
 
 
 class UnknownTask(ScheduleError, KeyError):
-    """A schedule names a task that is not registered in the app."""
+    """A schedule names a task that is not registered in the app (``task``: its name, when known)."""
+
+    def __init__(self, message: str, task: str | None = None) -> None:
+        super().__init__(message)
+        self.task = task
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.task))
 
 
 class ScheduleExists(ScheduleError, KeyError):
-    """``Schedules.add`` was given a name that already exists (use ``upsert``)."""
+    """``Schedules.add`` was given a name that already exists (use ``upsert``); ``name`` is it."""
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.name))
 
 
 class ScheduleNotFound(InvalidSchedule, LookupError):

@@ -24,15 +24,20 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
+try:
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        InfoMetricFamily,
+        Metric,
+    )
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # an extra: the core runs without it
+    raise ImportError(
+        "delayq_metrics_port needs prometheus-client: pip install 'celery-delayq[metrics]'"
+    ) from exc
 
 from . import lateness
 from .dispatch import CLAIM_SIZE_BOUNDS, Dispatcher

@@ -285,7 +285,8 @@ class Schedules:
         if check_task and task_name not in self.app.tasks:
             raise UnknownTask(
                 f"task {task_name!r} is not registered in this app; import its module first, "
-                "or pass check_task=False"
+                "or pass check_task=False",
+                task=task_name,
             )
         tz = tz or self.app.conf.timezone or "UTC"
         zone(tz)
@@ -466,7 +467,7 @@ class Schedules:
         self._check_paused(definition)
         self._check_future(definition)
         if not self._put(definition, "add"):
-            raise ScheduleExists(f"a schedule named {name!r} exists; use upsert() or update()")
+            raise ScheduleExists(f"a schedule named {name!r} exists; use upsert() or update()", name=name)
         return self._get_or_fail(name)
 
     def upsert(

@@ -22,7 +22,7 @@ Run it (from the repository root), with a worker and a beat to deliver the remin
 
 ``--url`` (else ``$DELAYQ_EXAMPLE_URL``) names the Redis of the jobs; the worker and the
 beat take theirs from ``$DELAYQ_EXAMPLE_URL``. With neither, the pipeline runs against a
-throwaway Redis of its own (:mod:`celery_delayq.embedded`) that is gone when it ends.
+throwaway Redis of its own (:mod:`celery_delayq.devtools.embedded`) that is gone when it ends.
 pyspark is imported only by the pipeline, not by the worker that runs :func:`remind`.
 """
 
@@ -464,7 +464,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     url = args.url or os.environ.get(URL_ENV)
     with contextlib.ExitStack() as stack:
         if not url:
-            from celery_delayq.embedded import EmbeddedRedis
+            from celery_delayq.devtools.embedded import EmbeddedRedis
 
             url = stack.enter_context(EmbeddedRedis()).url + "/0"
             print(f"no --url and no ${URL_ENV}: a throwaway Redis at {url}; no worker will see the jobs")

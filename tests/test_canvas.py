@@ -28,7 +28,7 @@ from celery_delayq import (
     UnknownTask,
 )
 from celery_delayq.api import get_store
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.message import decode_envelope
 from tests.support.apps import make_app
 

@@ -4,6 +4,7 @@ and once as a real ``python -m celery`` subprocess."""
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -23,6 +24,15 @@ from click.testing import CliRunner, Result
 from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.api import get_store
 from celery_delayq.cli import chart_lines, delayq, iter_commands, parse_when
+from celery_delayq.cli.errors import cli_error, rule_for
+from celery_delayq.exceptions import (
+    ConfigurationError,
+    CorruptData,
+    InvalidDueTime,
+    ScheduleExists,
+    ScheduleNotFound,
+    UnknownTask,
+)
 from celery_delayq.lateness import Histogram, key_for
 from celery_delayq.store import Store, stored_form
 from tests.support.apps import make_app
@@ -97,11 +107,83 @@ def test_registered_as_a_celery_command() -> None:
 def test_every_command_is_documented() -> None:
     text = (ROOT / "docs" / "cli.md").read_text()
     commands = list(iter_commands())
-    assert len(commands) == 19
+    assert len(commands) == 20
     for command in commands:
         assert re.search(rf"^#+ `{re.escape(command)}", text, flags=re.M), (
             f"docs/cli.md: no section on {command}"
         )
+
+
+#: Imports a module with rich and prometheus-client missing (as without the cli and metrics
+#: extras), then prints the CLI's and the dev tools' modules that got imported.
+WITHOUT_EXTRAS = """
+import sys
+sys.modules["rich"] = None
+sys.modules["prometheus_client"] = None
+import importlib
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(sorted(m for m in sys.modules if m.startswith(("celery_delayq.cli", "celery_delayq.devtools"))))
+"""
+
+RUNTIME = ["celery_delayq", "celery_delayq.scheduler", "celery_delayq.dispatch", "celery_delayq.worker",
+           "celery_delayq.task", "celery_delayq.store", "celery_delayq.api", "celery_delayq.schedules"]
+
+
+def test_the_runtime_needs_neither_the_extras_nor_the_cli_nor_the_dev_tools() -> None:
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *RUNTIME],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_without_rich_every_command_says_how_to_install_it() -> None:
+    code = WITHOUT_EXTRAS + """
+from click.testing import CliRunner
+from celery_delayq.cli import delayq, demo
+for command, args in ((delayq, ["status", "--json"]), (delayq, ["--help"]), (demo, [])):
+    result = CliRunner().invoke(command, args)
+    print(result.exit_code, result.output.strip())
+"""
+    proc = subprocess.run([sys.executable, "-c", code, "celery_delayq.cli"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    hint = "Error: the delayq commands need rich: pip install 'celery-delayq[cli]'"
+    assert proc.stdout.splitlines()[1:] == [f"1 {hint}"] * 3, proc.stdout
+
+
+def test_errors_are_mapped_by_exception_class() -> None:
+    url = "redis://:***@cache:6379/0"
+    cases = [
+        (ScheduleNotFound("no schedule named 'x'"), 1, "no schedule named 'x'"),
+        (ScheduleExists("any text", name="x"), 1,
+         "a schedule named 'x' exists: change it with `schedules update`, or `schedules add --replace`"),
+        (UnknownTask("any text", task="p.t"), 2,
+         "task 'p.t' is not registered in this app; import its module first (or pass --no-check-task)"),
+        (InvalidDueTime("bad due"), 2, "bad due"),
+        (ConfigurationError("bad shards"), 3, "configuration: bad shards"),
+        (redis.TimeoutError("Timeout"), 3, f"cannot reach Redis at {url}: Timeout"),
+        (redis.AuthenticationError("no"), 3, f"cannot reach Redis at {url}: no"),
+        (redis.ResponseError("NOPERM"), 3, f"Redis at {url} answered: NOPERM"),
+        (CorruptData("torn"), 3, "torn"),
+    ]  # fmt: skip
+    for exc, code, message in cases:
+        problem = cli_error(exc, url)
+        assert (problem.exit_code, problem.message) == (code, message), exc
+    no_app = cli_error(redis.ConnectionError("refused"), url, no_app="schedules ls")
+    assert no_app.exit_code == 3 and "`celery -A proj delayq schedules ls`" in no_app.message
+    assert cli_error(ScheduleNotFound("x"), url, no_app="ls").message == "x"  # not about the app
+    assert rule_for(KeyError("x")) is None and rule_for(ValueError("x")) is None  # a bug: a traceback
+    assert pickle.loads(pickle.dumps(ScheduleExists("m", name="x"))).name == "x"
+    assert pickle.loads(pickle.dumps(UnknownTask("m", task="p.t"))).task == "p.t"
+
+
+def test_demo_is_a_delayq_command_with_the_same_checks(run: Run) -> None:
+    bad = run("demo", "--url", "http://127.0.0.1:1/0")
+    assert bad.exit_code == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("Error: bad --url 'http://127.0.0.1:1/0'"), bad.stderr
+    args = run("demo", "--jobs", "0")
+    assert args.exit_code == 2 and "--jobs must be >= 1" in args.stderr
 
 
 # -- status -----------------------------------------------------------------------------------------

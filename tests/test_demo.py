@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_delayq.embedded import find_server_binary
+from celery_delayq.devtools.embedded import find_server_binary
 
 
 def _path_without_redis() -> str:

@@ -16,8 +16,8 @@ from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.api import get_store
+from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import Dispatcher
-from celery_delayq.embedded import free_port
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, server_ms
 
@@ -412,8 +412,8 @@ def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
 ) -> None:
     """A (real) Redis broker answering OOM: kombu reports it as OperationalError, so the job
     stays stored and is retried after every lease, however many times, and goes out on recovery."""
+    from celery_delayq.devtools.embedded import EmbeddedRedis
     from celery_delayq.dispatch import PUBLISH_ATTEMPTS
-    from celery_delayq.embedded import EmbeddedRedis
 
     with EmbeddedRedis() as broker_server:
         broker = redis.Redis.from_url(broker_server.url)

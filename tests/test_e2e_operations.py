@@ -19,7 +19,7 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_delayq import DelayedTask, lateness
-from celery_delayq.embedded import free_port
+from celery_delayq.devtools.embedded import free_port
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

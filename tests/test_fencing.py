@@ -29,8 +29,8 @@ import pytest
 import redis
 
 from celery_delayq.api import get_store
+from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import FENCE_FRACTION, Dispatcher
-from celery_delayq.embedded import free_port
 from celery_delayq.schedules import Schedules
 from tests import test_e2e
 from tests.support.polling import wait_for

@@ -22,7 +22,7 @@ import redis
 
 from celery_delayq import DelayedTask, DelayQ, StoreFull
 from celery_delayq.api import get_store
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
 from celery_delayq.store import CANCEL_WAITING, OOM_REPLY, Store, evicts_jobs, is_oom
 from tests.support.apps import make_app

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig, lateness, worker
 from celery_delayq import dispatch as dispatch_module
 from celery_delayq.api import get_store
+from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import BEAT_FORGET_MS, Dispatcher
-from celery_delayq.embedded import free_port
 from celery_delayq.lateness import BOUNDS, Histogram
 from tests.support.store import broker_lists, server_ms
 

@@ -52,7 +52,7 @@ from kombu import Connection
 
 from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.api import get_store
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.store import Store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.scripts import SCRIPTS, ScriptCall, run_pipelined
 from celery_delayq.store import (
     CANCEL_HELD,

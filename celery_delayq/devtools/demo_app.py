@@ -1,4 +1,5 @@
-"""The demo's Celery app, run by ``python -m celery_delayq demo`` as a real worker and beat.
+"""The demo's Celery app, run by the demo (:mod:`.demo`) as a real worker and beat
+(``celery -A celery_delayq.devtools.demo_app worker|beat``).
 
 Configured from the environment the demo sets for its child processes:
 ``DELAYQ_DEMO_URL`` (Redis: broker, store and the run record),
@@ -17,7 +18,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .task import DelayedTask
+from ..task import DelayedTask
 
 URL = os.environ.get("DELAYQ_DEMO_URL", "redis://127.0.0.1:6379/0")
 PREFIX = os.environ.get("DELAYQ_DEMO_PREFIX", "delayq-demo")

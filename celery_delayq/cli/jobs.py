@@ -1,0 +1,389 @@
+"""The one-off job commands: ``ls``, ``show``, ``cancel``, ``reschedule``, ``run-now``, ``purge``;
+and the JSON view of one job (:func:`job_view`), which the dead-letter commands show too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime
+from typing import Any
+
+import click
+from rich.text import Text
+
+from ..api import CANCELLED, DELIVERING, MOVED
+from ..message import decode_envelope
+from ..store import JobRecord
+from .base import Session, json_option, report, session
+from .errors import CliError, usage
+from .render import call_text, iso, kv_table, listing, plain_row, relative
+
+__all__ = [
+    "cancel_jobs",
+    "job_view",
+    "ls_jobs",
+    "print_job",
+    "purge_jobs",
+    "reschedule_job",
+    "run_now_job",
+    "show_job",
+]
+
+
+def _args_of(envelope: Any) -> tuple[Any, Any]:
+    """Decoded args/kwargs of a JSON message, else Celery's argsrepr/kwargsrepr strings."""
+    if envelope.content_type == "application/json":
+        try:
+            args, kwargs, _ = json.loads(envelope.body.decode(envelope.content_encoding or "utf-8"))
+            return args, kwargs
+        except (ValueError, TypeError, LookupError):
+            pass
+    return envelope.headers.get("argsrepr"), envelope.headers.get("kwargsrepr")
+
+
+def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dict[str, Any]:
+    """The JSON of one job (stable keys; ``detail`` adds the message's options and headers)."""
+    out: dict[str, Any] = {
+        "id": record.id,
+        "state": record.state,
+        "task": None,
+        "shard": record.shard,
+        "due": iso(record.due_ms),
+        "due_ms": record.due_ms,
+        "queue": None,
+        "args": None,
+        "kwargs": None,
+        "tries": record.tries,
+        "lease_until": iso(record.lease_until_ms),
+        "schedule": None,
+    }
+    envelope = None
+    error = None
+    try:
+        envelope = decode_envelope(record.envelope)
+    except ValueError as exc:
+        error = str(exc)
+    if envelope is not None:
+        queue = envelope.route.get("queue")
+        args, kwargs = _args_of(envelope)
+        out.update(
+            task=envelope.task,
+            queue=queue if isinstance(queue, str) else default_queue,
+            args=args,
+            kwargs=kwargs,
+            schedule=envelope.schedule[0] if envelope.schedule else None,
+        )
+    if detail:
+        out.update(
+            created=iso(envelope.created_ms) if envelope and envelope.created_ms else None,
+            expires=iso(envelope.expires_ms) if envelope and envelope.expires_ms is not None else None,
+            options=dict(envelope.route) if envelope else None,
+            headers=dict(envelope.headers) if envelope else None,
+            properties=dict(envelope.props) if envelope else None,
+            content_type=envelope.content_type if envelope else None,
+            content_encoding=envelope.content_encoding if envelope else None,
+            envelope_error=error,
+            dead=None,
+        )
+    elif error:
+        out["task"] = "<corrupt envelope>"
+    return out
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def _cursor_text(record: JobRecord) -> str:
+    return f"{record.lease_until_ms or record.due_ms}:{record.shard}:{record.id}"
+
+
+def _parse_cursor(text: str) -> tuple[int, int, bytes]:
+    try:
+        score, shard, job_id = text.split(":", 2)
+        return int(score), int(shard), job_id.encode("utf-8", "surrogateescape")
+    except ValueError:
+        usage(f"bad --cursor {text!r}: pass the next_cursor an earlier `ls` printed")
+
+
+def _order(record: JobRecord) -> tuple[int, int, bytes]:
+    """Where a record stands in ``Store.scan``'s order: score, shard, then id bytes (Redis
+    orders members of equal score by their bytes; the merge keeps shards in index order)."""
+    return record.lease_until_ms or record.due_ms, record.shard, record.id.encode("utf-8", "surrogateescape")
+
+
+@click.command("ls", short_help="List stored jobs in due order.")
+@click.option("--task", help="Only jobs of this task (name).")
+@click.option(
+    "--from", "start", metavar="WHEN", help="Due at or after WHEN (ISO-8601, UNIX s, now, +10m, -1h)."
+)
+@click.option("--until", "end", metavar="WHEN", help="Due at or before WHEN.")
+@click.option("--queue", help="Only jobs routed to this queue.")
+@click.option("--state", type=click.Choice(["waiting", "leased"]), help="Only waiting or leased jobs.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Most jobs shown.")
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="Skip this many matching jobs first.")
+@click.option("--cursor", help="Go on after the job an earlier `ls` named in its next_cursor.")
+@json_option
+@click.pass_context
+def ls_jobs(
+    ctx: click.Context,
+    task: str | None,
+    start: str | None,
+    end: str | None,
+    queue: str | None,
+    state: str | None,
+    limit: int,
+    offset: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """Stored jobs in due order (a job being delivered is ordered by its lease expiry)."""
+    s = session(ctx)
+    start_ms = s.parse_when(start, "--from") if start else None
+    end_ms = s.parse_when(end, "--until") if end else None
+    after = _parse_cursor(cursor) if cursor else None
+    if after is not None:
+        start_ms = after[0] if start_ms is None else max(start_ms, after[0])
+    default_queue = s.app.conf.task_default_queue
+    filtered = bool(task or queue or state)
+    page = 500 if filtered else max(10, min(500, limit + offset + 2))
+    shown: list[tuple[JobRecord, dict[str, Any]]] = []
+    more = False
+    skipped = 0
+    # A task name any JSON encoder writes as it is: an envelope without it quoted is not of it,
+    # and is passed over without being decoded (a --task scan reads every job in the window).
+    needle = json.dumps(task) if task and _PLAIN_NAME.fullmatch(task) else None
+    for record in s.store.scan(start_ms, end_ms, page=page):
+        if after is not None and _order(record) <= after:
+            continue
+        if state and record.state != state:
+            continue
+        if needle is not None and needle not in record.envelope:
+            continue
+        if task or queue:
+            try:
+                envelope = decode_envelope(record.envelope)
+            except ValueError:
+                continue  # listed only without --task/--queue, as "<corrupt envelope>"
+            if task and envelope.task != task:
+                continue
+            route_queue = envelope.route.get("queue")
+            if queue and (route_queue if isinstance(route_queue, str) else default_queue) != queue:
+                continue
+        if skipped < offset:
+            skipped += 1
+            continue
+        if len(shown) == limit:
+            more = True
+            break
+        shown.append((record, job_view(record, default_queue)))
+    next_cursor = _cursor_text(shown[-1][0]) if more and shown else None
+    if as_json:
+        s.emit_json({"jobs": [v for _, v in shown], "count": len(shown), "next_cursor": next_cursor})
+        return
+    console = s.console()
+    if not shown:
+        console.print("no jobs match" if (filtered or start or end or offset or cursor) else "no jobs stored")
+        return
+    now = time.time() * 1000
+    table = listing()
+    for name in ("ID", "STATE", "DUE", "", "TASK", "QUEUE", "ARGS"):
+        table.add_column(name, no_wrap=name != "ARGS", overflow="ellipsis")
+    for record, view in shown:
+        plain_row(
+            table,
+            record.id,
+            record.state,
+            s.when(record.due_ms),
+            relative(record.due_ms, now),
+            view["task"] or "?",
+            view["queue"] or "",
+            call_text(view),
+        )
+    console.print(table)
+    if next_cursor:
+        console.print(Text(f"{len(shown)} shown; more with: --cursor '{next_cursor}'"))
+
+
+def _job_detail(s: Session, job_id: str) -> dict[str, Any] | None:
+    record = s.store.get(job_id)
+    if record is None:
+        return None
+    view = job_view(record, s.app.conf.task_default_queue, detail=True)
+    if record.state == "dead":
+        dead = s.store.dead_record(job_id) or {}
+        view["dead"] = {k: dead.get(k) for k in ("reason", "beat")}
+        view["dead"]["dead_at"] = iso(dead["dead_at"]) if dead.get("dead_at") else None
+    return view
+
+
+def print_job(s: Session, view: dict[str, Any]) -> None:
+    now = time.time() * 1000
+
+    def when(text: str | None) -> str | None:
+        if text is None:
+            return None
+        ms = datetime.fromisoformat(text).timestamp() * 1000
+        return f"{s.when(ms)} ({relative(ms, now)})"
+
+    rows: list[tuple[str, Any]] = [
+        ("id", view["id"]),
+        ("state", view["state"]),
+        ("task", view["task"]),
+        ("due", f"{s.when(view['due_ms'])} ({relative(view['due_ms'], now)})"),
+        ("shard", str(view["shard"])),
+        ("queue", view["queue"]),
+        ("args", view["args"]),
+        ("kwargs", view["kwargs"]),
+        ("tries", str(view["tries"])),
+    ]
+    if view["lease_until"]:
+        rows.append(("lease until", when(view["lease_until"])))
+    if view["schedule"]:
+        rows.append(("schedule", view["schedule"]))
+    if view.get("dead"):
+        rows.append(("dead reason", view["dead"]["reason"]))
+        rows.append(("dead at", when(view["dead"]["dead_at"])))
+        rows.append(("buried by", view["dead"]["beat"]))
+    rows += [
+        ("created", when(view["created"])),
+        ("expires", when(view["expires"])),
+        ("options", view["options"]),
+        ("headers", view["headers"]),
+        ("properties", view["properties"]),
+        ("content", f"{view['content_type']} ({view['content_encoding']})" if view["content_type"] else None),
+    ]
+    if view["envelope_error"]:
+        rows.append(("envelope error", view["envelope_error"]))
+    s.console().print(kv_table(f"job {view['id']}", rows))
+
+
+@click.command("show", short_help="Everything about one job.")
+@click.argument("job_id", metavar="ID")
+@json_option
+@click.pass_context
+def show_job(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Everything about one job (waiting, being delivered, or dead-lettered)."""
+    s = session(ctx)
+    view = _job_detail(s, job_id)
+    if view is None:
+        raise CliError(f"no job with id {job_id!r}")
+    if as_json:
+        s.emit_json(view)
+    else:
+        print_job(s, view)
+
+
+_CANCEL_TEXT = {
+    CANCELLED: "cancelled",
+    DELIVERING: "removed, but a beat was delivering it at that moment: it may already be in the broker",
+}
+
+
+def _point_refusal(s: Session, job_id: str, what: str) -> str | None:
+    name = s.dq.is_schedule_point(job_id)
+    if name is None:
+        return None
+    return (
+        f"{job_id!r} is the next run of schedule {name!r}: {what} it with "
+        f"`delayq schedules pause|update|rm|run-now {name}`"
+    )
+
+
+def _missing_text(s: Session, job_id: str) -> str:
+    if s.store.dead_record(job_id) is not None:
+        return f"no waiting job {job_id!r}: it is dead-lettered (see `delayq dead show {job_id}`)"
+    return f"no job with id {job_id!r}"
+
+
+@click.command("cancel", short_help="Remove waiting jobs so that they never run.")
+@click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
+@json_option
+@click.pass_context
+def cancel_jobs(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> None:
+    """Remove waiting jobs so that they never run. Exit 1 when one was not found, was being
+    delivered (removed, but it may run), or is a schedule's next run."""
+    s = session(ctx)
+    results = []
+    for job_id in job_ids:
+        refusal = _point_refusal(s, job_id, "cancel")
+        if refusal:
+            results.append({"id": job_id, "outcome": "schedule-point", "message": refusal})
+            continue
+        outcome = s.dq.cancel_outcome(job_id)
+        message = _CANCEL_TEXT.get(outcome) or _missing_text(s, job_id)
+        if outcome == DELIVERING:
+            message = f"{job_id!r} {message}"
+        results.append({"id": job_id, "outcome": outcome, "message": message})
+    report(s, results, {CANCELLED}, as_json)
+
+
+def _move(ctx: click.Context, job_id: str, due_ms: int, as_json: bool, what: str) -> None:
+    s = session(ctx)
+    refusal = _point_refusal(s, job_id, what)
+    if refusal:
+        report(s, [{"id": job_id, "outcome": "schedule-point", "message": refusal}], {MOVED}, as_json)
+        return
+    outcome = s.dq.reschedule_outcome(job_id, due_ms / 1000.0)
+    if outcome == MOVED:
+        message = f"due {s.when(due_ms)} ({relative(due_ms, time.time() * 1000)})"
+    elif outcome == DELIVERING:
+        message = f"{job_id!r} not moved: a beat is delivering it now"
+    else:
+        message = _missing_text(s, job_id)
+    result = {"id": job_id, "outcome": outcome, "message": message, "due": iso(due_ms)}
+    report(s, [result], {MOVED}, as_json)
+
+
+@click.command("reschedule", short_help="Move a waiting job to another time.")
+@click.argument("job_id", metavar="ID")
+@click.argument("when", metavar="WHEN")
+@json_option
+@click.pass_context
+def reschedule_job(ctx: click.Context, job_id: str, when: str, as_json: bool) -> None:
+    """Move a waiting job to WHEN (ISO-8601, UNIX seconds, now, +10m, -1h)."""
+    _move(ctx, job_id, session(ctx).parse_when(when, "WHEN"), as_json, "reschedule")
+
+
+@click.command("run-now", short_help="Make a waiting job due now.")
+@click.argument("job_id", metavar="ID")
+@json_option
+@click.pass_context
+def run_now_job(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Make a waiting job due now (a beat publishes it within moments)."""
+    _move(ctx, job_id, session(ctx).store.server_now_ms(), as_json, "run")
+
+
+@click.command("purge", short_help="Delete every pending one-off job (asks first).")
+@click.option("--task", help="Only the jobs of this task.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@click.pass_context
+def purge_jobs(ctx: click.Context, task: str | None, yes: bool, as_json: bool) -> None:
+    """Delete every pending one-off job of this app's key prefix (asks first).
+
+    Recurring schedules and their next runs are kept (see `schedules rm`), and so are dead
+    letters (see `dead rm --all`). Other prefixes are never touched.
+    """
+    s = session(ctx)
+    store = s.store
+    stored = store.count()
+    what = f"every pending job of task {task!r}" if task else "every pending one-off job"
+    if not yes:
+        click.confirm(
+            f"Delete {what} (of {stored:,} stored) under prefix {store.config.prefix!r} "
+            f"at {s.url}? Schedules and dead letters are kept.",
+            abort=True,
+            err=True,
+        )
+    counts = s.dq.purge(task=task)
+    if as_json:
+        s.emit_json({"removed": counts[CANCELLED] + counts[DELIVERING], **counts})
+        return
+    line = f"removed {counts[CANCELLED]:,} job(s)"
+    if counts[DELIVERING]:
+        line += f", and {counts[DELIVERING]:,} a beat was delivering (they may already be in the broker)"
+    if counts["kept_points"]:
+        line += f"; kept {counts['kept_points']:,} schedule point(s)"
+    click.echo(line)
