@@ -3,7 +3,8 @@
 Everything in the store may have been written by someone other than this package: an
 operator with write access to the prefix, a buggy migration, a half-applied restore. So
 every decode of stored data (envelopes, leases, schedule definitions and run states,
-heartbeats, dead-letter records) goes through :func:`load_json` or :func:`parse_lease`,
+heartbeats, dead-letter records) goes through :func:`load_json` (or, for a lease entry,
+:func:`~.lua_formats.parse_lease`),
 which refuse what does not read with :class:`~.exceptions.CorruptData` (a ``ValueError``)
 and a reason, instead of letting a ``RecursionError``, a ``KeyError`` or an
 ``AttributeError`` end the beat.
@@ -29,8 +30,6 @@ celery_delayq.exceptions.CorruptData: envelope is nested more than 100 levels de
 Traceback (most recent call last):
 ...
 celery_delayq.exceptions.CorruptData: schedule definition is a JSON array, not a JSON object
->>> parse_lease("1767225600000|2|beat-1"), parse_lease("garbage")
-((1767225600000, 2), None)
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from typing import Any
 
 from .exceptions import CorruptData
 
-__all__ = ["MAX_DEPTH", "MAX_SMALL", "check_depth", "load_json", "parse_lease"]
+__all__ = ["MAX_DEPTH", "MAX_SMALL", "check_depth", "load_json"]
 
 #: Deepest nesting of arrays and objects accepted in stored JSON. Celery's own headers nest
 #: three or four levels; the beat's stack must keep room for kombu and Celery below it.
@@ -53,7 +52,6 @@ MAX_SMALL = 65_536
 # A JSON string, escapes included ("unrolled" so the regex engine does not backtrack).
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _BRACKET = re.compile(r"[\[\]{}]")
-_LEASE = re.compile(r"(-?\d{1,17})\|(\d{1,9})\|")
 
 _JSON_TYPES = {
     dict: "a JSON object",
@@ -118,13 +116,3 @@ def load_json(raw: Any, what: str, kind: type | None = dict, max_bytes: int | No
         raise CorruptData(f"{what} is {found}, not {_JSON_TYPES.get(kind, kind.__name__)}")
     return data
 
-
-def parse_lease(lease: Any) -> tuple[int, int] | None:
-    """``(due ms, tries)`` of a lease entry ``"<due ms>|<tries>|<token>"``, or None when it does
-    not read (the scripts then treat the job as held by no valid lease; see ``lua/claim.lua``)."""
-    if not isinstance(lease, str) or len(lease) > MAX_SMALL:
-        return None
-    match = _LEASE.match(lease)
-    if match is None:
-        return None
-    return int(match.group(1)), int(match.group(2))

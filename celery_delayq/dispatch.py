@@ -51,6 +51,7 @@ from .config import setting_name
 from .exceptions import CorruptData
 from .lateness import Histogram, tally
 from .lateness import key_for as lateness_key
+from .lua_formats import parse_wake
 from .message import DUE_HEADER, Envelope, decode_envelope, due_iso, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, Store, error_text, redis_error_kind
@@ -1195,11 +1196,10 @@ class Dispatcher:
             self._on_wake(message.get("data"))
 
     def _on_wake(self, data: Any) -> None:
-        try:
-            shard_s, due_s = str(data).split(":", 1)
-            shard, due = int(shard_s), float(due_s)
-        except ValueError:
+        parsed = parse_wake(data)
+        if parsed is None:
             return
+        shard, due = parsed
         if 0 <= shard < len(self._next):
             current = self._next[shard]
             if current is None or due < current:

@@ -7,7 +7,24 @@ A script that answered NOSCRIPT did not run, so repeating it is safe.
 
 Every script is sent with :data:`PRELUDE` in front of it, on the same line as the script's
 opening comment (so the line numbers in a script's errors are those of its file): the limit
-:data:`LUA_UNPACK_MAX` and the helpers the scripts share (``call_sliced``, ``int_arg``).
+:data:`LUA_UNPACK_MAX`, as the Lua local ``UNPACK_MAX``.
+
+Shared helpers live in ``lua/includes/<name>.lua`` (as bullmq's ``includes/``), one concept a
+file: ``lease`` (the lease entry's format and the holder check), ``job`` (removing a job),
+``wake`` (the wake marker and the wake message), ``args`` (``int_arg``) and ``sliced``
+(``call_sliced``: one command over more values than one ``unpack`` takes). A script names each
+helper file it uses on a line of its own, after its header comment::
+
+    --!include lease
+
+and the loader replaces that line with the file's code joined onto that one line, its
+comment lines dropped, so every other line of the script keeps its number (an error in a
+helper reports the ``--!include`` line). Being a Lua comment, the line leaves the file
+valid Lua as it is. An include file is a list of ``local`` definitions documented by ``--``
+comment lines; a code line in it holds no comment and no long bracket (the loader refuses
+them, as it refuses an unknown or repeated include). Includes include nothing themselves: a
+script names all it uses, in order. The formats the helpers define (the lease entry, the
+wake message) have one Python mirror, :mod:`celery_delayq.leases`.
 
 A script whose file opens with ``#!lua flags=allow-oom`` frees memory (claim, ack, cancel,
 bury, fire; not deliver: see ``lua/deliver.lua``): Redis 7+ and Valkey run it when Redis is
@@ -34,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import weakref
 from collections import defaultdict
 from collections.abc import Sequence
@@ -55,14 +73,17 @@ from redis.exceptions import (
 
 __all__ = [
     "ALLOW_OOM",
+    "INCLUDES",
     "LUA_UNPACK_MAX",
     "PRELUDE",
     "SCRIPTS",
     "WAIT_TIMEOUT_MS",
     "LuaScript",
     "ScriptCall",
+    "expand",
     "run_pipelined",
     "run_replicated",
+    "script_from_text",
 ]
 
 logger = logging.getLogger("celery_delayq.scripts")
@@ -76,23 +97,59 @@ WAIT_TIMEOUT_MS = 1000
 #: ``too many results to unpack``; a longer table goes in slices of this size (``call_sliced``).
 LUA_UNPACK_MAX = 1000
 
-#: Lua put in front of every script, on one line (see the module's docstring):
-#: ``call_sliced(command, key, values, step)`` calls ``redis.call(command, key, ...)`` for the
-#: values in slices of at most LUA_UNPACK_MAX (a multiple of ``step``, so that pairs stay whole);
-#: ``int_arg(i)`` is ``ARGV[i]`` as a whole number (a time in ms, a count), or nil when it is not
-#: one (the scripts check every argument before their first write, so bad input changes nothing).
-PRELUDE = (
-    f"local UNPACK_MAX = {LUA_UNPACK_MAX} "
-    "local function call_sliced(command, key, values, step) "
-    "local size = UNPACK_MAX - UNPACK_MAX % step "
-    "for first = 1, #values, size do "
-    "redis.call(command, key, unpack(values, first, math.min(first + size - 1, #values))) "
-    "end end "
-    "local function int_arg(i) "
-    "local n = tonumber(ARGV[i]) "
-    "if n and n == math.floor(n) and n > -9007199254740992 and n < 9007199254740992 then return n end "
-    "return nil end "
-)
+#: Lua put in front of every script, on its first line (see the module's docstring): the
+#: limit that ``call_sliced`` (``lua/includes/sliced.lua``) slices by.
+PRELUDE = f"local UNPACK_MAX = {LUA_UNPACK_MAX} "
+
+#: A line of a script that names a helper file of ``lua/includes/`` (see the module's docstring).
+_INCLUDE = re.compile(r"--!include ([a-z_]+)[ \t]*")
+
+
+def _flatten(name: str, text: str) -> str:
+    """An include file's code on one line: its comment and blank lines dropped."""
+    code: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("--"):
+            continue
+        if "--" in line or "[[" in line or "[=" in line:
+            raise ValueError(f"lua/includes/{name}.lua: a comment or long bracket in code: {line!r}")
+        code.append(line)
+    return " ".join(code) + " "
+
+
+def _read_includes() -> dict[str, str]:
+    includes: dict[str, str] = {}
+    for entry in resources.files(__package__).joinpath("lua", "includes").iterdir():
+        if entry.name.endswith(".lua"):
+            name = entry.name[: -len(".lua")]
+            includes[name] = _flatten(name, entry.read_text(encoding="utf-8"))
+    return includes
+
+
+#: Every helper file of ``lua/includes/`` by name: its code, flattened onto one line.
+INCLUDES: dict[str, str] = _read_includes()
+
+
+def expand(text: str) -> tuple[str, tuple[str, ...]]:
+    """``text`` with each ``--!include name`` line replaced by that include's code on that
+    line; and the names included, in order. An unknown or repeated name is refused."""
+    lines = text.split("\n")
+    names: list[str] = []
+    for number, line in enumerate(lines):
+        found = _INCLUDE.fullmatch(line)
+        if found is None:
+            if line.lstrip().startswith("--!include"):
+                raise ValueError(f"line {number + 1}: a malformed include: {line!r}")
+            continue
+        name = found.group(1)
+        if name not in INCLUDES:
+            raise ValueError(f"line {number + 1}: no lua/includes/{name}.lua")
+        if name in names:
+            raise ValueError(f"line {number + 1}: {name} is included twice")
+        names.append(name)
+        lines[number] = INCLUDES[name]
+    return "\n".join(lines), tuple(names)
 
 
 #: The first line of a script that frees memory (see the module's docstring).
@@ -114,13 +171,15 @@ class LuaScript:
 
     ``source``/``sha`` are what Redis 7+ and Valkey run; for a script with flags,
     ``legacy_source``/``legacy_sha`` are the same script without its flags line (Redis 6.2).
-    A script without flags has one form: the legacy fields equal the others."""
+    A script without flags has one form: the legacy fields equal the others. ``includes``
+    names the helper files it includes (see the module's docstring)."""
 
     name: str
     source: str
     sha: str
     legacy_source: str = ""
     legacy_sha: str = ""
+    includes: tuple[str, ...] = ()  # the helper files of lua/includes/ it names, in order
 
     @property
     def flagged(self) -> bool:
@@ -160,20 +219,26 @@ def _sha(source: str) -> str:
     return hashlib.sha1(source.encode()).hexdigest()
 
 
+def script_from_text(name: str, text: str) -> LuaScript:
+    """The script ``name`` from its file's text: includes expanded, :data:`PRELUDE` in front,
+    and for a script with flags (``#!lua flags=...`` as its first line) the legacy form."""
+    text, names = expand(text)
+    if text.startswith("#!"):
+        # The flags line stays line 1 (Redis needs it first); the legacy form has an
+        # empty line 1, so line numbers in errors are the file's in both forms.
+        shebang, _, body = text.partition("\n")
+        source, legacy = shebang + "\n" + PRELUDE + body, "\n" + PRELUDE + body
+    else:
+        source = legacy = PRELUDE + text
+    return LuaScript(name, source, _sha(source), legacy, _sha(legacy), names)
+
+
 def _load_all() -> dict[str, LuaScript]:
     scripts: dict[str, LuaScript] = {}
     for entry in resources.files(__package__).joinpath("lua").iterdir():
         if entry.name.endswith(".lua"):
-            text = entry.read_text(encoding="utf-8")
             name = entry.name[: -len(".lua")]
-            if text.startswith("#!"):
-                # The flags line stays line 1 (Redis needs it first); the legacy form has an
-                # empty line 1, so line numbers in errors are the file's in both forms.
-                shebang, _, body = text.partition("\n")
-                source, legacy = shebang + "\n" + PRELUDE + body, "\n" + PRELUDE + body
-            else:
-                source = legacy = PRELUDE + text
-            scripts[name] = LuaScript(name, source, _sha(source), legacy, _sha(legacy))
+            scripts[name] = script_from_text(name, entry.read_text(encoding="utf-8"))
     return scripts
 
 

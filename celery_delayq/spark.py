@@ -49,9 +49,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from .bounded import parse_lease
 from .config import DEFAULTS, DelayQConfig, setting_name
 from .exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
+from .lua_formats import parse_lease
 from .message import (
     MAX_DUE_MS,
     build_envelopes,

@@ -30,10 +30,11 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from .bounded import MAX_SMALL, load_json, parse_lease
+from .bounded import MAX_SMALL, load_json
 from .config import DelayQConfig
 from .exceptions import CorruptData, ReservedTaskId, StoreFull, UnsupportedServer
 from .keys import KeySpace, ShardKeys, is_point_id, shard_of
+from .lua_formats import parse_lease
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 __all__ = [

@@ -17,8 +17,9 @@ from celery import Celery
 
 from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
 from celery_delayq.api import get_store
-from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json, parse_lease
+from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
 from celery_delayq.dispatch import Dispatcher
+from celery_delayq.lua_formats import parse_lease
 from celery_delayq.message import decode_envelope
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule

@@ -43,6 +43,7 @@ from hypothesis.stateful import (
 
 from celery_delayq.exceptions import StoreFull
 from celery_delayq.keys import KeySpace, shard_of
+from celery_delayq.lua_formats import lease_entry
 from celery_delayq.store import (
     CANCEL_HELD,
     CANCEL_MISSING,
@@ -123,7 +124,9 @@ class Job:
         return self.expiry if self.token is not None else self.due
 
     def lease(self) -> str:
-        return self.corrupt if self.corrupt is not None else f"{self.due}|{self.tries}|{self.token}"
+        if self.corrupt is not None:
+            return self.corrupt
+        return lease_entry(self.due, self.tries, str(self.token))
 
 
 class StoreMachine(RuleBasedStateMachine):

@@ -4,8 +4,10 @@ each test runs on every supported server in turn (Redis 6.2, Valkey, redis-serve
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -13,7 +15,8 @@ import redis
 from redis.crc import key_slot
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.scripts import SCRIPTS, ScriptCall, run_pipelined
+from celery_delayq.keys import KeySpace
+from celery_delayq.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
 from celery_delayq.store import (
     CANCEL_HELD,
     CANCEL_MISSING,
@@ -849,3 +852,58 @@ def test_a_writing_script_refuses_bad_input_before_writing_anything(
     with pytest.raises(redis.ResponseError, match=f"^delayq {name}: "):
         SCRIPTS[name](r, store.keys.shard(0).core, args)
     assert dump() == before
+
+
+# -- the loader: includes and headers -----------------------------------------------------------
+
+
+def _header(name: str) -> str:
+    """The opening comment of ``lua/<name>.lua``: what the script documents."""
+    text = resources.files("celery_delayq").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    return text[text.index("--[[") : text.index("]]")]
+
+
+def test_every_include_is_used_by_some_script() -> None:
+    assert {name for script in SCRIPTS.values() for name in script.includes} == set(INCLUDES)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_script_header_lists_each_key_its_caller_passes(name: str) -> None:
+    """Every caller passes a shard's ``core`` keys; the header names each of them itself."""
+    header = _header(name)
+    passed = len(KeySpace("delayq", 1).shard(0).core)
+    listed = sorted(set(re.findall(r"KEYS\[(\d+)\]", header)), key=int)
+    assert listed == [str(i) for i in range(1, passed + 1)]
+    assert "see sched_put.lua" not in header
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_script_keeps_its_line_count_and_its_flags_line_first(name: str) -> None:
+    text = resources.files("celery_delayq").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    script = SCRIPTS[name]
+    assert script.source.count("\n") == script.legacy_source.count("\n") == text.count("\n")
+    assert script.source.startswith("#!lua flags=allow-oom\n") == text.startswith("#!")
+    assert not re.search(r"^--!include", script.source, re.M)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("--!include nothing\n", "no lua/includes/nothing.lua"),
+        ("--!include lease\n--!include lease\n", "lease is included twice"),
+        ("--!include lease job\n", "a malformed include"),
+    ],
+)
+def test_expand_refuses_an_unknown_repeated_or_malformed_include(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        expand(text)
+
+
+@pytest.mark.parametrize("shebang", ["", "#!lua flags=allow-oom\n"], ids=["plain", "flagged"])
+def test_an_error_after_includes_reports_the_files_line(shebang: str, r: redis.Redis) -> None:
+    """An include takes the one line of its directive: the lines after it keep their numbers
+    (in the flagged form and, on Redis 6.2, in the legacy form)."""
+    text = shebang + "--[[ probe ]]\n--!include lease\n--!include wake\nlocal x = nil\nreturn x.y\n"
+    line = text.count("\n")
+    with pytest.raises(redis.ResponseError, match=f"user_script:{line}:"):
+        script_from_text("probe", text)(r, KeySpace("probe", 1).shard(0).core, [])

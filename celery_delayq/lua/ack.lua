@@ -1,8 +1,11 @@
 #!lua flags=allow-oom
 --[[ ack: remove delivered jobs, each only while it still holds the caller's lease.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        each removed job's member
+KEYS[2] jobs       each removed job's envelope
+KEYS[3] leases     read (is "|<token>" its end?), then the entry removed
+KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] token: the lease token the caller claimed with
 ARGV[2..] job ids
@@ -14,15 +17,14 @@ stale claimer never deletes work it does not own.
 Returns an array with one entry per id in ARGV order: 1 removed, 0 left alone.
 Runs when Redis is over maxmemory: it only deletes.
 ]]
-local suffix = '|' .. ARGV[1]
+--!include lease
+--!include job
+local token = ARGV[1]
 local out = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
-  local lease = redis.call('HGET', KEYS[3], id)
-  if lease and string.sub(lease, -#suffix) == suffix then
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[3], id)
+  if held(id, token) then
+    remove_job(id)
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

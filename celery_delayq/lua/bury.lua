@@ -1,8 +1,12 @@
 #!lua flags=allow-oom
 --[[ bury: move a claimed job that cannot be delivered to the dead-letter hash.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        the job's member, removed
+KEYS[2] jobs       the job's envelope, removed
+KEYS[3] leases     read (the caller's?), then removed
+KEYS[5] dead       the record is stored under the job id
+KEYS[4] wake, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] token: the lease token the caller claimed with
 ARGV[2] job id
@@ -15,17 +19,15 @@ lease (nothing changed).
 Runs when Redis is over maxmemory; its first write is a ZREM, which Redis 6.2 (no script
 flags) never refuses when full.
 ]]
+--!include lease
+--!include job
 if #ARGV ~= 3 then
   return redis.error_reply('delayq bury: takes a token, a job id and a record')
 end
 local id = ARGV[2]
-local suffix = '|' .. ARGV[1]
-local lease = redis.call('HGET', KEYS[3], id)
-if not lease or string.sub(lease, -#suffix) ~= suffix then
+if not held(id, ARGV[1]) then
   return 0
 end
-redis.call('ZREM', KEYS[1], id)
-redis.call('HDEL', KEYS[2], id)
-redis.call('HDEL', KEYS[3], id)
+remove_job(id)
 redis.call('HSET', KEYS[5], id, ARGV[3])
 return 1

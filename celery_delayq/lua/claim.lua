@@ -1,12 +1,12 @@
 #!lua flags=allow-oom
 --[[ claim: lease a bounded batch of due jobs of one shard to one beat.
 
-KEYS[1] due     sorted set: job id -> due time (ms); a leased job's score is its lease expiry
-KEYS[2] jobs    hash: job id -> envelope
-KEYS[3] leases  hash: job id -> "<due ms>|<tries>|<token>"
-KEYS[4] wake    string: ms by which some beat will look at this shard again
-KEYS[5] dead    hash (not used here)
-KEYS[6] schedules, KEYS[7] history (not used here; every script takes the same KEYS)
+KEYS[1] due        read by score; each taken job's score becomes its lease expiry
+KEYS[2] jobs       each taken job's envelope, read
+KEYS[3] leases     each taken job's entry (includes/lease.lua), read then written
+KEYS[4] wake       set to the earliest score left (or WAKE_NEVER)
+KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] token: the claimer's lease token (no "|" in it)
 ARGV[2] batch: most jobs to take
@@ -35,6 +35,11 @@ when full, and never refuses HDEL (a command the documented ACL user already has
 A token holding "|" or a batch or TTL that is not a whole number >= 1 is refused
 with an error, before anything is written.
 ]]
+--!include args
+--!include sliced
+--!include lease
+--!include job
+--!include wake
 local token = ARGV[1]
 local batch = int_arg(2)
 local ttl = int_arg(3)
@@ -56,23 +61,22 @@ for i = 1, #found, 2 do
   local id = found[i]
   local envelope = redis.call('HGET', KEYS[2], id)
   if not envelope then
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[3], id)
+    remove_job(id)
   else
     local due = tonumber(found[i + 1])
     local tries = 0
     local lease = redis.call('HGET', KEYS[3], id)
     if lease then
-      local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
-      if d and n then
-        due = tonumber(d)
-        tries = tonumber(n)
+      local d, n = lease_read(lease)
+      if d then
+        due = d
+        tries = n
       else
         repaired = repaired + 1
       end
     end
     tries = tries + 1
-    redis.call('HSET', KEYS[3], id, string.format('%d|%d|%s', due, tries, token))
+    redis.call('HSET', KEYS[3], id, lease_entry(due, tries, token))
     zargs[#zargs + 1] = expiry
     zargs[#zargs + 1] = id
     out[#out + 1] = id
@@ -88,6 +92,6 @@ if head[2] then
   out[2] = tonumber(head[2])
   redis.call('SET', KEYS[4], head[2])
 else
-  redis.call('SET', KEYS[4], '9999999999999999')
+  redis.call('SET', KEYS[4], WAKE_NEVER)
 end
 return out

@@ -6,8 +6,11 @@ The beat builds each message exactly as kombu would; this script publishes it an
 acks the job atomically, so there is no moment at which a job is both in a queue and
 still stored: a beat that dies at any point duplicates nothing.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        each pushed job's member, removed
+KEYS[2] jobs       each pushed job's envelope, removed
+KEYS[3] leases     read (the caller's?), each pushed job's entry removed
+KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] token: the lease token the caller claimed with
 ARGV[2..] triples: job id, list key (the queue, as kombu names it), message (kombu's JSON)
@@ -27,22 +30,21 @@ replaces (about 965 bytes against 340), and a Celery worker cannot start on a Re
 maxmemory, nor keep a message it pops there (kombu's unacked write is refused): pushing
 into a full broker would grow it and lose messages (docs/operations.md, "A full Redis").
 ]]
+--!include lease
+--!include job
 if #ARGV < 1 or (#ARGV - 1) % 3 ~= 0 then
   return redis.error_reply('delayq deliver: messages come in triples: id, list key, message')
 end
-local suffix = '|' .. ARGV[1]
+local token = ARGV[1]
 local out = {}
 for i = 2, #ARGV, 3 do
   local id = ARGV[i]
-  local lease = redis.call('HGET', KEYS[3], id)
-  if lease and string.sub(lease, -#suffix) == suffix then
+  if held(id, token) then
     local pushed = redis.pcall('LPUSH', ARGV[i + 1], ARGV[i + 2])
     if type(pushed) == 'table' and pushed.err then
       out[#out + 1] = pushed.err
     else
-      redis.call('ZREM', KEYS[1], id)
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[3], id)
+      remove_job(id)
       out[#out + 1] = 1
     end
   else

@@ -1,12 +1,11 @@
 --[[ enqueue: store jobs of one shard and wake a sleeping beat when needed.
 
-Every key belongs to one shard and carries the shard's hash tag.
-KEYS[1] due     sorted set: job id -> due time (ms since the epoch)
-KEYS[2] jobs    hash: job id -> envelope
-KEYS[3] leases  hash: job id -> "<due ms>|<tries>|<token>" while a beat holds it
-KEYS[4] wake    string: ms by which some beat will look at this shard again
-KEYS[5] dead    hash (not used here; passed so every script takes the same KEYS)
-KEYS[6] schedules, KEYS[7] history (not used here; every script takes the same KEYS)
+KEYS[1] due        each stored job's member and due time
+KEYS[2] jobs       each job's envelope, written
+KEYS[3] leases     a leased job's entry is removed when it is stored again (status 3)
+KEYS[4] wake       lowered (with a wake message) when a stored job is due before it
+KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] mode: "keep" (a waiting job with the same id is kept) or "replace"
 ARGV[2] wake channel (pub/sub)
@@ -34,6 +33,9 @@ A call with another mode or clock, an incomplete triple, a due time that is not
 a whole number of ms or a negative delay is refused with an error, before anything
 is written.
 ]]
+--!include args
+--!include sliced
+--!include wake
 if ARGV[1] ~= 'keep' and ARGV[1] ~= 'replace' then
   return redis.error_reply('delayq enqueue: mode must be "keep" or "replace"')
 end
@@ -99,10 +101,6 @@ for i = 5, #ARGV, 3 do
 end
 call_sliced('ZADD', KEYS[1], members, 2)
 if earliest ~= nil then
-  local marker = tonumber(redis.call('GET', KEYS[4]))
-  if marker == nil or earliest < marker then
-    redis.call('SET', KEYS[4], string.format('%d', earliest))
-    redis.call('PUBLISH', ARGV[2], ARGV[3] .. ':' .. string.format('%d', earliest))
-  end
+  wake(ARGV[2], ARGV[3], earliest)
 end
 return out

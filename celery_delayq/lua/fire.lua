@@ -5,7 +5,14 @@ This is lazy unrolling: a schedule only ever has one point stored; the beat
 that delivered it computes the next one (cron, interval, timezone: in Python)
 and this script swaps them atomically, so no schedule is ever scanned.
 
-KEYS[1..7] due, jobs, leases, wake, dead, schedules, history (one shard; see sched_put.lua)
+KEYS[1] due        the acked point's member removed, the next point's added
+KEYS[2] jobs       the acked point's envelope removed, the next point's stored
+KEYS[3] leases     read (the caller's?), then the acked point's entry removed
+KEYS[4] wake       lowered (with a wake message) when the next point is due before it
+KEYS[6] schedules  read (does the schedule still exist?)
+KEYS[7] history    the run state, read and written
+KEYS[5] dead: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] token: the lease token the caller claimed the point with
 ARGV[2] id of the point being acked
@@ -31,18 +38,18 @@ error, before anything is written.
 Runs when Redis is over maxmemory: its first write is a ZREM (never refused when full,
 even on Redis 6.2), and the next point it stores replaces the one it acks.
 ]]
+--!include args
+--!include lease
+--!include job
+--!include wake
 local id = ARGV[2]
 if int_arg(4) == nil or (ARGV[6] ~= '' and int_arg(7) == nil) then
   return redis.error_reply('delayq fire: the point time and the next due time must be whole numbers of ms')
 end
-local suffix = '|' .. ARGV[1]
-local lease = redis.call('HGET', KEYS[3], id)
-if not lease or string.sub(lease, -#suffix) ~= suffix then
+if not held(id, ARGV[1]) then
   return 0
 end
-redis.call('ZREM', KEYS[1], id)
-redis.call('HDEL', KEYS[2], id)
-redis.call('HDEL', KEYS[3], id)
+remove_job(id)
 local name = ARGV[3]
 local raw = redis.call('HGET', KEYS[7], name)
 if not raw or redis.call('HEXISTS', KEYS[6], name) == 0 then
@@ -68,11 +75,7 @@ if ARGV[6] ~= '' then
   state.next = due
   redis.call('ZADD', KEYS[1], due, ARGV[6])
   redis.call('HSET', KEYS[2], ARGV[6], ARGV[8])
-  local marker = tonumber(redis.call('GET', KEYS[4]))
-  if marker == nil or due < marker then
-    redis.call('SET', KEYS[4], ARGV[7])
-    redis.call('PUBLISH', ARGV[9], ARGV[10] .. ':' .. ARGV[7])
-  end
+  wake(ARGV[9], ARGV[10], due, ARGV[7])
 else
   state.cur = nil
   state.next = nil

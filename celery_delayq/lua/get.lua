@@ -1,7 +1,11 @@
 --[[ get: read one job (or dead letter) by id without changing anything.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        the job's score, read
+KEYS[2] jobs       the job's envelope, read
+KEYS[3] leases     the job's entry, read
+KEYS[5] dead       the dead letter, read when no job has the id
+KEYS[4] wake, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] job id
 
@@ -13,15 +17,16 @@ Returns
       entry that does not read, due ms is the score and tries 0)
   {"dead", record}                               a dead-lettered job
 ]]
+--!include lease
 local id = ARGV[1]
 local envelope = redis.call('HGET', KEYS[2], id)
 if envelope then
   local score = tonumber(redis.call('ZSCORE', KEYS[1], id))
   local lease = redis.call('HGET', KEYS[3], id)
   if lease then
-    local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
-    if d and n then
-      return {'job', envelope, tonumber(d), tonumber(n), score}
+    local d, n = lease_read(lease)
+    if d then
+      return {'job', envelope, d, n, score}
     end
     return {'job', envelope, score, 0, score}
   end

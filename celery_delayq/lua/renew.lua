@@ -1,8 +1,10 @@
 #!lua flags=allow-oom
 --[[ renew: extend the leases a beat still holds, just before it publishes (the fence).
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        each held job's score set to its new lease expiry (ZADD XX)
+KEYS[3] leases     read (the caller's?), never written
+KEYS[2] jobs, KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] token: the lease token the caller claimed with
 ARGV[2] reclaim TTL in ms: the renewed leases expire at the server's now + TTL
@@ -22,6 +24,8 @@ Returns {now ms, flag, flag, ...}: one flag per id in ARGV order, 1 held (renewe
 A token holding "|" or a TTL that is not a whole number >= 1 is refused with an error,
 before anything is written.
 ]]
+--!include args
+--!include lease
 local token = ARGV[1]
 local ttl = int_arg(2)
 if token == nil or token == '' or string.find(token, '|', 1, true) then
@@ -33,13 +37,11 @@ end
 redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local suffix = '|' .. token
 local expiry = now + ttl
 local out = {now}
 for i = 3, #ARGV do
   local id = ARGV[i]
-  local lease = redis.call('HGET', KEYS[3], id)
-  if lease and string.sub(lease, -#suffix) == suffix then
+  if held(id, token) then
     redis.call('ZADD', KEYS[1], 'XX', expiry, id)
     out[#out + 1] = 1
   else

@@ -1,7 +1,12 @@
 --[[ requeue: put a dead-lettered job back as a waiting job, removing its dead letter.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        the job's member added
+KEYS[2] jobs       read (is the id free?), then the envelope stored
+KEYS[3] leases     a stray entry for the id is removed
+KEYS[4] wake       lowered (with a wake message) when the job is due before it
+KEYS[5] dead       the dead letter, read and then removed
+KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] job id
 ARGV[2] due time in ms
@@ -22,6 +27,8 @@ Returns
 Requeueing earlier than the wake marker wakes a sleeping beat, as enqueue does.
 A due time that is not a whole number of ms is refused with an error; nothing is written.
 ]]
+--!include args
+--!include wake
 local id = ARGV[1]
 local due = int_arg(2)
 if due == nil then
@@ -47,9 +54,5 @@ redis.call('HSET', KEYS[2], id, envelope)
 redis.call('HDEL', KEYS[3], id)
 redis.call('ZADD', KEYS[1], due, id)
 redis.call('HDEL', KEYS[5], id)
-local marker = tonumber(redis.call('GET', KEYS[4]))
-if marker == nil or due < marker then
-  redis.call('SET', KEYS[4], ARGV[2])
-  redis.call('PUBLISH', ARGV[4], ARGV[5] .. ':' .. ARGV[2])
-end
+wake(ARGV[4], ARGV[5], due, ARGV[2])
 return 1

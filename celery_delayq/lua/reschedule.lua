@@ -1,7 +1,11 @@
 --[[ reschedule: move one waiting job to a new due time.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        the job's new due time
+KEYS[2] jobs       read (is it stored?)
+KEYS[3] leases     read (does a beat hold it?)
+KEYS[4] wake       lowered (with a wake message) when the new due time is before it
+KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] job id
 ARGV[2] new due time in ms
@@ -16,6 +20,8 @@ Returns
 Moving a job earlier than the wake marker wakes a sleeping beat, as enqueue does.
 A due time that is not a whole number of ms is refused with an error; nothing is written.
 ]]
+--!include args
+--!include wake
 local id = ARGV[1]
 local due = int_arg(2)
 if due == nil then
@@ -28,9 +34,5 @@ if redis.call('HEXISTS', KEYS[3], id) == 1 then
   return 2
 end
 redis.call('ZADD', KEYS[1], due, id)
-local marker = tonumber(redis.call('GET', KEYS[4]))
-if marker == nil or due < marker then
-  redis.call('SET', KEYS[4], ARGV[2])
-  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ':' .. ARGV[2])
-end
+wake(ARGV[3], ARGV[4], due, ARGV[2])
 return 1

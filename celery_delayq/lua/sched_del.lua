@@ -1,6 +1,12 @@
 --[[ sched_del: delete a recurring schedule, its run state and its waiting point.
 
-KEYS[1..7] due, jobs, leases, wake, dead, schedules, history (one shard; see sched_put.lua)
+KEYS[1] due        the schedule's waiting point, removed
+KEYS[2] jobs       the waiting point's envelope, removed
+KEYS[3] leases     read (a held point is left to its beat)
+KEYS[6] schedules  the definition, read and removed
+KEYS[7] history    the run state, read and removed
+KEYS[4] wake, KEYS[5] dead: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] schedule name
 
@@ -9,6 +15,7 @@ removes the point without publishing it, and does not advance.
 
 Returns 1 deleted, 0 no such schedule.
 ]]
+--!include job
 local name = ARGV[1]
 if redis.call('HEXISTS', KEYS[6], name) == 0 then
   return 0
@@ -18,8 +25,7 @@ if raw then
   local ok, state = pcall(cjson.decode, raw)  -- a run state that does not read names no point
   local cur = ok and type(state) == 'table' and state.cur
   if type(cur) == 'string' and redis.call('HEXISTS', KEYS[3], cur) == 0 then
-    redis.call('ZREM', KEYS[1], cur)
-    redis.call('HDEL', KEYS[2], cur)
+    remove_job(cur)
   end
 end
 redis.call('HDEL', KEYS[6], name)

@@ -1,13 +1,14 @@
 --[[ sched_put: create or replace a recurring schedule and its next execution point.
 
-KEYS[1] due        sorted set: job id -> due ms (a schedule's point is a job here)
-KEYS[2] jobs       hash: job id -> envelope
-KEYS[3] leases     hash: job id -> "<due ms>|<tries>|<token>"
-KEYS[4] wake       string: wake marker (see enqueue.lua)
-KEYS[5] dead       hash (not used here)
-KEYS[6] schedules  hash: schedule name -> definition JSON
-KEYS[7] history    hash: schedule name -> run state JSON
+KEYS[1] due        the old waiting point removed, the next point added
+KEYS[2] jobs       the old point's envelope removed, the next point's stored
+KEYS[3] leases     read (a held point is left to its beat); a stray entry for the next point removed
+KEYS[4] wake       lowered (with a wake message) when the next point is due before it
+KEYS[6] schedules  the definition, read and written
+KEYS[7] history    the run state, read and written
                    {"cur": point id, "next": ms, "last_run": ms, "last_task_id": id, "runs": n}
+KEYS[5] dead: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 ARGV[1] schedule name
 ARGV[2] mode: "add" (refuse a name that exists) or "put" (create or replace)
@@ -31,6 +32,9 @@ Returns 1 stored, 0 refused (mode "add" and the name exists), 2 not stalled (ARG
 Another mode, or a due time that is not a whole number of ms, is refused with an
 error, before anything is written.
 ]]
+--!include args
+--!include job
+--!include wake
 local name = ARGV[1]
 if ARGV[2] ~= 'add' and ARGV[2] ~= 'put' then
   return redis.error_reply('delayq sched_put: mode must be "add" or "put"')
@@ -58,8 +62,7 @@ if stalled and stalled ~= '' and (state.cur ~= stalled or redis.call('HEXISTS', 
 end
 local cur = state.cur
 if type(cur) == 'string' and cur ~= ARGV[4] and redis.call('HEXISTS', KEYS[3], cur) == 0 then
-  redis.call('ZREM', KEYS[1], cur)
-  redis.call('HDEL', KEYS[2], cur)
+  remove_job(cur)
 end
 redis.call('HSET', KEYS[6], name, ARGV[3])
 if ARGV[4] ~= '' then
@@ -69,11 +72,7 @@ if ARGV[4] ~= '' then
   redis.call('HDEL', KEYS[3], ARGV[4])
   redis.call('ZADD', KEYS[1], due, ARGV[4])
   redis.call('HSET', KEYS[2], ARGV[4], ARGV[6])
-  local marker = tonumber(redis.call('GET', KEYS[4]))
-  if marker == nil or due < marker then
-    redis.call('SET', KEYS[4], ARGV[5])
-    redis.call('PUBLISH', ARGV[7], ARGV[8] .. ':' .. ARGV[5])
-  end
+  wake(ARGV[7], ARGV[8], due, ARGV[5])
 else
   state.cur = nil
   state.next = nil

@@ -1,7 +1,11 @@
 --[[ stats: one shard's counts for `celery delayq status`, read without changing anything.
 
-KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead,
-KEYS[6] schedules, KEYS[7] history (one shard; see sched_put.lua)
+KEYS[1] due        counted, and read by score
+KEYS[3] leases     counted, and read for the head's due time
+KEYS[5] dead       counted
+KEYS[6] schedules  counted
+KEYS[2] jobs, KEYS[4] wake, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
 
 No ARGV. "now" is the server's TIME, as in claim.lua.
 
@@ -20,6 +24,7 @@ Returns {now ms, stored, leased, dead, schedules, overdue,
              skipped, at most one per lease entry, so the walk is bounded by `leased`.
 Cost: ZCARD, three HLEN, ZCOUNT, and ZRANGE BYSCORE ... LIMIT pages: O(log n + leased).
 ]]
+--!include lease
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local stored = redis.call('ZCARD', KEYS[1])
@@ -32,9 +37,9 @@ if head[1] then
   local lease = redis.call('HGET', KEYS[3], head[1])
   if lease then
     -- a lease entry that does not read counts as claim.lua takes it: due at its score
-    local d, n = string.match(lease, '^(-?%d+)|(%d+)|')
-    if d and n then
-      due = tonumber(d)
+    local d = lease_read(lease)
+    if d then
+      due = d
     end
   end
   out[7] = due
