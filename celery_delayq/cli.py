@@ -41,6 +41,8 @@ from rich.text import Text
 from . import lateness
 from .api import CANCELLED, DELIVERING, MISSING, MOVED, NO_ENVELOPE, REQUEUED, DelayQ
 from .config import DelayQConfig, redact_url, setting_name
+from .due import due_ms_from_eta, ms_to_datetime
+from .envelope import decode_envelope, loaded_form
 from .exceptions import (
     ConfigurationError,
     ScheduleError,
@@ -49,9 +51,8 @@ from .exceptions import (
     StoreError,
     UnknownTask,
 )
-from .message import decode_envelope, due_ms_from_eta, ms_to_datetime
 from .schedules import Schedule, Schedules
-from .store import REDIS_ERRORS, JobRecord, ShardStats, Store, loaded_form
+from .store import REDIS_ERRORS, JobRecord, ShardStats, Store
 
 __all__ = ["EXIT_NOT_DONE", "EXIT_OK", "EXIT_STORE", "EXIT_USAGE", "delayq", "parse_duration", "parse_when"]
 
@@ -424,17 +425,6 @@ def delayq(ctx: click.Context) -> None:
 # -- jobs: views --------------------------------------------------------------------------------
 
 
-def _args_of(envelope: Any) -> tuple[Any, Any]:
-    """Decoded args/kwargs of a JSON message, else Celery's argsrepr/kwargsrepr strings."""
-    if envelope.content_type == "application/json":
-        try:
-            args, kwargs, _ = json.loads(envelope.body.decode(envelope.content_encoding or "utf-8"))
-            return args, kwargs
-        except (ValueError, TypeError, LookupError):
-            pass
-    return envelope.headers.get("argsrepr"), envelope.headers.get("kwargsrepr")
-
-
 def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dict[str, Any]:
     """The JSON of one job (stable keys; ``detail`` adds the message's options and headers)."""
     out: dict[str, Any] = {
@@ -458,11 +448,10 @@ def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dic
     except ValueError as exc:
         error = str(exc)
     if envelope is not None:
-        queue = envelope.route.get("queue")
-        args, kwargs = _args_of(envelope)
+        args, kwargs = envelope.arguments(reprs_if_unreadable=True)
         out.update(
             task=envelope.task,
-            queue=queue if isinstance(queue, str) else default_queue,
+            queue=default_queue if envelope.queue is None else envelope.queue,
             args=args,
             kwargs=kwargs,
             schedule=envelope.schedule[0] if envelope.schedule else None,
@@ -598,8 +587,7 @@ def ls_jobs(
                 continue  # listed only without --task/--queue, as "<corrupt envelope>"
             if task and envelope.task != task:
                 continue
-            route_queue = envelope.route.get("queue")
-            if queue and (route_queue if isinstance(route_queue, str) else default_queue) != queue:
+            if queue and (default_queue if envelope.queue is None else envelope.queue) != queue:
                 continue
         if skipped < offset:
             skipped += 1

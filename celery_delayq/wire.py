@@ -35,7 +35,8 @@ from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps as kombu_dumps
 
 from .bounded import load_json
-from .message import Envelope, decode_envelope, due_iso
+from .due import due_iso
+from .envelope import Envelope, decode_envelope
 
 __all__ = ["WireTemplates", "wire_message"]
 

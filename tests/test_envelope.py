@@ -26,16 +26,16 @@ from hypothesis import strategies as st
 
 from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.api import get_store
-from celery_delayq.message import (
+from celery_delayq.build import (
     _build_one,
-    _clean_options,
     _plan_for,
     _quick_saferepr,
     build_envelope,
     build_envelopes,
-    decode_envelope,
     new_task_ids,
 )
+from celery_delayq.envelope import decode_envelope
+from celery_delayq.options import clean_options
 from celery_delayq.store import ENQUEUE_AFTER_HELD, ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED
 from tests.conftest import make_app
 from tests.helpers import server_ms
@@ -116,10 +116,10 @@ def without_created(envelope: str) -> str:
 def test_planned_envelope_is_the_one_job_envelope(app: Celery, options: dict[str, Any]) -> None:
     task = app.tasks["t.any"]
     jobs = [(f"job-{i}", DUE + i, args, kwargs) for i, (args, kwargs) in enumerate(ARGS)]
-    assert _plan_for(app, task, _clean_options(options), (), {}) is not None  # the planned path
+    assert _plan_for(app, task, clean_options(options), (), {}) is not None  # the planned path
     planned = build_envelopes(app, task, jobs, options, max_payload=None)
     for (task_id, due, args, kwargs), envelope in zip(jobs, planned, strict=True):
-        one = _build_one(app, task, task_id, due, args, kwargs, _clean_options(options), None, None)
+        one = _build_one(app, task, task_id, due, args, kwargs, clean_options(options), None, None)
         assert without_created(envelope) == without_created(one)
         assert decode_envelope(envelope).headers["id"] == task_id
 
@@ -130,7 +130,7 @@ def test_planned_envelope_with_link_and_link_error(app: Celery) -> None:
     jobs = [(f"job-{i}", DUE, args, kwargs) for i, (args, kwargs) in enumerate(ARGS)]
     planned = build_envelopes(app, task, jobs, options)
     for (task_id, due, args, kwargs), envelope in zip(jobs, planned, strict=True):
-        one = _build_one(app, task, task_id, due, args, kwargs, _clean_options(options), None, None)
+        one = _build_one(app, task, task_id, due, args, kwargs, clean_options(options), None, None)
         assert without_created(envelope) == without_created(one)
         assert '"b":' in envelope  # the body's tail is not the plain one
 
