@@ -478,6 +478,53 @@ def _decode_v1(data: dict[str, Any]) -> Envelope:
     )
 
 
+# -- cut for wire.py's message templates -------------------------------------------------------
+
+#: Fields of a version-2 envelope a template can take (others go the reference way).
+_TEMPLATE_FIELDS = frozenset({"v", "i", "t", "a", "k", "o", "h", "r", "p", "j", "b", "ct", "ce", "q", "c"})
+
+
+def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, str, str, str] | None:
+    """The envelope ``raw`` cut for :mod:`.wire`: ``(shape key, shape, job id, argsrepr,
+    kwargsrepr, body text)``. The *shape* is every field but those and the creation time:
+    what jobs of one task scheduled with the same options share. None for an envelope with a
+    field a template cannot take, or one that does not read (decode_envelope says why).
+
+    >>> _, shape, job_id, args, kwargs, body = template_fields(
+    ...     '{"v":2,"i":"a","t":"t.add","a":"(1,)","j":"[[1], {}","c":1}')
+    >>> shape, job_id, args, kwargs, body.startswith('[[1], {}, {"callbacks": null')
+    ({'v': 2, 't': 't.add'}, 'a', '(1,)', '{}', True)
+    """
+    try:
+        data = load_json(raw, "envelope")
+    except ValueError:  # not JSON, nested too deeply: decode_envelope says why
+        return None
+    if type(data) is not dict or data.get("v") != 2 or not _TEMPLATE_FIELDS.issuperset(data):
+        return None
+    job_id = data.pop("i", None)
+    args = data.pop("a", "()")
+    kwargs = data.pop("k", "{}")
+    data.pop("c", None)
+    if "j" in data:
+        text = data.pop("j")
+        plain = True
+    else:
+        text = data.pop("b", None)
+        plain = False
+    if not (type(job_id) is str and type(args) is str and type(kwargs) is str and type(text) is str):
+        return None
+    return (plain, repr(data)), data, job_id, args, kwargs, text + PLAIN_TAIL if plain else text
+
+
+def shape_envelope(shape: dict[str, Any], job_id: str, reprs: tuple[str, str], body: bytes) -> Envelope:
+    """The decoded envelope of a job of ``shape`` (see :func:`template_fields`) with this id,
+    these argument reprs and this body; ``LookupError``/``UnicodeError`` when the shape's
+    content encoding cannot hold the body, else what :func:`decode_envelope` raises."""
+    text = body.decode(shape.get("ce", UTF8))
+    fields = {"v": 2, "i": job_id, **shape, "a": reprs[0], "k": reprs[1], "b": text}
+    return decode_envelope(json.dumps(fields))
+
+
 # -- as the jobs hash keeps it -----------------------------------------------------------------
 
 # A version-2 envelope opens with its task id. Stored under that same id it is kept without it
