@@ -1,5 +1,6 @@
 """The stored envelope: its format, version 1 and 2, written and read; and the one view of
-a stored job (task, args, kwargs, queue, priority) that the readers share.
+a stored job (task, args, kwargs, queue, priority: :class:`Envelope`) that every reader
+(``DelayQ.pending``, the CLI's job lists, Spark's reader) shares.
 
 An envelope is the Celery message ``apply_async`` would have published, built at schedule
 time (:mod:`.build` makes it, :mod:`.publish` sends it), stored as compact JSON
@@ -22,8 +23,8 @@ Who else reads the format, and what of it (nothing else knows it):
 * the ``jobs`` hash keeps a version-2 envelope stored under its own id without its
   ``"i"`` (:func:`stored_form`, :func:`loaded_form`; :class:`~.store.Store` calls them);
 * ``lua/requeue.lua`` stores a requeued envelope the same way: it cuts the opening
-  ``{"v":2,"i":<id>,`` (:func:`id_opening`, passed in ARGV[3]) down to ``{"v":2,``; no
-  script reads more of an envelope;
+  ``{"v":2,"i":<id>,`` (:func:`id_opening`, passed in ARGV[3]) down to ``{"v":2,``; every
+  other script stores, returns or moves envelopes as opaque strings;
 * :mod:`.wire` fills message templates per job from :func:`template_fields`: the id, the
   argument reprs and the body of an envelope whose other fields (its *shape*) are shared.
 """
@@ -43,12 +44,23 @@ from .exceptions import CorruptData, InvalidOptions, PayloadTooLarge
 __all__ = [
     "DUE_HEADER",
     "ENVELOPE_VERSION",
+    "JSON_CT",
+    "UTF8",
     "Envelope",
+    "Pieces",
+    "body_members",
     "decode_envelope",
     "encode_envelope",
+    "envelope_from_pieces",
     "id_opening",
+    "is_plain_embed",
     "loaded_form",
+    "plain_body",
+    "schedule_member",
+    "shape_envelope",
+    "shared_pieces",
     "stored_form",
+    "template_fields",
 ]
 
 ENVELOPE_VERSION = 2
@@ -112,11 +124,11 @@ class Envelope:
         return self.headers.get("argsrepr"), self.headers.get("kwargsrepr")
 
 
-# -- the compact (version 2) fields, written -----------------------------------------------------------
+# -- the compact (version 2) fields, written ---------------------------------------------
 
 #: Celery's body ``embed`` with no callbacks, errbacks, chain or chord, as kombu's JSON writes
 #: it at the end of a body: a JSON body ending so is stored without this tail (field ``j``).
-PLAIN_TAIL = ', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+_PLAIN_TAIL = ', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
 JSON_CT = "application/json"
 UTF8 = "utf-8"
 
@@ -157,7 +169,7 @@ def _header_is_default(key: str, value: Any, job_id: str, name: str, expires_iso
     return False
 
 
-def compact_headers(
+def _compact_headers(
     headers: dict[str, Any], job_id: str, name: str, expires_iso: str | None
 ) -> dict[str, Any]:
     """The envelope fields that hold ``headers``: ``a``, ``k``, ``o``, ``h``; or ``H`` (all of
@@ -179,7 +191,7 @@ def compact_headers(
     return out
 
 
-def compact_props(props: dict[str, Any], job_id: str) -> dict[str, Any]:
+def _compact_props(props: dict[str, Any], job_id: str) -> dict[str, Any]:
     """The envelope fields that hold ``props``: ``r``, ``p``; or ``P`` when not in Celery's order."""
     if tuple(props)[: len(_PROPS_ORDER)] != _PROPS_ORDER:
         return {"P": props}
@@ -198,13 +210,13 @@ def compact_props(props: dict[str, Any], job_id: str) -> dict[str, Any]:
     return out
 
 
-def body_fields(content_type: Any, content_encoding: Any, payload: Any) -> dict[str, Any]:
+def _body_fields(content_type: Any, content_encoding: Any, payload: Any) -> dict[str, Any]:
     """``j``/``b``/``z`` and, unless JSON in UTF-8, ``ct``/``ce``."""
     out: dict[str, Any] = {}
     if isinstance(payload, bytes | bytearray | memoryview):
         out["z"] = base64.b64encode(payload).decode("ascii")
-    elif payload.endswith(PLAIN_TAIL):
-        out["j"] = payload[: -len(PLAIN_TAIL)]
+    elif payload.endswith(_PLAIN_TAIL):
+        out["j"] = payload[: -len(_PLAIN_TAIL)]
     else:
         out["b"] = payload
     if not (type(content_type) is str and content_type == JSON_CT):
@@ -235,7 +247,7 @@ def _dump(envelope: dict[str, Any], name: str, route: dict[str, Any]) -> str:
         ) from exc
 
 
-def check_size(encoded: str, max_payload: int | None, task_id: str, name: str) -> str:
+def _check_size(encoded: str, max_payload: int | None, task_id: str, name: str) -> str:
     """``encoded`` when the beat will read it: at most ``max_payload`` long, not nested too deep."""
     if max_payload is not None and len(encoded) > max_payload:
         raise PayloadTooLarge(
@@ -260,8 +272,8 @@ def _json_ok(value: Any) -> bool:
     return True
 
 
-def members(fields: dict[str, Any]) -> str:
-    """``fields`` as JSON object members, each after a comma: ``,"a":1,"b":2``."""
+def _members(fields: dict[str, Any]) -> str:
+    """``fields`` as JSON object _members, each after a comma: ``,"a":1,"b":2``."""
     if not fields:
         return ""
     return "," + json.dumps(fields, separators=(",", ":"))[1:-1]
@@ -279,20 +291,20 @@ def encode_envelope(
 ) -> str:
     """The envelope of one job: ``message`` is the ``(headers, properties)`` Celery built for
     it, ``body`` its ``(content type, content encoding, serialized body)``, ``route`` the
-    routed options left; created now. Checked by :func:`check_size`."""
+    routed options left; created now. Checked by :func:`_check_size`."""
     headers, props = message
     expires_iso = ms_to_datetime(expires_ms).isoformat() if expires_ms is not None else None
     envelope: dict[str, Any] = {"v": ENVELOPE_VERSION, "i": task_id, "t": name}
-    envelope.update(compact_headers(headers, task_id, name, expires_iso))
-    envelope.update(compact_props(props, task_id))
-    envelope.update(body_fields(*body))
+    envelope.update(_compact_headers(headers, task_id, name, expires_iso))
+    envelope.update(_compact_props(props, task_id))
+    envelope.update(_body_fields(*body))
     envelope.update(_route_field(route))
     if expires_ms is not None:
         envelope["x"] = expires_ms
     envelope["c"] = local_now_ms()
     if schedule is not None:
         envelope["s"] = [schedule[0], schedule[1]]
-    return check_size(_dump(envelope, name, route), max_payload, task_id, name)
+    return _check_size(_dump(envelope, name, route), max_payload, task_id, name)
 
 
 # -- the same, in pieces: for many jobs of one task and options (see .build) -----------------
@@ -319,15 +331,15 @@ def shared_pieces(
     why)."""
     headers, props = message
     job_id, expires_iso = stand_in
-    header_fields = compact_headers(headers, job_id, name, expires_iso)
-    prop_fields = compact_props(props, job_id)
+    header_fields = _compact_headers(headers, job_id, name, expires_iso)
+    prop_fields = _compact_props(props, job_id)
     if "H" in header_fields or "P" in prop_fields:
         return None
     header_fields.pop("a", None)  # per job
     header_fields.pop("k", None)
     try:
-        middle = members({**header_fields, **prop_fields})
-        tail = members(_route_field(route))
+        middle = _members({**header_fields, **prop_fields})
+        tail = _members(_route_field(route))
     except (TypeError, ValueError):
         return None
     return Pieces(name=name, head=',"t":' + _jstr(name), middle=middle, tail=tail)
@@ -336,7 +348,7 @@ def shared_pieces(
 def is_plain_embed(encoded: str) -> bool:
     """True when ``encoded``, Celery's body ``embed`` as kombu's JSON writes it, is the plain
     one (no callbacks, errbacks, chain or chord): such a body is stored as ``j``."""
-    return encoded == PLAIN_TAIL[2:-1]
+    return encoded == _PLAIN_TAIL[2:-1]
 
 
 def plain_body(encoded_args: str) -> str:
@@ -345,13 +357,13 @@ def plain_body(encoded_args: str) -> str:
 
 
 def body_members(content_type: Any, content_encoding: Any, payload: Any) -> str:
-    """The body members of any other body (its content type and encoding when not JSON/UTF-8)."""
-    return members(body_fields(content_type, content_encoding, payload))
+    """The body _members of any other body (its content type and encoding when not JSON/UTF-8)."""
+    return _members(_body_fields(content_type, content_encoding, payload))
 
 
 def schedule_member(schedule: tuple[str, int] | None) -> str:
     """The member marking a schedule's execution point, or nothing."""
-    return "" if schedule is None else members({"s": [schedule[0], schedule[1]]})
+    return "" if schedule is None else _members({"s": [schedule[0], schedule[1]]})
 
 
 def envelope_from_pieces(
@@ -369,7 +381,7 @@ def envelope_from_pieces(
     if expires_ms is not None:
         parts += (',"x":', str(expires_ms))
     parts += (',"c":', str(local_now_ms()), sched, "}")
-    return check_size("".join(parts), max_payload, task_id, pieces.name)
+    return _check_size("".join(parts), max_payload, task_id, pieces.name)
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -433,7 +445,7 @@ def _decode_v2(data: dict[str, Any]) -> Envelope:
             props.update(_object(other, "p"))
     content_encoding = data.get("ce", UTF8)
     if "j" in data:
-        body = (data["j"] + PLAIN_TAIL).encode(content_encoding)
+        body = (data["j"] + _PLAIN_TAIL).encode(content_encoding)
     elif "b" in data:
         body = data["b"].encode(content_encoding)
     else:
@@ -513,7 +525,7 @@ def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, st
         plain = False
     if not (type(job_id) is str and type(args) is str and type(kwargs) is str and type(text) is str):
         return None
-    return (plain, repr(data)), data, job_id, args, kwargs, text + PLAIN_TAIL if plain else text
+    return (plain, repr(data)), data, job_id, args, kwargs, text + _PLAIN_TAIL if plain else text
 
 
 def shape_envelope(shape: dict[str, Any], job_id: str, reprs: tuple[str, str], body: bytes) -> Envelope:
