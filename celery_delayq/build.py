@@ -191,7 +191,8 @@ def _build_one(
         encoded = dumps(body, serializer=route.serializer)  # type: ignore[no-untyped-call]
     except Exception as exc:
         raise _serialization_error(name, route.serializer, exc) from exc
-    return encode_envelope(task_id, name, (headers, props), encoded, routed, expires, schedule, max_payload)
+    expiry = None if expires is None or expires_iso is None else (expires, expires_iso)
+    return encode_envelope(task_id, name, (headers, props), encoded, routed, expiry, schedule, max_payload)
 
 
 # -- many jobs: one plan per task and options ---------------------------------------------------

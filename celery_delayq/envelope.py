@@ -285,15 +285,16 @@ def encode_envelope(
     message: tuple[dict[str, Any], dict[str, Any]],
     body: tuple[Any, Any, Any],
     route: dict[str, Any],
-    expires_ms: int | None,
+    expires: tuple[int, str] | None,
     schedule: tuple[str, int] | None,
     max_payload: int | None,
 ) -> str:
     """The envelope of one job: ``message`` is the ``(headers, properties)`` Celery built for
     it, ``body`` its ``(content type, content encoding, serialized body)``, ``route`` the
-    routed options left; created now. Checked by :func:`_check_size`."""
+    routed options left, ``expires`` its absolute expiry in ms and as the header gives it;
+    created now. Checked by :func:`_check_size`."""
     headers, props = message
-    expires_iso = ms_to_datetime(expires_ms).isoformat() if expires_ms is not None else None
+    expires_ms, expires_iso = (None, None) if expires is None else expires
     envelope: dict[str, Any] = {"v": ENVELOPE_VERSION, "i": task_id, "t": name}
     envelope.update(_compact_headers(headers, task_id, name, expires_iso))
     envelope.update(_compact_props(props, task_id))
