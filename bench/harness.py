@@ -451,7 +451,7 @@ class Fill:
 def envelope_template(p: Producer) -> str | None:
     """A stored envelope of ``bench.job()`` with a placeholder id, or None if that cannot be had."""
     try:
-        from celery_delayq.message import build_envelope
+        from celery_delayq.build import build_envelope
 
         envelope = build_envelope(p.app, p.task, _PLACEHOLDER, int(time.time() * 1000), None, None, {})
     except Exception:

@@ -8,16 +8,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .config import DelayQConfig
+from .due import due_ms_from_eta, ms_to_datetime
+from .envelope import decode_envelope, loaded_form
 from .exceptions import InvalidSchedule
 from .keys import is_point_id
-from .message import decode_envelope, due_ms_from_eta, ms_to_datetime
 from .scripts import SCRIPTS, ScriptCall, run_pipelined, run_replicated
 from .store import (
     CANCEL_HELD,
@@ -29,7 +29,6 @@ from .store import (
     RESCHEDULE_MOVED,
     JobRecord,
     Store,
-    loaded_form,
 )
 
 __all__ = ["DelayQ", "PendingJob", "get_store"]
@@ -73,12 +72,8 @@ class PendingJob:
         try:
             envelope = decode_envelope(record.envelope)
             task = envelope.task
-            queue = envelope.route.get("queue")
-            if envelope.content_type == "application/json":
-                args, kwargs, _ = json.loads(envelope.body)
-            else:
-                args = envelope.headers.get("argsrepr")
-                kwargs = envelope.headers.get("kwargsrepr")
+            queue = envelope.queue
+            args, kwargs = envelope.arguments()
         except (ValueError, KeyError, TypeError, RecursionError):
             task = "<corrupt envelope>"
         return cls(

@@ -39,17 +39,11 @@ from celery.backends.redis import RedisBackend
 from celery.canvas import Signature, _chain, _chord, group
 
 from .api import get_store
+from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
+from .due import due_ms_from_delay, due_ms_from_eta
 from .exceptions import InvalidOptions, UnknownTask
-from .message import (
-    TRANSPORT_OPTIONS,
-    _clean_options,
-    app_state,
-    build_envelopes,
-    due_ms_from_delay,
-    due_ms_from_eta,
-    new_task_ids,
-)
+from .options import TRANSPORT_OPTIONS, clean_options
 from .result import ScheduledResult
 from .task import scheduled_results
 
@@ -184,7 +178,7 @@ def _schedule(sig: Signature, due_ms: int, options: dict[str, Any], base: int | 
     app = sig.app
     options = dict(options)
     replace = bool(options.pop("replace", False))
-    _clean_options(options)  # refuses eta/countdown and transport objects given by the caller
+    clean_options(options)  # refuses eta/countdown and transport objects given by the caller
     if app.conf.task_always_eager:
         # Celery's eager mode runs tasks at once and ignores eta; do the same.
         return sig.apply_async(**options)

@@ -48,11 +48,13 @@ from kombu.exceptions import BatchPublishError, EncodeError
 from .api import get_store
 from .bounded import MAX_SMALL, load_json
 from .config import setting_name
+from .due import due_iso
+from .envelope import DUE_HEADER, Envelope, decode_envelope
 from .exceptions import CorruptData
 from .lateness import Histogram, tally
 from .lateness import key_for as lateness_key
 from .lua_formats import parse_wake
-from .message import DUE_HEADER, Envelope, decode_envelope, due_iso, publish
+from .publish import publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, Store, error_text, redis_error_kind
 from .wire import WireTemplates, wire_message

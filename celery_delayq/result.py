@@ -9,6 +9,8 @@ from typing import Any
 from celery.result import AsyncResult
 from vine import promise
 
+from .due import due_ms_from_eta, ms_to_datetime
+
 __all__ = ["ScheduledResult"]
 
 _SHAREABLE = frozenset((bool, int, float, str, bytes, tuple, frozenset))
@@ -114,7 +116,6 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
     def reschedule(self, eta: Any) -> bool:
         """Move the waiting job to ``eta``; False when it no longer waits."""
         from .api import DelayQ
-        from .message import due_ms_from_eta, ms_to_datetime
 
         moved = DelayQ(self.app).reschedule(self.id, eta)
         if moved:

@@ -36,10 +36,11 @@ from typing import Any
 
 from .api import get_store
 from .bounded import MAX_SMALL, load_json
+from .build import build_envelope
+from .due import ms_to_datetime
 from .exceptions import CorruptData, InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
 from .keys import iso_ms as _iso_ms
 from .keys import point_id
-from .message import build_envelope, ms_to_datetime
 from .result import ScheduledResult
 from .rules import CronRule, IntervalRule, OnceRule, Rule, parse_rule, rule_from_json, zone
 from .scripts import SCRIPTS

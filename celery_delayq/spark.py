@@ -49,18 +49,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from .build import build_envelopes, new_task_ids
 from .config import DEFAULTS, DelayQConfig, setting_name
+from .due import MAX_DUE_MS, due_ms_from_eta, ms_to_datetime
+from .envelope import decode_envelope, loaded_form
 from .exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
 from .lua_formats import parse_lease
-from .message import (
-    MAX_DUE_MS,
-    build_envelopes,
-    decode_envelope,
-    due_ms_from_eta,
-    ms_to_datetime,
-    new_task_ids,
-)
-from .store import Store, loaded_form
+from .store import Store
 
 __all__ = [
     "READ_COLUMNS",
@@ -769,13 +764,11 @@ def _row(
     try:
         envelope = decode_envelope(loaded_form(job_id, raw))
         task = envelope.task
-        queue = envelope.route.get("queue")
+        queue = envelope.queue
         created = ms_to_datetime(envelope.created_ms)
-        if envelope.content_type == "application/json":
-            body_args, body_kwargs, _ = json.loads(envelope.body)
-            args, kwargs = _json_text(body_args), _json_text(body_kwargs)
-        else:  # a body the reader must not decode (pickle...): Celery's reprs
-            args, kwargs = envelope.headers.get("argsrepr"), envelope.headers.get("kwargsrepr")
+        args, kwargs = envelope.arguments()
+        if envelope.json_body:
+            args, kwargs = _json_text(args), _json_text(kwargs)
     except (ValueError, KeyError, TypeError, RecursionError):
         task = "<corrupt envelope>"
     return (

@@ -15,7 +15,6 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii as _jstr
 from typing import Any
 
 import redis
@@ -32,6 +31,7 @@ from redis.exceptions import (
 
 from .bounded import MAX_SMALL, load_json
 from .config import DelayQConfig
+from .envelope import id_opening, loaded_form, stored_form
 from .exceptions import CorruptData, ReservedTaskId, StoreFull, UnsupportedServer
 from .keys import KeySpace, ShardKeys, is_point_id, shard_of
 from .lua_formats import parse_lease
@@ -177,13 +177,6 @@ class ShardStats:
         return self.stored - self.leased
 
 
-# A version-2 envelope (see message.py) opens with its task id. Stored under that same id it
-# is kept without it (the hash field holds it: about 45 bytes less a job) and given it back
-# whenever it is read: claim, get, scan. decode_envelope always sees whole envelopes.
-_WITH_ID = '{"v":2,"i":'
-_WITHOUT_ID = '{"v":2,"t":'
-
-
 def refuse_point_id(job_id: str) -> None:
     """Raise :class:`ReservedTaskId` when ``job_id`` is a schedule's point id (``is_point_id``).
 
@@ -201,35 +194,6 @@ def refuse_point_id(job_id: str) -> None:
             f"stop the schedule; use another id (Schedules(app).run_now({name!r}) runs the "
             "schedule's task now)"
         )
-
-
-def stored_form(job_id: str, envelope: str) -> str:
-    """``envelope`` as the ``jobs`` hash keeps it under ``job_id``: without its id when it is
-    a version-2 envelope of that very id, else unchanged.
-
-    >>> stored_form("a", '{"v":2,"i":"a","t":"t.add","c":1}')
-    '{"v":2,"t":"t.add","c":1}'
-    >>> stored_form("b", '{"v":2,"i":"a","t":"t.add","c":1}')
-    '{"v":2,"i":"a","t":"t.add","c":1}'
-    """
-    if envelope.startswith(_WITH_ID):
-        prefix = _WITH_ID + _jstr(job_id) + ","
-        if envelope.startswith(prefix):
-            return '{"v":2,' + envelope[len(prefix) :]
-    return envelope
-
-
-def loaded_form(job_id: str, stored: str) -> str:
-    """The envelope of ``job_id`` from what the ``jobs`` hash keeps (see :func:`stored_form`).
-
-    >>> loaded_form("a", '{"v":2,"t":"t.add","c":1}')
-    '{"v":2,"i":"a","t":"t.add","c":1}'
-    >>> loaded_form("a", "anything else")
-    'anything else'
-    """
-    if stored.startswith(_WITHOUT_ID):
-        return _WITH_ID + _jstr(job_id) + "," + stored[7:]
-    return stored
 
 
 def version_problem(info: Mapping[str, Any]) -> str | None:
@@ -726,8 +690,7 @@ class Store:
         """Put a dead-lettered job back as a waiting job due at ``due_ms``, removing its dead
         letter, atomically; a ``REQUEUE_*`` code (see ``lua/requeue.lua``)."""
         shard = self.keys.shard_of(job_id)
-        opening = _WITH_ID + _jstr(job_id) + ","
-        args = [job_id, int(due_ms), opening, self.keys.wake_channel, shard]
+        args = [job_id, int(due_ms), id_opening(job_id), self.keys.wake_channel, shard]
         return int(self.write(SCRIPTS["requeue"], self.keys.shard(shard).core, args))
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -16,21 +16,12 @@ from typing import Any
 from celery import Task, shared_task
 
 from .api import get_store
+from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
+from .due import celery_expires, celery_naive_as_utc, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
 from .exceptions import InvalidOptions
 from .keys import is_point_id
-from .message import (
-    TRANSPORT_OPTIONS,
-    app_state,
-    build_envelopes,
-    celery_expires,
-    celery_naive_as_utc,
-    due_item,
-    due_ms_from_delay,
-    due_ms_from_eta,
-    ms_to_datetime,
-    new_task_ids,
-)
+from .options import TRANSPORT_OPTIONS, due_item
 from .result import ScheduledResult
 from .store import ENQUEUE_KEPT
 

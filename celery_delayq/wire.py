@@ -18,6 +18,8 @@ the message of the first such job is built by :func:`wire_message` with placehol
 values and cut into a template at the placeholders; every later job of that *shape*
 fills the template in with ``json``'s own string encoder. Anything unusual (an expiry,
 a schedule point, a compressed body, an exchange to route through) goes the reference way.
+:func:`~.envelope.template_fields` cuts an envelope into a job's values and its shape: this
+module does not read the envelope format itself.
 """
 
 from __future__ import annotations
@@ -34,14 +36,10 @@ from typing import Any
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps as kombu_dumps
 
-from .bounded import load_json
-from .message import Envelope, decode_envelope, due_iso
+from .due import due_iso
+from .envelope import Envelope, shape_envelope, template_fields
 
 __all__ = ["WireTemplates", "wire_message"]
-
-#: Fields of a version-2 envelope a template can take (others go the reference way).
-_TEMPLATE_FIELDS = frozenset({"v", "i", "t", "a", "k", "o", "h", "r", "p", "j", "b", "ct", "ce", "q", "c"})
-_PLAIN_TAIL = ', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
 
 # Placeholders: values no real job has, found again in the reference message's JSON.
 _ID, _ARGS, _KWARGS, _TAG = "\u2603id\u2603", "\u2603args\u2603", "\u2603kwargs\u2603", "\u2603tag\u2603"
@@ -142,6 +140,7 @@ class _Template:
     body_encoding: str | None  # "base64" (kombu's default for Redis) or None: the body as text
     content_encoding: str
     eta: bool  # whether the message has an eta header (the due time, delayq_publish_eta)
+    task: str  # the task name
 
 
 _NOT_WIRE = object()
@@ -166,25 +165,10 @@ class WireTemplates:
         """``(list key, message JSON, queue, task name)`` for the envelope ``raw`` due at ``due_ms``, or
         None when it must go the reference way (decode_envelope, then kombu or
         :func:`wire_message`)."""
-        try:
-            data = load_json(raw, "envelope")
-        except ValueError:  # not JSON, nested too deeply: decode_envelope says why, and it is buried
+        cut = template_fields(raw)
+        if cut is None:  # (a corrupt envelope goes the reference way, which buries it)
             return None
-        if type(data) is not dict or data.get("v") != 2 or not _TEMPLATE_FIELDS.issuperset(data):
-            return None
-        job_id = data.pop("i", None)
-        args = data.pop("a", "()")
-        kwargs = data.pop("k", "{}")
-        data.pop("c", None)
-        if "j" in data:
-            text = data.pop("j")
-            plain = True
-        else:
-            text = data.pop("b", None)
-            plain = False
-        if not (type(job_id) is str and type(args) is str and type(kwargs) is str and type(text) is str):
-            return None
-        shape = (plain, repr(data))
+        shape, data, job_id, args, kwargs, text = cut
         template = self._templates.get(shape)
         if template is None:
             template = self._make(data)
@@ -195,7 +179,7 @@ class WireTemplates:
             return None
         assert isinstance(template, _Template)
         try:
-            body = (text + _PLAIN_TAIL if plain else text).encode(template.content_encoding)
+            body = text.encode(template.content_encoding)
         except (LookupError, UnicodeError):
             return None
         if template.body_encoding is None:
@@ -216,19 +200,15 @@ class WireTemplates:
         for n, hole in enumerate(holes, 1):
             parts.append(values[hole])
             parts.append(literals[n])
-        return template.key, "".join(parts), template.queue, data["t"]
+        return template.key, "".join(parts), template.queue, template.task
 
     def _make(self, shape: dict[str, Any]) -> Any:
         """The template of one shape: the reference message of a job of that shape with
         placeholder values, cut at the placeholders; ``_NOT_WIRE`` when it has none."""
-        content_encoding = shape.get("ce", "utf-8")
         try:
+            envelope = shape_envelope(shape, _ID, (_ARGS, _KWARGS), _BODY)
+            content_encoding = envelope.content_encoding
             body_text = _BODY.decode(content_encoding)
-        except (LookupError, UnicodeError):
-            return _NOT_WIRE
-        synthetic = {"v": 2, "i": _ID, **shape, "a": _ARGS, "k": _KWARGS, "b": body_text}
-        try:
-            envelope = decode_envelope(json.dumps(synthetic))
             kwargs = self.args_for(self.producer, envelope, _DUE_MS)
             built = wire_message(self.channel, self.producer, kwargs, tag=_TAG)
         except Exception:  # the reference way reports it, job by job
@@ -267,4 +247,5 @@ class WireTemplates:
             body_encoding=body_encoding,
             content_encoding=content_encoding,
             eta=6 in holes,
+            task=envelope.task,
         )

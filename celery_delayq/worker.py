@@ -54,8 +54,8 @@ from celery.signals import (
 )
 
 from .config import DEFAULTS, DelayQConfig, _flag
+from .envelope import DUE_HEADER
 from .lateness import Histogram, key_for
-from .message import DUE_HEADER
 
 __all__ = ["FLUSH_EVERY", "LatenessRecorder", "install", "recorder_for", "uninstall"]
 

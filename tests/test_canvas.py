@@ -29,7 +29,7 @@ from celery_delayq import (
 )
 from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.message import decode_envelope
+from celery_delayq.envelope import decode_envelope
 from tests.support.apps import make_app
 
 

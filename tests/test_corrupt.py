@@ -19,8 +19,8 @@ from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
 from celery_delayq.api import get_store
 from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
 from celery_delayq.dispatch import Dispatcher
+from celery_delayq.envelope import decode_envelope
 from celery_delayq.lua_formats import parse_lease
-from celery_delayq.message import decode_envelope
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
 from celery_delayq.schedules import point_id

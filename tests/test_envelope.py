@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -26,16 +27,17 @@ from hypothesis import strategies as st
 
 from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.api import get_store
-from celery_delayq.message import (
+from celery_delayq.build import (
     _build_one,
-    _clean_options,
     _plan_for,
     _quick_saferepr,
     build_envelope,
     build_envelopes,
-    decode_envelope,
     new_task_ids,
 )
+from celery_delayq.envelope import decode_envelope, id_opening, loaded_form, stored_form
+from celery_delayq.exceptions import CorruptData
+from celery_delayq.options import clean_options
 from celery_delayq.store import ENQUEUE_AFTER_HELD, ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED
 from tests.support.apps import make_app
 from tests.support.store import server_ms
@@ -116,10 +118,10 @@ def without_created(envelope: str) -> str:
 def test_planned_envelope_is_the_one_job_envelope(app: Celery, options: dict[str, Any]) -> None:
     task = app.tasks["t.any"]
     jobs = [(f"job-{i}", DUE + i, args, kwargs) for i, (args, kwargs) in enumerate(ARGS)]
-    assert _plan_for(app, task, _clean_options(options), (), {}) is not None  # the planned path
+    assert _plan_for(app, task, clean_options(options), (), {}) is not None  # the planned path
     planned = build_envelopes(app, task, jobs, options, max_payload=None)
     for (task_id, due, args, kwargs), envelope in zip(jobs, planned, strict=True):
-        one = _build_one(app, task, task_id, due, args, kwargs, _clean_options(options), None, None)
+        one = _build_one(app, task, task_id, due, args, kwargs, clean_options(options), None, None)
         assert without_created(envelope) == without_created(one)
         assert decode_envelope(envelope).headers["id"] == task_id
 
@@ -130,7 +132,7 @@ def test_planned_envelope_with_link_and_link_error(app: Celery) -> None:
     jobs = [(f"job-{i}", DUE, args, kwargs) for i, (args, kwargs) in enumerate(ARGS)]
     planned = build_envelopes(app, task, jobs, options)
     for (task_id, due, args, kwargs), envelope in zip(jobs, planned, strict=True):
-        one = _build_one(app, task, task_id, due, args, kwargs, _clean_options(options), None, None)
+        one = _build_one(app, task, task_id, due, args, kwargs, clean_options(options), None, None)
         assert without_created(envelope) == without_created(one)
         assert '"b":' in envelope  # the body's tail is not the plain one
 
@@ -445,3 +447,28 @@ def test_an_envelope_stored_under_another_id_is_kept_whole(app: Celery, r: redis
     assert record is not None and record.envelope == envelope
     record = store.get("c")
     assert record is not None and record.envelope == "plain text"
+
+
+def test_the_one_view_of_a_job(app: Celery) -> None:
+    """Envelope.arguments/queue/priority: what DelayQ.get, the CLI and Spark show."""
+    task = app.tasks["t.any"]
+    options = {"queue": "q1", "priority": 3}
+    routed = decode_envelope(build_envelope(app, task, "a", DUE, (1, "x"), {"k": [2]}, options))
+    assert (routed.arguments(), routed.queue, routed.priority) == (([1, "x"], {"k": [2]}), "q1", 3)
+    plain = decode_envelope(build_envelope(app, task, "b", DUE, (), {}))
+    assert (plain.arguments(), plain.queue, plain.priority) == (([], {}), app.conf.task_default_queue, None)
+    assert replace(plain, route={}).queue is None  # no route stored: the app's default queue
+    pickled = decode_envelope(build_envelope(app, task, "c", DUE, (1,), {}, {"serializer": "pickle"}))
+    assert not pickled.json_body and pickled.arguments() == ("(1,)", "{}")
+    broken = replace(plain, body=b"[1, 2]")  # a JSON body that is not [args, kwargs, embed]
+    with pytest.raises(CorruptData, match="JSON body"):
+        broken.arguments()
+    assert broken.arguments(reprs_if_unreadable=True) == ("()", "{}")
+
+
+def test_stored_form_round_trip_and_requeue_opening() -> None:
+    envelope = '{"v":2,"i":"j\\u00e9","t":"t.add","c":1}'
+    assert id_opening("j\u00e9") == '{"v":2,"i":"j\\u00e9",'
+    assert stored_form("j\u00e9", envelope) == '{"v":2,"t":"t.add","c":1}'
+    assert loaded_form("j\u00e9", stored_form("j\u00e9", envelope)) == envelope
+    assert stored_form("other", envelope) == envelope

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from celery_delayq.devtools.embedded import EmbeddedRedis
 
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.keys import KeySpace
 from celery_delayq.lua_formats import lease_entry, lease_holds, parse_lease, parse_wake, wake_message
 from celery_delayq.scripts import script_from_text

@@ -17,8 +17,8 @@ from rich.console import Console
 
 from ..api import DelayQ
 from ..config import DelayQConfig, redact_url, setting_name
+from ..due import ms_to_datetime
 from ..exceptions import ConfigurationError
-from ..message import ms_to_datetime
 from ..schedules import Schedules
 from ..store import Store
 from .errors import EXIT_NOT_DONE, StoreProblem, cli_error, rule_for, usage

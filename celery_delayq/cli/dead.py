@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from ..api import MISSING, NO_ENVELOPE, REQUEUED
-from ..store import JobRecord, loaded_form
+from ..envelope import loaded_form
+from ..store import JobRecord
 from .base import DelayqGroup, Session, json_option, report, session
 from .errors import CliError, usage
 from .jobs import job_view, print_job

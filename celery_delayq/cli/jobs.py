@@ -14,7 +14,7 @@ import click
 from rich.text import Text
 
 from ..api import CANCELLED, DELIVERING, MOVED
-from ..message import decode_envelope
+from ..envelope import decode_envelope
 from ..store import JobRecord
 from .base import Session, json_option, report, session
 from .errors import CliError, usage
@@ -30,17 +30,6 @@ __all__ = [
     "run_now_job",
     "show_job",
 ]
-
-
-def _args_of(envelope: Any) -> tuple[Any, Any]:
-    """Decoded args/kwargs of a JSON message, else Celery's argsrepr/kwargsrepr strings."""
-    if envelope.content_type == "application/json":
-        try:
-            args, kwargs, _ = json.loads(envelope.body.decode(envelope.content_encoding or "utf-8"))
-            return args, kwargs
-        except (ValueError, TypeError, LookupError):
-            pass
-    return envelope.headers.get("argsrepr"), envelope.headers.get("kwargsrepr")
 
 
 def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dict[str, Any]:
@@ -66,11 +55,10 @@ def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dic
     except ValueError as exc:
         error = str(exc)
     if envelope is not None:
-        queue = envelope.route.get("queue")
-        args, kwargs = _args_of(envelope)
+        args, kwargs = envelope.arguments(reprs_if_unreadable=True)
         out.update(
             task=envelope.task,
-            queue=queue if isinstance(queue, str) else default_queue,
+            queue=default_queue if envelope.queue is None else envelope.queue,
             args=args,
             kwargs=kwargs,
             schedule=envelope.schedule[0] if envelope.schedule else None,
@@ -168,8 +156,7 @@ def ls_jobs(
                 continue  # listed only without --task/--queue, as "<corrupt envelope>"
             if task and envelope.task != task:
                 continue
-            route_queue = envelope.route.get("queue")
-            if queue and (route_queue if isinstance(route_queue, str) else default_queue) != queue:
+            if queue and (default_queue if envelope.queue is None else envelope.queue) != queue:
                 continue
         if skipped < offset:
             skipped += 1

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..message import ms_to_datetime
+from ..due import ms_to_datetime
 
 __all__ = [
     "ago",

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from ..api import MISSING
+from ..due import ms_to_datetime
 from ..exceptions import ScheduleError
-from ..message import ms_to_datetime
 from ..schedules import Schedule
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage

@@ -17,8 +17,8 @@ import re
 import time
 from typing import Any
 
+from ..due import due_ms_from_eta
 from ..exceptions import ScheduleError
-from ..message import due_ms_from_eta
 
 __all__ = ["parse_duration", "parse_when"]
 
