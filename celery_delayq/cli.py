@@ -948,7 +948,7 @@ def status(ctx: click.Context, window: str, all_shards: bool, as_json: bool) -> 
         key=lambda b: (not b["alive"], -(b["seen_ms"] or 0) if isinstance(b["seen_ms"], int | float) else 0),
     )
     late = {
-        kind: _lateness_view(lateness.read(store.client, store.config.prefix, kind))
+        kind: _lateness_view(lateness.read(store, store.config.prefix, kind))
         for kind in ("publish", "start")
     }
     heads = [st for st in stats if st.head_due_ms is not None]
