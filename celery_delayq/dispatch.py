@@ -147,6 +147,12 @@ class Dispatcher:
         batch flush."""
         return self.fence.window()
 
+    @property
+    def subscription(self) -> Any:
+        """The wake channel's pub/sub connection (None before the first pass or after
+        :meth:`close`)."""
+        return self._pubsub
+
     def heartbeat(self) -> dict[str, Any]:
         """This beat's entry in ``<prefix>:beats`` (the value is its JSON)."""
         return self.beat.entry()

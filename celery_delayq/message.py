@@ -9,7 +9,7 @@ the task's serializer. What ``apply_async`` would have published is stored,
 less the ``eta`` (the worker must run it at once) and with ``expires`` made
 absolute.
 
-At dispatch :func:`publish` hands that message to Celery's own
+At dispatch :func:`.routing.send_task` hands that message to Celery's own
 ``app.amqp.send_task_message`` (so ``before_task_publish``/``after_task_publish``
 fire at the moment it really enters the broker) with the body already
 serialized: kombu publishes the stored bytes as they are.
@@ -56,7 +56,7 @@ from typing import Any
 
 import kombu.compression
 import kombu.utils.json as kombu_json
-from celery.app.amqp import AMQP, task_message
+from celery.app.amqp import AMQP
 from celery.app.routes import MapRoute
 from celery.utils.functional import maybe_list
 from celery.utils.saferepr import saferepr
@@ -89,7 +89,6 @@ __all__ = [
     "due_ms_from_eta",
     "ms_to_datetime",
     "new_task_ids",
-    "publish",
 ]
 
 ENVELOPE_VERSION = 2
@@ -1475,45 +1474,3 @@ def _decode_v1(data: dict[str, Any]) -> Envelope:
         schedule=(str(data["sched"][0]), int(data["sched"][1])) if data.get("sched") else None,
     )
 
-
-def publish(
-    app: Any,
-    producer: Any,
-    envelope: Envelope,
-    due_ms: int,
-    now_ms: int | None = None,
-    with_eta: bool = False,
-) -> None:
-    """Publish one job through Celery's ``send_task_message``, as ``apply_async`` would;
-    ``with_eta`` (``delayq_publish_eta``): with its due time as the message's ``eta``."""
-    headers = dict(envelope.headers)
-    headers[DUE_HEADER] = due_ms / 1000.0
-    if with_eta:
-        headers["eta"] = due_iso(due_ms)
-    props = dict(envelope.props)
-    route = dict(envelope.route)
-    if envelope.expires_ms is not None:
-        now = _now_ms() if now_ms is None else now_ms
-        route["expiration"] = max(0.0, (envelope.expires_ms - now) / 1000.0)
-    sent_event = None
-    if app.conf.task_send_sent_event:
-        sent_event = {
-            "uuid": headers["id"],
-            "root_id": headers.get("root_id"),
-            "parent_id": headers.get("parent_id"),
-            "name": envelope.task,
-            "args": headers.get("argsrepr"),
-            "kwargs": headers.get("kwargsrepr"),
-            "retries": headers.get("retries"),
-            "eta": headers.get("eta"),
-            "expires": headers.get("expires"),
-        }
-    message = task_message(headers=headers, properties=props, body=envelope.body, sent_event=sent_event)
-    app.amqp.send_task_message(
-        producer,
-        envelope.task,
-        message,
-        content_type=envelope.content_type,
-        content_encoding=envelope.content_encoding,
-        **route,
-    )
