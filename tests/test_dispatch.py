@@ -535,3 +535,32 @@ def test_direct_and_signal_paths_publish_the_same_message(
             message["headers"].pop(name)
         message["properties"].pop("expiration")
     assert a == b
+
+
+def test_the_fence_renews_a_pass_that_outlived_its_fraction_of_the_lease(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """The fence reads the dispatcher's (injected) monotonic clock: a pass whose clock has moved
+    past FENCE_FRACTION of the lease since its claim renews the leases before publishing, and
+    publishes what it still holds; within the fraction it asks Redis nothing."""
+    from celery_delayq.fence import FENCE_FRACTION
+
+    app = app_factory(delayq_atomic_publish=False, delayq_reclaim_ttl=30.0)
+    jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(3)]
+    now = [time.monotonic()]
+    dispatcher = dispatchers(app, clock=lambda: now[0])
+    claim_then_stall = dispatcher.publish_claimed
+
+    def stalled(claimed: Any) -> Any:
+        now[0] += (FENCE_FRACTION + 0.1) * 30.0  # past the fence, short of the lease
+        return claim_then_stall(claimed)
+
+    dispatcher.publish_claimed = stalled  # type: ignore[method-assign]
+    dispatcher.run_once()
+    assert (dispatcher.stats.published, dispatcher.stats.renewals, dispatcher.stats.fenced) == (3, 1, 0)
+    assert sorted(published_ids(r)) == sorted(job.id for job in jobs)
+    app.tasks["t.add"].apply_at(time.time() - 1, (9, 9))
+    dispatcher.publish_claimed = claim_then_stall  # type: ignore[method-assign]
+    dispatcher.close()  # look at every shard at the next pass
+    dispatcher.run_once()
+    assert (dispatcher.stats.published, dispatcher.stats.renewals) == (4, 1)
