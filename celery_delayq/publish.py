@@ -458,6 +458,8 @@ class AtomicPublisher:
         return delivered
 
     def wired_ids(self) -> set[str]:
+        """Ids of the jobs built for the atomic path in this pass (deliver.lua drops and counts
+        those whose lease was lost, not the fence)."""
         return {job.id for jobs in self.wired.values() for job, *_ in jobs}
 
 
