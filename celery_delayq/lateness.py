@@ -26,12 +26,28 @@ recorder costs one round trip per flush, whatever the rate; the hash never holds
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["BOUNDS", "Histogram", "Snapshot", "key_for", "read", "tally"]
+__all__ = ["BOUNDS", "Histogram", "LatenessStore", "PublishLateness", "Snapshot", "key_for", "read", "tally"]
+
+logger = logging.getLogger("celery_delayq.dispatch")
+
+#: Seconds between two flushes of a beat's due -> publish lateness (at most; only when
+#: something was published).
+LATENESS_FLUSH_EVERY = 2.0
+
+
+class LatenessStore(Protocol):
+    """Where histograms are kept (:class:`.store.Store`)."""
+
+    def add_lateness(self, key: str, fields: Mapping[str, float]) -> None: ...
+
+    def lateness_fields(self, key: str) -> dict[str, Any]: ...
 
 #: Upper bounds of the buckets, in ms (the last bucket, ``le:inf``, takes the rest).
 BOUNDS: tuple[float, ...] = (
@@ -114,7 +130,7 @@ class Histogram:
             fields = dict(self.pending)
         return Snapshot.from_fields(fields)
 
-    def flush(self, client: Any, key: str) -> int:
+    def flush(self, store: LatenessStore, key: str) -> int:
         """Add what was observed to ``key`` in one pipeline; returns how many observations.
 
         On an error the observations are put back (counted at the next flush)."""
@@ -123,13 +139,7 @@ class Histogram:
         if not pending:
             return 0
         try:
-            with client.pipeline(transaction=False) as pipe:
-                for name, value in pending.items():
-                    if name == "sum_ms":
-                        pipe.hincrbyfloat(key, name, round(value, 3))
-                    else:
-                        pipe.hincrby(key, name, int(value))
-                pipe.execute()
+            store.add_lateness(key, pending)
         except Exception:
             with self._lock:
                 for name, value in pending.items():
@@ -179,6 +189,63 @@ class Snapshot:
         return out
 
 
-def read(client: Any, prefix: str, kind: str) -> Snapshot:
+def read(store: LatenessStore, prefix: str, kind: str) -> Snapshot:
     """The ``kind`` histogram of ``prefix`` as it is in Redis now."""
-    return Snapshot.from_fields(client.hgetall(key_for(prefix, kind)))
+    return Snapshot.from_fields(store.lateness_fields(key_for(prefix, kind)))
+
+
+class PublishLateness:
+    """A beat's record of due -> publish lateness: what is not yet flushed to
+    ``<prefix>:lateness:publish`` (at most every ``LATENESS_FLUSH_EVERY`` s, only when
+    something was published), and everything since the start (for its metrics)."""
+
+    def __init__(
+        self, store: LatenessStore, prefix: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store = store
+        self.key = key_for(prefix, "publish")
+        self.clock = clock
+        self.pending = Histogram()
+        self.seen = Histogram()
+        self.flushed_at = clock()
+        self._failing = False
+
+    def record(self, lateness_ms: Iterable[float]) -> None:
+        """Count published jobs (bucketed once here; sent by :meth:`flush`)."""
+        observed = tally(lateness_ms)
+        self.pending.add(observed)
+        self.seen.add(observed)
+
+    def due_at(self) -> float:
+        """Clock time of the next flush (infinity while nothing waits)."""
+        return self.flushed_at + LATENESS_FLUSH_EVERY if self.pending.pending else float("inf")
+
+    def flush(self, force: bool = False) -> None:
+        """Flush when due (or ``force``). Never raises: on a Redis error the counts are kept
+        for the next flush, and one warning is logged until one works."""
+        now = self.clock()
+        if not self.pending.pending or not (force or now - self.flushed_at >= LATENESS_FLUSH_EVERY):
+            return
+        self.flushed_at = now
+        try:
+            self.pending.flush(self.store, self.key)
+        except Exception as exc:
+            if not self._failing:
+                logger.warning(
+                    "delayq: cannot write the lateness histogram to Redis (%r); the counts are "
+                    "kept and written at the next try",
+                    exc,
+                )
+            self._failing = True
+        else:
+            self._failing = False
+
+    def last_flush(self) -> None:
+        """The beat stops: write what is left (never raises)."""
+        if self.pending.pending:
+            try:
+                self.pending.flush(self.store, self.key)
+            except Exception as exc:
+                logger.warning(
+                    "delayq: lateness of the last %.0f s not written: %r", LATENESS_FLUSH_EVERY, exc
+                )

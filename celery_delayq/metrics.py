@@ -40,7 +40,7 @@ except ImportError as exc:  # an extra: the core runs without it
     ) from exc
 
 from . import lateness
-from .dispatch import CLAIM_SIZE_BOUNDS, Dispatcher
+from .stats import CLAIM_SIZE_BOUNDS, DispatcherView
 
 __all__ = ["REDIS_READ_EVERY", "DispatcherCollector", "MetricsServer", "seconds_buckets"]
 
@@ -80,7 +80,7 @@ def _histogram(name: str, documentation: str, snapshot: lateness.Snapshot) -> Hi
 class DispatcherCollector(Collector):
     """The metrics of one beat (its :class:`Dispatcher`) and of its store."""
 
-    def __init__(self, dispatcher: Dispatcher, read_every: float = REDIS_READ_EVERY) -> None:
+    def __init__(self, dispatcher: DispatcherView, read_every: float = REDIS_READ_EVERY) -> None:
         self.dispatcher = dispatcher
         self.read_every = read_every
         self._lock = threading.Lock()
@@ -227,7 +227,7 @@ class DispatcherCollector(Collector):
 class MetricsServer:
     """The HTTP endpoint of one dispatcher: a registry of its own, a server thread."""
 
-    def __init__(self, dispatcher: Dispatcher, port: int, addr: str = "127.0.0.1") -> None:
+    def __init__(self, dispatcher: DispatcherView, port: int, addr: str = "127.0.0.1") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = DispatcherCollector(dispatcher)
         self.registry.register(self.collector)

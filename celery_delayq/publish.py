@@ -1,61 +1,493 @@
-"""The beat's publish of one job through Celery's own ``app.amqp.send_task_message``.
+"""Publishing claimed jobs to the broker: one interface, three strategies, one outcome.
 
-:func:`publish` hands a stored :class:`~.envelope.Envelope` to Celery as ``apply_async``
-would (so ``before_task_publish``/``after_task_publish`` fire at the moment it really enters
-the broker) with the body already serialized: kombu publishes the stored bytes as they are.
+A :class:`Publisher` takes one claimed job and answers an :class:`Outcome`. The strategies:
+
+- :class:`CeleryPublisher`: Celery's ``send_task_message``, exactly as ``apply_async`` would
+  (the signals run, task-sent events are sent). Used when something would notice it skipped.
+- :class:`KombuPublisher`: kombu's ``Producer.publish`` with the arguments
+  ``send_task_message`` would pass (:func:`direct_args`), the same message without the
+  signal machinery.
+- :class:`AtomicPublisher`: when the broker is the store's own Redis, the message is built
+  here (:mod:`.wire`) and pushed into its queue by ``lua/deliver.lua``, in the same step
+  that removes the job (:meth:`AtomicPublisher.deliver`); what it cannot build goes through
+  kombu.
+
+The kombu and Celery paths are fenced (:mod:`.fence`) before each publish or batch flush;
+the atomic path is fenced by the script itself. :class:`Publishing` holds what the
+strategies share over the passes of one dispatcher (caches, the dead letters, the broker's
+errors) and picks the strategy of each pass.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import weakref
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+from enum import Enum
+from typing import Any, Protocol
 
-from celery.app.amqp import task_message
+from kombu.common import Broadcast
+from kombu.exceptions import EncodeError, OperationalError
 
-from .due import due_iso
-from .due import local_now_ms as _now_ms
-from .envelope import DUE_HEADER, Envelope
+from .envelope import Envelope, decode_envelope
+from .fence import Fence, LeaseLost
+from .routing import can_publish_direct, direct_args, send_task, transport_batches
+from .stats import DispatchStats
+from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, Store
+from .wire import WireTemplates, wire_message
 
-__all__ = ["publish"]
+__all__ = [
+    "PERMANENT_ERRORS",
+    "PUBLISH_ATTEMPTS",
+    "AtomicPublisher",
+    "CeleryPublisher",
+    "KombuPublisher",
+    "Outcome",
+    "Publisher",
+    "Publishing",
+]
+
+logger = logging.getLogger("celery_delayq.dispatch")
+
+#: A job whose publish raised something other than a broker connection error is
+#: retried after its lease; the claim that makes this many attempts buries it.
+PUBLISH_ATTEMPTS = 5
+
+#: Error replies of a refused push (deliver.lua) that say the server cannot take writes
+#: now, not that something is wrong with the message: the job is kept, never buried.
+SERVER_BUSY_REPLIES = ("OOM", "READONLY", "MISCONF", "LOADING", "BUSY", "NOREPLICAS", "MASTERDOWN")
+
+#: Publish errors that say the message itself cannot be published (Celery's
+#: QueueNotFound is a KeyError): buried at once.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (KeyError, TypeError, ValueError, EncodeError)
+
+#: One built message of the atomic path: the job, its task, its queue's list key, the message.
+Wired = tuple[ClaimedJob, str, str, str]
 
 
-def publish(
-    app: Any,
-    producer: Any,
-    envelope: Envelope,
-    due_ms: int,
-    now_ms: int | None = None,
-    with_eta: bool = False,
-) -> None:
-    """Publish one job through Celery's ``send_task_message``, as ``apply_async`` would;
-    ``with_eta`` (``delayq_publish_eta``): with its due time as the message's ``eta``."""
-    headers = dict(envelope.headers)
-    headers[DUE_HEADER] = due_ms / 1000.0
-    if with_eta:
-        headers["eta"] = due_iso(due_ms)
-    props = dict(envelope.props)
-    route = dict(envelope.route)
-    if envelope.expires_ms is not None:
-        now = _now_ms() if now_ms is None else now_ms
-        route["expiration"] = max(0.0, (envelope.expires_ms - now) / 1000.0)
-    sent_event = None
-    if app.conf.task_send_sent_event:
-        sent_event = {
-            "uuid": headers["id"],
-            "root_id": headers.get("root_id"),
-            "parent_id": headers.get("parent_id"),
-            "name": envelope.task,
-            "args": headers.get("argsrepr"),
-            "kwargs": headers.get("kwargsrepr"),
-            "retries": headers.get("retries"),
-            "eta": headers.get("eta"),
-            "expires": headers.get("expires"),
+class Outcome(Enum):
+    """What publishing one claimed job came to."""
+
+    #: handed to the broker (or to kombu's open batch): ack it
+    SENT = "sent"
+    #: the broker is unreachable: the job keeps its lease; the pass stops
+    OUTAGE = "outage"
+    #: failed for a reason that may pass: delivered again after its lease
+    RETRY = "retry"
+    #: moved to the dead letters
+    BURIED = "buried"
+    #: built for the atomic path: pushed and removed by :meth:`AtomicPublisher.deliver`
+    WIRED = "wired"
+    #: not published: this beat's lease on it is lost (the fence)
+    FENCED = "fenced"
+
+
+class Publisher(Protocol):
+    """One publishing strategy."""
+
+    def publish(self, shard: int, job: ClaimedJob, envelope: Envelope) -> Outcome:
+        """Publish ``job`` (claimed from ``shard``, its envelope decoded). Raises
+        :class:`.fence.LeaseLost` only to discard the open kombu batch."""
+        ...
+
+
+class Publishing:
+    """What a dispatcher's publishers share: the app, the store, the fence, the dead letters,
+    the per-pass producer state and the caches kept over passes."""
+
+    def __init__(
+        self,
+        app: Any,
+        store: Store,
+        token: str,
+        stats: DispatchStats,
+        fence: Fence,
+        server_now_ms: Callable[[], float],
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.config = store.config
+        self.token = token
+        self.stats = stats
+        self.fence = fence
+        self.server_now_ms = server_now_ms
+        self._connection_errors: tuple[type[BaseException], ...] | None = None
+        # kombu channel -> whether its Redis is the store's server and database (deliver.lua)
+        self._same_server: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._templates: WireTemplates | None = None
+        self._off_atomic: set[str] = set()  # reasons already logged (once per beat)
+        # The pass in progress (see begin()).
+        self.producer: Any = None
+        self.errors: tuple[type[BaseException], ...] = ()
+        self.declared: set[str] = set()
+        self.conf: dict[str, Any] = {}
+        self.direct = False  # whether this pass skips send_task_message (see can_publish_direct)
+        self.buffering = False  # whether kombu buffers this pass's publishes until the flush
+        self.wire = False  # whether the last pass pushed messages with deliver.lua
+
+    # -- one pass -----------------------------------------------------------------------------
+
+    def begin(self, producer: Any) -> Publisher:
+        """A pass publishes through ``producer``: its strategy."""
+        self.producer = producer
+        self.errors = self._broker_errors(producer)
+        self.declared = set()
+        self.direct = can_publish_direct(self.app, producer)
+        channel = self._wire_channel(producer) if self.direct else None
+        if not self.direct and "all" not in self._off_atomic and self._wire_channel(producer) is not None:
+            self._off_atomic.add("all")
+            self.leaves_atomic(
+                "all jobs (a before_task_publish, after_task_publish or task_sent receiver is "
+                "connected, or task_send_sent_event is on: Celery's send_task_message must run)"
+            )
+        self.wire = channel is not None
+        conf = self.app.conf
+        names = ("task_compression", "task_default_delivery_mode", "task_default_routing_key")
+        self.conf = {name: conf[name] for name in (*names, "task_serializer")}
+        self.buffering = getattr(producer, "batch", None) is not None and transport_batches(producer)
+        if channel is not None:
+            return AtomicPublisher(self, channel, self._templates_for(channel, producer))
+        return KombuPublisher(self) if self.direct else CeleryPublisher(self)
+
+    def kombu(self) -> Publisher:
+        """This pass's strategy for what must go through kombu (schedule points): kombu direct,
+        or Celery's ``send_task_message`` when something would notice it skipped."""
+        return KombuPublisher(self) if self.direct else CeleryPublisher(self)
+
+    def guarded(self, job: ClaimedJob, envelope: Envelope, send: Callable[[], Outcome | None]) -> Outcome:
+        """Run ``send`` (None: handed to kombu; or its own outcome: FENCED, WIRED) and turn
+        what it raised into the outcome."""
+        try:
+            outcome = send()
+            if outcome is not None:
+                return outcome
+        except LeaseLost:
+            raise  # the fence discards the open batch
+        except self.errors as exc:
+            # The broker is unreachable: keep the lease; the job is delivered again
+            # when it expires. The caller stops this pass: the rest would fail too.
+            self.stats.publish_errors += 1
+            logger.error(
+                "delayq: cannot publish %s (%s) to the broker: %r; it stays stored and is "
+                "retried after its lease (%.0f s)",
+                job.id,
+                envelope.task,
+                exc,
+                self.config.reclaim_ttl,
+            )
+            return Outcome.OUTAGE
+        except PERMANENT_ERRORS as exc:
+            # Something about this message (an unknown queue, a bad property):
+            # publishing it again cannot succeed.
+            self.bury(job, f"publish failed: {exc!r}", envelope)
+            return Outcome.BURIED
+        except Exception as exc:
+            # Not a lost connection: maybe this message, maybe a passing broker
+            # fault. Retry through the lease; bury after PUBLISH_ATTEMPTS claims.
+            return self.failed(job, envelope, exc)
+        self.fence.sent(job.id, self.buffering)
+        return Outcome.SENT
+
+    # -- dead letters and retries -------------------------------------------------------------
+
+    def bury(self, job: ClaimedJob, reason: str, envelope: Envelope | None) -> None:
+        """Move a claimed job to the dead letters with ``reason``."""
+        record = {
+            "reason": reason,
+            "task": envelope.task if envelope else None,
+            "due": job.due_ms,
+            "tries": job.tries,
+            "dead_at": int(self.server_now_ms()),
+            "beat": self.token,
+            "envelope": job.envelope,
         }
-    message = task_message(headers=headers, properties=props, body=envelope.body, sent_event=sent_event)
-    app.amqp.send_task_message(
-        producer,
-        envelope.task,
-        message,
-        content_type=envelope.content_type,
-        content_encoding=envelope.content_encoding,
-        **route,
-    )
+        self.fence.buried.add(job.id)
+        if self.store.bury(self.token, job.id, record):
+            self.stats.dead_lettered += 1
+            logger.error("delayq: job %s moved to dead letters: %s", job.id, reason)
+
+    def failed(self, job: ClaimedJob, envelope: Envelope | None, exc: object) -> Outcome:
+        """A publish failed for a reason that may pass: RETRY after the lease, or
+        BURIED once the job has had PUBLISH_ATTEMPTS claims."""
+        self.stats.publish_errors += 1
+        if job.tries >= PUBLISH_ATTEMPTS:
+            self.bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
+            return Outcome.BURIED
+        logger.warning(
+            "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after its lease (%.0f s)",
+            job.id,
+            envelope.task if envelope else "?",
+            job.tries,
+            PUBLISH_ATTEMPTS,
+            exc,
+            self.config.reclaim_ttl,
+        )
+        return Outcome.RETRY
+
+    def leaves_atomic(self, reason: str) -> None:
+        """Log once per beat and reason that jobs leave the atomic path (lua/deliver.lua) for
+        kombu's publish, fenced by the lease check instead of by the script."""
+        if reason not in self._off_atomic:
+            self._off_atomic.add(reason)
+            logger.info(
+                "delayq: %s leave the atomic path (deliver.lua) and are published through kombu, "
+                "fenced by their lease (see docs/guarantees.md)",
+                reason,
+            )
+
+    # -- queues -------------------------------------------------------------------------------
+
+    def declare(self, queue: Any, producer: Any = None) -> None:
+        """Declare a kombu queue once per pass, as ``send_task_message`` would before publishing
+        (it would on every publish, and kombu binds (copies) the queue each time before finding
+        it already declared: half the cost of a publish)."""
+        if queue.name not in self.declared:
+            if not isinstance(queue, Broadcast):
+                (producer or self.producer).maybe_declare(queue)
+            self.declared.add(queue.name)
+
+    def declare_name(self, qname: str) -> None:
+        """:meth:`declare` the app's queue ``qname`` (KeyError for a queue it does not know)."""
+        if qname not in self.declared:
+            self.declare(self.app.amqp.queues[qname])
+
+    def direct_args(self, producer: Any, envelope: Envelope, due_ms: int) -> dict[str, Any]:
+        """:func:`direct_args` with this pass's settings, declaring the queue once."""
+        return direct_args(self.app, self.conf, envelope, due_ms, self.config.publish_eta,
+                           self.server_now_ms(), lambda queue: self.declare(queue, producer))
+
+    # -- the broker -----------------------------------------------------------------------------
+
+    def _broker_errors(self, producer: Any) -> tuple[type[BaseException], ...]:
+        if self._connection_errors is None:
+            conn = producer.connection
+            errors = tuple(conn.connection_errors) + tuple(getattr(conn, "recoverable_connection_errors", ()))
+            # kombu's Redis transport counts KeyError as a connection error, but
+            # Celery's QueueNotFound (a queue this app does not know) is a KeyError:
+            # that job can never be published here, so it must be buried, not retried.
+            self._connection_errors = (*(e for e in errors if e is not KeyError), OperationalError)
+        return self._connection_errors
+
+    def _wire_channel(self, producer: Any) -> Any:
+        """The kombu Redis channel when its server and database are the store's, else None.
+
+        Then :class:`AtomicPublisher` pushes the messages itself (``lua/deliver.lua``), each
+        with the removal of its job, in one atomic step; otherwise they go through kombu.
+        """
+        if not self.config.atomic_publish or not self.store.is_single_server():
+            return None
+        try:
+            channel = producer.channel
+            if not all(
+                hasattr(channel, name)
+                for name in ("_q_for_pri", "_get_message_priority", "encode_body", "conn_or_acquire")
+            ):
+                return None
+            same = self._same_server.get(channel)
+            if same is None:
+                with channel.conn_or_acquire() as client:
+                    same = self.store.is_server_of(client)
+                if same:
+                    logger.info(
+                        "delayq: the broker is the store's Redis (db %d): each due job is pushed "
+                        "into its queue and removed in one script",
+                        self.store.database(),
+                    )
+                self._same_server[channel] = same
+        except Exception as exc:  # broker unreachable: the kombu path reports it per job
+            logger.debug("delayq: cannot tell whether the broker is the store's Redis: %r", exc)
+            return None
+        return channel if same else None
+
+    def _templates_for(self, channel: Any, producer: Any) -> WireTemplates:
+        """The message templates of ``channel`` (kept across passes while it stays the same)."""
+        templates = self._templates
+        if templates is None or templates.channel is not channel:
+            templates = self._templates = WireTemplates(channel, producer, self.direct_args)
+        templates.producer = producer
+        return templates
+
+
+class CeleryPublisher:
+    """Celery's ``send_task_message``, as ``apply_async`` would (signals, sent events)."""
+
+    def __init__(self, publishing: Publishing) -> None:
+        self.publishing = publishing
+
+    def publish(self, shard: int, job: ClaimedJob, envelope: Envelope) -> Outcome:
+        p = self.publishing
+
+        def send() -> Outcome | None:
+            routed = _declare_once(p, envelope)
+            if not p.fence.check(job.id):
+                return Outcome.FENCED
+            send_task(p.app, p.producer, routed, job.due_ms, now_ms=int(p.server_now_ms()),
+                      with_eta=p.config.publish_eta)
+            return None
+
+        return p.guarded(job, envelope, send)
+
+
+class KombuPublisher:
+    """kombu's ``Producer.publish`` with ``send_task_message``'s arguments (:func:`direct_args`)."""
+
+    def __init__(self, publishing: Publishing) -> None:
+        self.publishing = publishing
+
+    def publish(self, shard: int, job: ClaimedJob, envelope: Envelope) -> Outcome:
+        p = self.publishing
+        return p.guarded(
+            job, envelope, lambda: self.send(job, p.direct_args(p.producer, envelope, job.due_ms))
+        )
+
+    def send(self, job: ClaimedJob, kwargs: dict[str, Any]) -> Outcome | None:
+        """Fence, then publish (None: handed to kombu)."""
+        p = self.publishing
+        if not p.fence.check(job.id):
+            return Outcome.FENCED
+        p.producer.publish(**kwargs)
+        return None
+
+
+class AtomicPublisher:
+    """Build each message here and push it with the job's removal in one script
+    (``lua/deliver.lua``, the broker being the store's Redis); what cannot be built goes
+    through :class:`KombuPublisher`."""
+
+    def __init__(self, publishing: Publishing, channel: Any, templates: WireTemplates) -> None:
+        self.publishing = publishing
+        self.channel = channel
+        self.templates = templates
+        self.kombu = KombuPublisher(publishing)
+        self.wired: dict[int, list[Wired]] = defaultdict(list)
+
+    def publish_raw(self, shard: int, job: ClaimedJob) -> bool:
+        """The fast path: build the message from the stored envelope with the channel's
+        templates, without decoding it. False: decode it and :meth:`publish`."""
+        p = self.publishing
+        if len(job.envelope) > p.config.max_payload:
+            return False
+        built = self.templates.build(job.envelope, job.due_ms)
+        if built is None or (built[3] not in p.app.tasks and p.config.dead_letter_unknown):
+            return False
+        key, text, qname, task = built
+        p.declare_name(qname)
+        self.wired[shard].append((job, task, key, text))
+        return True
+
+    def publish(self, shard: int, job: ClaimedJob, envelope: Envelope) -> Outcome:
+        p = self.publishing
+
+        def send() -> Outcome | None:
+            kwargs = p.direct_args(p.producer, envelope, job.due_ms)
+            built = wire_message(self.channel, p.producer, kwargs)
+            if built is not None:
+                self.wired[shard].append((job, envelope.task, *built))
+                return Outcome.WIRED
+            p.leaves_atomic(_why_not_wired(self.channel, kwargs))
+            return self.kombu.send(job, kwargs)
+
+        return p.guarded(job, envelope, send)
+
+    def deliver(self) -> list[int]:
+        """Push and ack the built messages (one script call per shard chunk); return the due
+        times of those pushed."""
+        p, wired = self.publishing, self.wired
+        items = {shard: [(job.id, key, body) for job, _, key, body in jobs] for shard, jobs in wired.items()}
+        if not any(items.values()):
+            return []
+        try:
+            results = p.store.deliver(p.token, items)
+        except REDIS_ERRORS as exc:
+            # Push and removal are one step: each job is either in its queue and gone from the
+            # store, or still stored under its lease and delivered again when that expires.
+            p.stats.publish_errors += 1
+            logger.error(
+                "delayq: pushing %d message(s) to the broker (the store's Redis) failed: %r; "
+                "those not pushed are delivered again after their lease (%.0f s)",
+                sum(len(v) for v in items.values()),
+                exc,
+                p.config.reclaim_ttl,
+            )
+            return []
+        delivered: list[int] = []
+        stale = full = 0
+        for jobs in wired.values():
+            for job, task, key, _ in jobs:
+                result = results[job.id]
+                if result == 1:
+                    delivered.append(job.due_ms)
+                elif result == 0:
+                    stale += 1
+                elif isinstance(result, str) and OOM_REPLY in result:
+                    full += 1  # (6.2: "@user_script: 1: -OOM command not allowed ...")
+                elif str(result).startswith(SERVER_BUSY_REPLIES):
+                    p.stats.publish_errors += 1
+                    logger.error(
+                        "delayq: the broker refused %s (%s): %s; it stays stored and is retried after "
+                        "its lease (%.0f s)",
+                        job.id,
+                        task,
+                        result,
+                        p.config.reclaim_ttl,
+                    )
+                elif str(result).startswith("WRONGTYPE"):
+                    reason = f"publish failed: queue key {key!r} is not a list: {result}"
+                    p.bury(job, reason, _decoded(job))
+                else:
+                    p.failed(job, _decoded(job), f"LPUSH {key!r}: {result}")
+        p.stats.acked += len(delivered)
+        if full:
+            p.stats.publish_errors += full
+            logger.error(
+                "delayq: the broker (the store's Redis) is over its maxmemory: %d message(s) not "
+                "pushed; they stay stored and are retried after their lease (%.0f s). A Celery "
+                "worker cannot run on a full Redis broker: raise maxmemory or free memory",
+                full,
+                p.config.reclaim_ttl,
+            )
+        if stale:
+            p.stats.stale_acks += stale
+            logger.warning(
+                "delayq: %d claimed job(s) were no longer leased to this beat when pushed (lease "
+                "expired and re-claimed, or cancelled/replaced meanwhile); not published by this beat",
+                stale,
+            )
+        return delivered
+
+    def wired_ids(self) -> set[str]:
+        """Ids of the jobs built for the atomic path in this pass (deliver.lua drops and counts
+        those whose lease was lost, not the fence)."""
+        return {job.id for jobs in self.wired.values() for job, *_ in jobs}
+
+
+def _declare_once(p: Publishing, envelope: Envelope) -> Envelope:
+    """Declare the job's queue once per pass and publish with ``declare=[]``. Raises
+    KeyError for a queue the app does not know."""
+    qname = envelope.route.get("queue")
+    if not isinstance(qname, str) or "declare" in envelope.route:
+        return envelope
+    p.declare_name(qname)
+    return replace(envelope, route={**envelope.route, "declare": []})
+
+
+def _why_not_wired(channel: Any, kwargs: dict[str, Any]) -> str:
+    """Why :func:`.wire.wire_message` left a message to kombu (for the once-per-beat log)."""
+    if kwargs.get("compression"):
+        return "compressed messages"
+    if kwargs.get("exchange"):
+        return "exchange-routed messages"
+    if kwargs.get("declare"):
+        return "messages that declare entities"
+    if kwargs.get("routing_key") in (getattr(channel, "_expires", None) or ()):
+        return "messages to a queue with x-expires"
+    return "messages wire.py cannot build"
+
+
+def _decoded(job: ClaimedJob) -> Envelope | None:
+    try:
+        return decode_envelope(job.envelope)
+    except ValueError:
+        return None

@@ -32,20 +32,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from celery import beat
 from kombu.exceptions import OperationalError
 
 from .api import get_store
-from .config import DelayQConfig
+from .backoff import Backoff
+from .config import DelayQConfig, setting_name
 from .dispatch import Dispatcher
 from .exceptions import ConfigurationError, ScheduleError
 from .rules import Rule, parse_rule
 from .store import REDIS_ERRORS, error_text, redis_error_kind
 
-__all__ = ["BeatConfigurationError", "Scheduler"]
+if TYPE_CHECKING:
+    from .metrics import MetricsServer
+
+__all__ = ["BeatConfigurationError", "Scheduler", "serve_metrics"]
 
 logger = logging.getLogger("celery_delayq.scheduler")
 
@@ -103,7 +107,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self.dispatcher: Dispatcher | None = None
         self._config_synced = False
         self._config_entries: dict[str, Any] | None = None
-        self._backoff = 0.0
+        #: back-off of the tick after a Redis or broker connection error
+        self.backoff = Backoff(_BACKOFF_START, _BACKOFF_MAX)
+        self.metrics: MetricsServer | None = None  # the endpoint, when delayq_metrics_port is set
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -112,7 +118,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._sync_config()
         store = get_store(self.app)
         if self.dispatcher is not None:  # set up again: the old one's endpoint must go
-            self.dispatcher.stop()
+            self._stop_dispatcher()
         self.dispatcher = Dispatcher(self.app, store)
         try:
             for warning in store.check_server():
@@ -129,7 +135,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         )
         if store.config.metrics_port is not None:
             try:
-                self.dispatcher.serve_metrics()
+                self.metrics = serve_metrics(self.dispatcher)
             except OSError as exc:
                 logger.error(
                     "delayq: cannot serve metrics on %s:%d (%r); delivering without them",
@@ -206,28 +212,50 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             dispatcher.stats.errors += 1
             kind = redis_error_kind(exc)
             dispatcher.stats.redis_errors[kind] += 1
-            self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
-            logger.error(_REDIS_ERROR_LINES[kind], error_text(exc), self._backoff)
+            delay = self.backoff.fail()
+            logger.error(_REDIS_ERROR_LINES[kind], error_text(exc), delay)
             dispatcher.close()
-            return self._backoff
+            return delay
         except (OperationalError, OSError) as exc:
             # kombu could not even hand out a connection to the broker: nothing was published,
             # the claimed jobs keep their leases. Back off as for Redis; never end the beat.
             dispatcher.stats.errors += 1
-            self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
-            logger.error("delayq: broker unavailable (%r); retrying in %.1f s", exc, self._backoff)
-            return self._backoff
-        if self._backoff:
+            delay = self.backoff.fail()
+            logger.error("delayq: broker unavailable (%r); retrying in %.1f s", exc, delay)
+            return delay
+        if self.backoff.reset():
             logger.info("delayq: Redis reachable again")
-            self._backoff = 0.0
         return 0.0
 
-    def close(self) -> None:
+    def _stop_dispatcher(self) -> None:
+        """Stop the metrics endpoint and the dispatcher (its heartbeat, its subscription)."""
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
         if self.dispatcher is not None:
             self.dispatcher.stop()
+
+    def close(self) -> None:
+        self._stop_dispatcher()
         super().close()
 
     @property
     def info(self) -> str:
         config = get_store(self.app).config
         return f"    . delayq -> {config.prefix} x {config.shards} shards"
+
+
+def serve_metrics(dispatcher: Dispatcher, port: int | None = None, addr: str | None = None) -> MetricsServer:
+    """Start the Prometheus endpoint (``/metrics``) of ``dispatcher`` on ``port``/``addr``
+    (default ``delayq_metrics_port``/``delayq_metrics_addr``); stop it with its ``stop()``.
+
+    Raises OSError when the port cannot be bound. See :mod:`.metrics`."""
+    # Imported here because prometheus-client is only needed with a metrics port (there is no
+    # cycle: metrics imports neither this module nor the dispatcher).
+    from .metrics import MetricsServer
+
+    config = dispatcher.config
+    port = config.metrics_port if port is None else port
+    if port is None:
+        raise ValueError(f"no port: set {setting_name(dispatcher.app, 'delayq_metrics_port')}")
+    return MetricsServer(dispatcher, port, addr or config.metrics_addr)

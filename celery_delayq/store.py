@@ -747,3 +747,82 @@ class Store:
 
     def close(self) -> None:
         self.client.close()
+
+    # -- for the beat (dispatcher) --
+
+    def wake_subscription(self) -> Any:
+        """A pub/sub connection subscribed to the wake channel (``get_message``, ``close``)."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(self.keys.wake_channel)
+        return pubsub
+
+    def is_single_server(self) -> bool:
+        """Whether the store is one plain Redis server (no cluster): the only case where it can
+        also be a Redis broker and push messages itself (``lua/deliver.lua``)."""
+        return isinstance(self.client, redis.Redis)
+
+    def is_server_of(self, broker_client: Any) -> bool:
+        """Whether ``broker_client`` (a kombu channel's redis client) talks to this store's
+        server (``run_id``), database and user. A user that may not run ``INFO`` answers False."""
+        broker_kw = broker_client.connection_pool.connection_kwargs
+        store_kw = self.client.connection_pool.connection_kwargs
+        if int(broker_kw.get("db") or 0) != int(store_kw.get("db") or 0):
+            return False
+        if broker_kw.get("username") != store_kw.get("username"):
+            return False
+        try:
+            broker_id = broker_client.info("server").get("run_id")
+            return bool(broker_id == self.client.info("server").get("run_id"))
+        except redis.ResponseError:  # INFO refused (ACL)
+            return False
+
+    def database(self) -> int:
+        return int(self.client.connection_pool.connection_kwargs.get("db") or 0)
+
+    def schedule_definitions(self, points: Sequence[tuple[int, str]]) -> list[str | None]:
+        """The stored definitions (raw JSON, None when gone) of ``(shard, schedule name)``."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard, name in points:
+                pipe.hget(self.keys.shard(shard).schedules, name)
+            return list(pipe.execute())
+
+    def fire(self, token: str, calls: Sequence[tuple[int, Sequence[Any]]]) -> list[int]:
+        """Run ``lua/fire.lua`` for each ``(shard, args after the token)`` (args: id, name,
+        at_ms, published id, next id, next due, next envelope) in one pipeline; its answers:
+        0 the point was no longer leased with ``token``, 3 the run state was reset, else 1."""
+        script_calls = [
+            ScriptCall(
+                SCRIPTS["fire"], self.keys.shard(shard).core, [token, *args, self.keys.wake_channel, shard]
+            )
+            for shard, args in calls
+        ]
+        return [int(result) for result in run_pipelined(self.client, script_calls)]
+
+    def write_heartbeat(self, token: str, entry: Mapping[str, Any], read_all: bool) -> dict[str, str] | None:
+        """Set ``token``'s entry of ``<prefix>:beats``; with ``read_all``, return the whole hash
+        (in the same round trip)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(self.keys.beats, token, json.dumps(entry, separators=(",", ":")))
+            if read_all:
+                pipe.hgetall(self.keys.beats)
+            replies = pipe.execute()
+        return dict(replies[1]) if read_all else None
+
+    def forget_beats(self, *tokens: str) -> None:
+        """Remove the entries of ``tokens`` from ``<prefix>:beats``."""
+        if tokens:
+            self.client.hdel(self.keys.beats, *tokens)
+
+    def add_lateness(self, key: str, fields: Mapping[str, float]) -> None:
+        """Add a lateness histogram's counts (:mod:`.lateness`) to the hash ``key``."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for name, value in fields.items():
+                if name == "sum_ms":
+                    pipe.hincrbyfloat(key, name, round(value, 3))
+                else:
+                    pipe.hincrby(key, name, int(value))
+            pipe.execute()
+
+    def lateness_fields(self, key: str) -> dict[str, Any]:
+        """The hash ``key`` of a lateness histogram, as stored."""
+        return dict(self.client.hgetall(key))

@@ -53,6 +53,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
+from .api import get_store
 from .config import DEFAULTS, DelayQConfig, _flag
 from .envelope import DUE_HEADER
 from .lateness import Histogram, key_for
@@ -124,10 +125,8 @@ class LatenessRecorder:
         """Send what was recorded (one pipeline); never raises. Returns how many were sent."""
         if not self.histogram.pending:
             return 0
-        from .api import get_store
-
         try:
-            sent = self.histogram.flush(get_store(self.app).client, self.key)
+            sent = self.histogram.flush(get_store(self.app), self.key)
         except Exception as exc:  # Redis away: the counts are kept for the next flush
             if not self._failing:
                 logger.warning("delayq: cannot write task start lateness to Redis (%r); kept for "

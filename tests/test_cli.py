@@ -244,8 +244,8 @@ def test_status_shows_beats_lateness_and_the_chart(app: Celery, r: redis.Redis, 
     for ms in [3] * 9 + [700]:
         publish.observe(ms)
     start.observe(400_000)
-    publish.flush(r, key_for("delayq", "publish"))
-    start.flush(r, key_for("delayq", "start"))
+    publish.flush(get_store(app), key_for("delayq", "publish"))
+    start.flush(get_store(app), key_for("delayq", "start"))
     for i in range(40):
         add_at(app, now + 60_000 * (i % 5) + 5000)
 

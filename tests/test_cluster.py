@@ -190,7 +190,8 @@ def wake(store: Store, r: RedisCluster) -> Iterator[ClusterWake]:
 def test_the_store_uses_a_cluster_client_which_is_not_a_redis(store: Store) -> None:
     assert isinstance(store.client, RedisCluster)
     assert store.is_cluster
-    # The atomic deliver path (dispatch._wire_channel) is gated on isinstance(.., redis.Redis).
+    # The atomic deliver path (publish.Publishing, via Store.is_single_server) is gated on
+    # isinstance(.., redis.Redis).
     assert not isinstance(store.client, redis.Redis)
     assert not issubclass(RedisCluster, redis.Redis)
 
@@ -427,7 +428,7 @@ def test_wait_wakes_on_a_job_stored_on_any_node(
     dispatcher.run_once()  # subscribes; nothing stored
     assert dispatcher.seconds_until_due() > 5
     store = get_store(app)
-    listener = dispatcher._pubsub.get_pubsub_node()
+    listener = dispatcher.subscription.get_pubsub_node()
     # A shard held by another node than the one the subscription is on.
     index = next(i for i, s in enumerate(store.keys.all_shards()) if node_of(r, s.due).name != listener.name)
     [job_id] = ids_on_shard(store.keys, index, 1)

@@ -18,7 +18,7 @@ from celery import Celery
 from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
 from celery_delayq.api import get_store
 from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
-from celery_delayq.dispatch import Dispatcher
+from celery_delayq.dispatch import CLUSTER_RETRY_MS, Dispatcher
 from celery_delayq.envelope import decode_envelope
 from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
@@ -328,11 +328,15 @@ def test_a_beat_logs_a_script_error_apart_and_counts_it(
         samples = {tuple(s.labels.values()): s.value for s in families["delayq_redis_errors"].samples}
         assert samples[("script",)] >= 1
         # A failing single-shard tick is logged as a script error, not as an outage.
+        # A dispatcher whose monotonic clock stands still never makes its safety poll (a claim
+        # of every shard) after the first pass: once shard 0's retry is due, it is claimed alone.
+        beat.dispatcher.stop()
+        frozen = time.monotonic()
+        beat.dispatcher = Dispatcher(app, store, clock=lambda: frozen)
+        beat.dispatcher.run_once()  # every shard: shard 0 fails, retried in CLUSTER_RETRY_MS
+        time.sleep(CLUSTER_RETRY_MS / 1000 + 0.1)
         caplog.clear()
         with caplog.at_level(logging.ERROR):
-            beat.dispatcher._next = [float("inf")] * store.config.shards
-            beat.dispatcher._next[0] = None
-            beat.dispatcher._last_full = time.monotonic()
             beat.tick()
         assert "a Redis script or command failed" in caplog.text, caplog.text
     finally:

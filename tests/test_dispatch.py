@@ -257,30 +257,30 @@ def test_an_unreachable_broker_makes_the_beat_back_off(
         delayq_reclaim_ttl=0.05,
     )
     down.tasks["t.add"].apply_at(time.time() - 5, (1, 1))
-    dispatcher = dispatchers(down)
+    # The dispatcher's monotonic clock is the test's: it moves only when the test says so.
+    now = [time.monotonic()]
+    dispatcher = dispatchers(down, clock=lambda: now[0])
     wait = dispatcher.run_once()
-    assert dispatcher._broker_backoff == 0.5 and 0 < wait <= 0.5
+    assert dispatcher.broker_backoff.delay == 0.5 and wait == 0.5
     passes = dispatcher.stats.passes
-    # Stretch this back-off to 2 s so that a loaded machine cannot outlast it between calls.
-    dispatcher._broker_retry_at = time.monotonic() + 2.0
     time.sleep(0.1)  # the lease has expired: the job is due again
-    assert 0 < dispatcher.run_once() <= 2.0
+    now[0] += 0.4
+    assert dispatcher.run_once() == pytest.approx(0.1)
     assert dispatcher.stats.passes == passes  # no claim during the back-off
-    time.sleep(max(0.0, dispatcher._broker_retry_at - time.monotonic()) + 0.05)
-    before = time.monotonic()
+    now[0] += 0.1
     wait = dispatcher.run_once()  # claimed, failed, doubled
-    assert dispatcher.stats.passes == passes + 1 and dispatcher._broker_backoff == 1.0
-    assert 0 < wait <= 1.0 and before + 1.0 <= dispatcher._broker_retry_at <= time.monotonic() + 1.0
+    assert dispatcher.stats.passes == passes + 1 and dispatcher.broker_backoff.delay == 1.0
+    assert wait == 1.0 and dispatcher.broker_backoff.retry_at == now[0] + 1.0
     # With the broker back, the next claim after the back-off publishes and resets it.
-    # The back-off window is long (2 s) so that a slow first pass (subscribing to the wake
-    # channel on a loaded machine) still falls inside it; the test then waits it out.
-    healthy = dispatchers(app)
-    healthy._broker_backoff, healthy._broker_retry_at = 1.0, time.monotonic() + 2.0
-    assert healthy.run_once() > 0 and healthy.stats.published == 0
+    healthy = dispatchers(app, clock=lambda: now[0])
+    healthy.broker_backoff.fail()
+    healthy.broker_backoff.fail()  # backing off 1 s, as after two outages
+    assert healthy.run_once() == 1.0 and healthy.stats.published == 0
     assert healthy.stats.passes == 0  # no claim during the back-off
-    time.sleep(max(0.0, healthy._broker_retry_at - time.monotonic()) + 0.05)
+    now[0] += 1.0
+    time.sleep(0.1)  # the failing beat's lease has expired
     healthy.run_once()
-    assert healthy.stats.published == 1 and healthy._broker_backoff == 0.0
+    assert healthy.stats.published == 1 and healthy.broker_backoff.delay == 0.0
 
 
 def test_cancel_during_publish_makes_the_ack_stale(
@@ -427,8 +427,8 @@ def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
             dispatcher.run_once()
             stored = dq.get(job.id)
             assert stored is not None and stored.state == "leased" and stored.tries == attempt
-            assert dispatcher._broker_backoff > 0  # an outage: the beat backs off
-            dispatcher._broker_retry_at = 0.0  # (skip the wait: the back-off has its own test)
+            assert dispatcher.broker_backoff.delay > 0  # an outage: the beat backs off
+            dispatcher.broker_backoff.reset()  # (skip the wait: the back-off has its own test)
             time.sleep(0.1)  # let the lease expire
         assert list(dq.dead()) == []
         broker.config_set("maxmemory", 0)
@@ -521,13 +521,13 @@ def test_direct_and_signal_paths_publish_the_same_message(
     direct = dispatchers(app)
     app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), task_id="direct", **options)
     direct.run_once()
-    assert direct._direct is True
+    assert direct.publishing.direct is True
     before_task_publish.connect(receiver, weak=False)
     try:
         app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), task_id="signal", **options)
         via_signal = dispatchers(app)
         via_signal.run_once()
-        assert via_signal._direct is False and seen == ["t.add"]
+        assert via_signal.publishing.direct is False and seen == ["t.add"]
     finally:
         before_task_publish.disconnect(receiver)
     (key,) = [k for k in r.keys("q2*") if not k.startswith("_kombu")]
@@ -539,3 +539,32 @@ def test_direct_and_signal_paths_publish_the_same_message(
             message["headers"].pop(name)
         message["properties"].pop("expiration")
     assert a == b
+
+
+def test_the_fence_renews_a_pass_that_outlived_its_fraction_of_the_lease(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """The fence reads the dispatcher's (injected) monotonic clock: a pass whose clock has moved
+    past FENCE_FRACTION of the lease since its claim renews the leases before publishing, and
+    publishes what it still holds; within the fraction it asks Redis nothing."""
+    from celery_delayq.fence import FENCE_FRACTION
+
+    app = app_factory(delayq_atomic_publish=False, delayq_reclaim_ttl=30.0)
+    jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(3)]
+    now = [time.monotonic()]
+    dispatcher = dispatchers(app, clock=lambda: now[0])
+    claim_then_stall = dispatcher.publish_claimed
+
+    def stalled(claimed: Any) -> Any:
+        now[0] += (FENCE_FRACTION + 0.1) * 30.0  # past the fence, short of the lease
+        return claim_then_stall(claimed)
+
+    dispatcher.publish_claimed = stalled  # type: ignore[method-assign]
+    dispatcher.run_once()
+    assert (dispatcher.stats.published, dispatcher.stats.renewals, dispatcher.stats.fenced) == (3, 1, 0)
+    assert sorted(published_ids(r)) == sorted(job.id for job in jobs)
+    app.tasks["t.add"].apply_at(time.time() - 1, (9, 9))
+    dispatcher.publish_claimed = claim_then_stall  # type: ignore[method-assign]
+    dispatcher.close()  # look at every shard at the next pass
+    dispatcher.run_once()
+    assert (dispatcher.stats.published, dispatcher.stats.renewals) == (4, 1)

@@ -31,6 +31,7 @@ import redis
 from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import FENCE_FRACTION, Dispatcher
+from celery_delayq.scheduler import serve_metrics
 from celery_delayq.schedules import Schedules
 from tests import test_e2e
 from tests.support.polling import wait_for
@@ -222,16 +223,16 @@ def pause_before_publish(
 ) -> None:
     """Make ``dispatcher``'s next pass stall ``seconds`` between its claim and its publish (a GC
     pause, a stopped process), then run ``then`` (another beat's pass) before it goes on."""
-    original = dispatcher._publish
+    original = dispatcher.publish_claimed
 
     def stalled(claimed: Any) -> Any:
-        dispatcher._publish = original  # type: ignore[method-assign]
+        dispatcher.publish_claimed = original  # type: ignore[method-assign]
         time.sleep(seconds)
         if then is not None:
             then()
         return original(claimed)
 
-    dispatcher._publish = stalled  # type: ignore[method-assign]
+    dispatcher.publish_claimed = stalled  # type: ignore[method-assign]
 
 
 def kombu_apps(app_factory: Callable[..., Any]) -> tuple[Any, Any]:
@@ -254,8 +255,12 @@ def test_a_beat_whose_leases_were_taken_over_publishes_none_of_them(
     assert sorted(published_ids(r)) == sorted(ids)  # each once: B's
     assert (b.stats.published, b.stats.acked) == (20, 20)
     assert (a.stats.claimed, a.stats.published, a.stats.fenced, a.stats.renewals) == (20, 0, 20, 1)
-    assert a.stats.stale_acks == 20 and not a.fence_windows
-    page = scrape(f"http://127.0.0.1:{a.serve_metrics(free_port())}/metrics")
+    assert a.stats.stale_acks == 20 and a.fence_window()[0] == 0
+    server = serve_metrics(a, free_port())
+    try:
+        page = scrape(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.stop()
     assert value(page, "delayq_fenced", "delayq_fenced_total") == 20
     assert value(page, "delayq_lease_renewals", "delayq_lease_renewals_total") == 1
 
@@ -290,18 +295,26 @@ def test_a_lease_lost_while_its_message_waits_in_the_batch_discards_the_batch(
         for res in app_a.tasks["t.add"].apply_at_many([(time.time() - 1, (i, i), None) for i in range(5)])
     ]
     a, b = dispatchers(app_a), dispatchers(app_b)
-    original = a._try_publish
+    begin = a.publishing.begin
     calls: list[int] = []
 
-    def stall_after_first(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        outcome = original(*args, **kwargs)
-        if len(calls) == 1:
-            time.sleep(SHORT_TTL * 1.5)
-            b.run_once()
-        return outcome
+    def begin_stalling(producer: Any) -> Any:
+        """A's publisher for the pass, stalling after its first publish."""
+        publisher = begin(producer)
+        original = publisher.publish
 
-    a._try_publish = stall_after_first  # type: ignore[method-assign]
+        def stall_after_first(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            outcome = original(*args, **kwargs)
+            if len(calls) == 1:
+                time.sleep(SHORT_TTL * 1.5)
+                b.run_once()
+            return outcome
+
+        publisher.publish = stall_after_first  # type: ignore[method-assign]
+        return publisher
+
+    a.publishing.begin = begin_stalling  # type: ignore[method-assign]
     a.run_once()
     assert sorted(published_ids(r)) == sorted(ids)  # each once: B's
     assert len(calls) == 2  # the second publish found the leases lost, and went no further

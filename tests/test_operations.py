@@ -25,6 +25,7 @@ from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import BEAT_FORGET_MS, Dispatcher
 from celery_delayq.lateness import BOUNDS, Histogram
+from celery_delayq.scheduler import serve_metrics
 from tests.support.store import broker_lists, server_ms
 
 HOUR = 3600.0
@@ -42,8 +43,9 @@ def enqueue_due(app: Celery, n: int, late_s: float = 5.0) -> list[str]:
 
 
 def claim_now(dispatcher: Dispatcher) -> float:
-    """One pass over every shard (what a wake message or the safety poll leads to)."""
-    dispatcher._next = [None] * dispatcher.config.shards
+    """One pass over every shard (what a lost subscription, a wake message or the safety poll
+    leads to)."""
+    dispatcher.close()
     return dispatcher.run_once()
 
 
@@ -67,7 +69,7 @@ def test_every_published_job_is_counted_in_the_publish_histogram(
     assert dispatcher.wire is atomic
     assert dispatcher.stats.published == 40 == published_count(r)
     dispatcher.chores(force=True)
-    snap = lateness.read(r, "delayq", "publish")
+    snap = lateness.read(get_store(app), "delayq", "publish")
     assert snap.count == 40 == sum(snap.buckets)
     # due 5 s before the pass: every one lies in the (2.5 s, 5 s] bucket or later ones
     assert snap.quantile(0.0) is not None and snap.quantile(0.0) >= 5_000
@@ -86,7 +88,7 @@ def test_the_histogram_is_flushed_at_most_every_two_seconds_even_while_asleep(
 ) -> None:
     enqueue_due(app, 3)
     dispatcher = dispatchers(app)
-    dispatcher._flushed_at = time.monotonic()  # just flushed: the next flush is 2 s away
+    dispatcher.publish_lateness.flushed_at = time.monotonic()  # just flushed: the next flush is 2 s away
     started = time.monotonic()
     dispatcher.run_once()
     assert dispatcher.stats.published == 3
@@ -94,12 +96,12 @@ def test_the_histogram_is_flushed_at_most_every_two_seconds_even_while_asleep(
         assert not r.exists(PUBLISH_KEY), "flushed before its interval"
     # the beat sleeps (nothing is due for 20 s): the flush happens within the sleep
     dispatcher.wait(dispatch_module.LATENESS_FLUSH_EVERY + 1.5)
-    assert lateness.read(r, "delayq", "publish").count == 3
+    assert lateness.read(get_store(app), "delayq", "publish").count == 3
     # a second batch in the same pass interval is added to the same hash
     enqueue_due(app, 2)
-    dispatcher._flushed_at = time.monotonic() - 10
+    dispatcher.publish_lateness.flushed_at = time.monotonic() - 10
     claim_now(dispatcher)
-    assert lateness.read(r, "delayq", "publish").count == 5
+    assert lateness.read(get_store(app), "delayq", "publish").count == 5
 
 
 def test_a_redis_error_while_flushing_keeps_the_counts_and_delivery_goes_on(
@@ -114,7 +116,7 @@ def test_a_redis_error_while_flushing_keeps_the_counts_and_delivery_goes_on(
     add = app.tasks["t.add"]
     for i in range(3):
         add.apply_at(time.time() - 1, (i, 0), task_id=f"more-{i}")
-    dispatcher._flushed_at = time.monotonic() - 10
+    dispatcher.publish_lateness.flushed_at = time.monotonic() - 10
     claim_now(dispatcher)  # delivery goes on; the flush after the pass fails again
     assert dispatcher.stats.published == 7 == published_count(r)
     assert dispatcher.lateness.pending["count"] == 7
@@ -122,7 +124,7 @@ def test_a_redis_error_while_flushing_keeps_the_counts_and_delivery_goes_on(
     assert len(warnings) == 1, "one warning per failing streak"
     r.delete(PUBLISH_KEY)
     dispatcher.chores(force=True)
-    assert lateness.read(r, "delayq", "publish").count == 7
+    assert lateness.read(get_store(app), "delayq", "publish").count == 7
     assert not dispatcher.lateness.pending
 
 
@@ -131,11 +133,11 @@ def test_stop_flushes_what_is_left(
 ) -> None:
     enqueue_due(app, 2)
     dispatcher = dispatchers(app)
-    dispatcher._flushed_at = time.monotonic() + 100  # no flush on the pass
+    dispatcher.publish_lateness.flushed_at = time.monotonic() + 100  # no flush on the pass
     dispatcher.run_once()
     assert not r.exists(PUBLISH_KEY)
     dispatcher.stop()
-    assert lateness.read(r, "delayq", "publish").count == 2
+    assert lateness.read(get_store(app), "delayq", "publish").count == 2
 
 
 # -- heartbeats ---------------------------------------------------------------------------------
@@ -160,10 +162,10 @@ def test_each_pass_keeps_a_heartbeat_with_sane_fields(
 
     # the next heartbeat is 5 s away: passes in between do not write one
     claim_now(dispatcher)
-    if time.monotonic() < dispatcher._heartbeat_at:
+    if time.monotonic() < dispatcher.beat.due_at:
         assert json.loads(r.hget(BEATS_KEY, dispatcher.token) or "{}")["passes"] == 1
     # once it is due, the next pass (or the sleep) writes it
-    dispatcher._heartbeat_at = 0.0
+    dispatcher.beat.due_at = 0.0
     dispatcher.stats.errors = 2
     claim_now(dispatcher)
     later = json.loads(r.hget(BEATS_KEY, dispatcher.token) or "{}")
@@ -179,7 +181,7 @@ def test_a_sleeping_beat_still_writes_its_heartbeat(
     dispatcher = dispatchers(app)
     dispatcher.run_once()
     first = json.loads(r.hget(BEATS_KEY, dispatcher.token) or "{}")
-    dispatcher._heartbeat_at = time.monotonic() + 0.5
+    dispatcher.beat.due_at = time.monotonic() + 0.5
     dispatcher.wait(2.0)  # nothing due: a 2 s sleep with a heartbeat in it
     assert json.loads(r.hget(BEATS_KEY, dispatcher.token) or "{}")["seen_ms"] > first["seen_ms"]
 
@@ -203,10 +205,10 @@ def test_entries_of_beats_gone_for_ten_minutes_are_pruned(
     assert sorted(r.hkeys(BEATS_KEY)) == sorted(["recent", dispatcher.token])
     # the next look is a minute away; a beat that went quiet meanwhile stays until then
     r.hset(BEATS_KEY, "old2", entry("old2", now - BEAT_FORGET_MS - 1))
-    dispatcher._heartbeat_at = 0.0
+    dispatcher.beat.due_at = 0.0
     dispatcher.run_once()
     assert r.hexists(BEATS_KEY, "old2")
-    dispatcher._heartbeat_at = dispatcher._prune_at = 0.0
+    dispatcher.beat.due_at = dispatcher.beat.prune_at = 0.0
     dispatcher.run_once()
     assert not r.hexists(BEATS_KEY, "old2")
 
@@ -234,7 +236,7 @@ def test_a_heartbeat_error_does_not_break_the_pass(
     dispatcher.run_once()
     assert dispatcher.stats.published == 2
     r.delete(BEATS_KEY)
-    dispatcher._heartbeat_at = 0.0
+    dispatcher.beat.due_at = 0.0
     dispatcher.run_once()
     assert r.hexists(BEATS_KEY, dispatcher.token)
 
@@ -280,10 +282,11 @@ def test_metrics_endpoint_serves_counters_gauges_and_histograms(
     workers = Histogram()
     for ms in (3, 40, 40, 900):
         workers.observe(ms)
-    workers.flush(r, START_KEY)
+    workers.flush(get_store(app), START_KEY)
 
     dispatcher = dispatchers(app)
-    assert dispatcher.serve_metrics() == port
+    server = serve_metrics(dispatcher)
+    assert server.port == port
     url = f"http://127.0.0.1:{port}/metrics"
     dispatcher.run_once()
     page = scrape(url)
@@ -322,12 +325,12 @@ def test_metrics_endpoint_serves_counters_gauges_and_histograms(
 
     # the store's sizes are read at most every 5 s: a later scrape within that reuses them
     enqueue_due(app, 1, late_s=-HOUR)  # one more waiting job (job-0 again, due in an hour)
-    dispatcher.metrics.collector.read_every = 0.0
+    server.collector.read_every = 0.0
     assert value(scrape(url), "delayq_pending_jobs") == 6
 
     # nothing of this in the process-wide default registry
     assert prometheus_client.REGISTRY.get_sample_value("delayq_dispatched_total") is None
-    dispatcher.stop()
+    server.stop()
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(url, timeout=5)
 
@@ -340,14 +343,17 @@ def test_metrics_keep_answering_when_the_store_cannot_be_read(
 ) -> None:
     app = app_factory()
     dispatcher = dispatchers(app)
-    port = dispatcher.serve_metrics(free_port())
+    server = serve_metrics(dispatcher, free_port())
     dispatcher.run_once()
 
     def broken() -> Any:
         raise redis.ConnectionError("gone")
 
-    monkeypatch.setattr(dispatcher.metrics.collector, "_read_redis", broken)
-    page = scrape(f"http://127.0.0.1:{port}/metrics")
+    monkeypatch.setattr(server.collector, "_read_redis", broken)
+    try:
+        page = scrape(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.stop()
     assert value(page, "delayq_store_up") == 0
     assert "delayq_pending_jobs" not in page
     assert value(page, "delayq_passes", "delayq_passes_total") == 1
@@ -358,12 +364,16 @@ def test_two_dispatchers_serve_their_own_registries(
     app: Celery, dispatchers: Callable[..., Dispatcher]
 ) -> None:
     one, two = dispatchers(app), dispatchers(app)
-    port_one, port_two = one.serve_metrics(free_port()), two.serve_metrics(free_port())
-    one.stats.published = 7
-    assert value(scrape(f"http://127.0.0.1:{port_one}/metrics"), "delayq_dispatched",
-                 "delayq_dispatched_total") == 7
-    assert value(scrape(f"http://127.0.0.1:{port_two}/metrics"), "delayq_dispatched",
-                 "delayq_dispatched_total") == 0
+    server_one, server_two = serve_metrics(one, free_port()), serve_metrics(two, free_port())
+    try:
+        one.stats.published = 7
+        assert value(scrape(f"http://127.0.0.1:{server_one.port}/metrics"), "delayq_dispatched",
+                     "delayq_dispatched_total") == 7
+        assert value(scrape(f"http://127.0.0.1:{server_two.port}/metrics"), "delayq_dispatched",
+                     "delayq_dispatched_total") == 0
+    finally:
+        server_one.stop()
+        server_two.stop()
 
 
 def test_metrics_settings_are_validated() -> None:
@@ -416,7 +426,7 @@ def test_the_prerun_receiver_records_delayq_messages_only(
     run_prerun(task, delayq_due=time.time() - 0.2, eta="2026-01-01T00:00:00+00:00")  # a broker ETA retry
     run_prerun(task, delayq_due="not a time")
     assert recorder.flush() == 3
-    snap = lateness.read(r, "delayq", "start")
+    snap = lateness.read(get_store(app), "delayq", "start")
     assert snap.count == 3
     assert snap.buckets[0] == 1  # the early one
     assert snap.quantile(0.5) == 250.0 and snap.quantile(1.0) == 5_000.0
@@ -430,9 +440,9 @@ def test_the_flusher_thread_writes_within_seconds(
     for _ in range(5):
         run_prerun(task, delayq_due=time.time() - 0.01)
     deadline = time.monotonic() + 15
-    while lateness.read(r, "delayq", "start").count < 5 and time.monotonic() < deadline:
+    while lateness.read(get_store(app), "delayq", "start").count < 5 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert lateness.read(r, "delayq", "start").count == 5
+    assert lateness.read(get_store(app), "delayq", "start").count == 5
 
 
 def test_the_setting_installs_the_recorder_at_worker_init(app_factory: Callable[..., Celery]) -> None:
@@ -468,7 +478,7 @@ def test_the_beat_serves_metrics_and_removes_its_heartbeat_at_close(
     enqueue_due(app, 3)
     beat = Scheduler(app)
     try:
-        assert beat.dispatcher is not None and beat.dispatcher.metrics is not None
+        assert beat.dispatcher is not None and beat.metrics is not None
         beat.tick()
         page = scrape(f"http://127.0.0.1:{port}/metrics")
         assert value(page, "delayq_dispatched", "delayq_dispatched_total") == 3
@@ -494,7 +504,7 @@ def test_a_beat_whose_metrics_port_is_taken_delivers_anyway(
         enqueue_due(app, 2)
         beat = Scheduler(app)
         try:
-            assert beat.dispatcher is not None and beat.dispatcher.metrics is None
+            assert beat.dispatcher is not None and beat.metrics is None
             assert any("cannot serve metrics" in rec.getMessage() for rec in caplog.records)
             beat.tick()
             assert beat.dispatcher.stats.published == 2 == published_count(r)
@@ -507,7 +517,8 @@ def test_a_heartbeat_never_goes_back_when_the_clock_estimate_steps_back(
 ) -> None:
     """The beat's estimate of the server's clock is re-measured at each claim and may step back
     by a millisecond or more; the seen_ms it writes does not (CI saw later < earlier by 1 ms)."""
-    dispatcher = dispatchers(app)
+    wall = [time.time()]
+    dispatcher = dispatchers(app, wall=lambda: wall[0])
     first = dispatcher.heartbeat()["seen_ms"]
-    dispatcher._offset_ms -= 5_000  # the next measure says the server is 5 s behind the last one
+    wall[0] -= 5.0  # the next estimate says the server is 5 s behind the last one
     assert dispatcher.heartbeat()["seen_ms"] >= first

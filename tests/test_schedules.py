@@ -150,11 +150,11 @@ class HookedDispatcher(Dispatcher):
 
     hook: Callable[[list[str]], None] | None = None
 
-    def _publish(self, claimed: list[tuple[int, ClaimedJob]]) -> dict[int, list[str]]:
+    def publish_claimed(self, claimed: list[tuple[int, ClaimedJob]]) -> Any:
         hook, self.hook = self.hook, None
         if hook is not None and claimed:
             hook([job.id for _, job in claimed])
-        return super()._publish(claimed)
+        return super().publish_claimed(claimed)
 
 
 def make_solar() -> solar:
@@ -826,7 +826,7 @@ def test_a_pass_costs_the_same_with_10_or_10000_schedules_not_due(
         beat = Dispatcher(app)
         try:
             beat.run_once()  # subscribes, loads the scripts, writes its first heartbeat
-            beat._heartbeat_at = float("inf")  # no heartbeat (every 5 s) inside the measured passes
+            beat.beat.due_at = float("inf")  # no heartbeat (every 5 s) inside the measured passes
             before = _commandstats(r)
             elapsed = 0.0
             for _ in range(passes):

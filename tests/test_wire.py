@@ -155,7 +155,9 @@ def test_templates_equal_the_reference_message(
     assert built is not None
     key, text, queue, task = built
     reference = wire_message(
-        templates.channel, producer, dispatcher._direct_args(producer, decode_envelope(envelope), due_ms)
+        templates.channel,
+        producer,
+        dispatcher.publishing.direct_args(producer, decode_envelope(envelope), due_ms),
     )
     assert reference is not None
     assert (key, queue, task) == (reference[0], "celery", "t.add")
@@ -185,9 +187,10 @@ def template_env() -> Iterator[Callable[[bool], tuple[Celery, Any, Dispatcher, W
             def env(publish_eta: bool) -> tuple[Celery, Any, Dispatcher, WireTemplates]:
                 if publish_eta not in made:
                     dispatcher = Dispatcher(application)
-                    dispatcher.config = replace(dispatcher.config, publish_eta=publish_eta)
-                    dispatcher._conf = dispatcher._publish_conf()
-                    templates = WireTemplates(producer.channel, producer, dispatcher._direct_args)
+                    publishing = dispatcher.publishing
+                    publishing.config = replace(publishing.config, publish_eta=publish_eta)
+                    publishing.begin(producer)  # a pass's settings, as a beat's pass reads them
+                    templates = WireTemplates(producer.channel, producer, publishing.direct_args)
                     made[publish_eta] = (application, producer, dispatcher, templates)
                 return made[publish_eta]
 
@@ -260,7 +263,7 @@ def test_a_job_whose_lease_was_taken_over_is_not_pushed_again(
     time.sleep(0.3)  # the slow beat's leases expire
     fast.run_once()
     assert fast.stats.published == 20 and fast.wire
-    slow._publish(claimed)  # the slow beat goes on with what it claimed
+    slow.publish_claimed(claimed)  # the slow beat goes on with what it claimed
     assert slow.stats.published == 0 and slow.stats.stale_acks == 20
     ids = [m["headers"]["id"] for m in take_lists(r)["celery"]]
     assert sorted(ids) == sorted(j.id for j in jobs)
@@ -280,7 +283,7 @@ def test_a_cancel_while_the_beat_holds_the_job_wins(app_factory: AppFactory, r: 
     # broker" (False); on the atomic path the job is then never pushed.
     assert DelayQ(application).cancel(job.id) is False
     assert DelayQ(application).get(job.id) is None
-    beat._publish(claimed)
+    beat.publish_claimed(claimed)
     assert beat.stats.published == 0 and take_lists(r) == {}
     beat.close()
 

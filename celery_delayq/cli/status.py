@@ -30,7 +30,7 @@ def stored_lateness(store: Store, kind: str) -> lateness.Snapshot:
     """The ``kind`` (``publish``: the beats', ``start``: the workers') lateness histogram in Redis.
 
     The CLI's one read of Redis that does not go through a ``Store`` method (yet)."""
-    return lateness.read(store.client, store.config.prefix, kind)
+    return lateness.read(store, store.config.prefix, kind)
 
 
 def _lateness_view(snap: lateness.Snapshot) -> dict[str, Any]:

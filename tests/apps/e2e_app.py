@@ -132,7 +132,7 @@ if os.environ.get("DELAYQ_TEST_STOP_AFTER_CLAIM"):
     from celery_delayq import dispatch
 
     _STOP_AT = int(os.environ["DELAYQ_TEST_STOP_AFTER_CLAIM"])
-    _publish_claimed = dispatch.Dispatcher._publish
+    _publish_claimed = dispatch.Dispatcher.publish_claimed
     _stopped: list[bool] = []
 
     def _stop_then_publish(self: Any, claimed: Any) -> Any:
@@ -144,4 +144,4 @@ if os.environ.get("DELAYQ_TEST_STOP_AFTER_CLAIM"):
             os.kill(os.getpid(), signal.SIGSTOP)
         return _publish_claimed(self, claimed)
 
-    dispatch.Dispatcher._publish = _stop_then_publish  # type: ignore[method-assign]
+    dispatch.Dispatcher.publish_claimed = _stop_then_publish  # type: ignore[method-assign]

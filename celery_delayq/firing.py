@@ -1,0 +1,173 @@
+"""Firing schedule points: a claimed job that is a schedule's point is published per the
+schedule's missed-run policy, then ``lua/fire.lua`` acks it and stores the next point.
+
+The beat's side of :mod:`.schedules`: :meth:`ScheduleFiring.publish` publishes the points of
+a pass and returns the fire calls; :meth:`ScheduleFiring.settle` runs them once the publishes
+reached the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from .bounded import MAX_SMALL, load_json
+from .envelope import Envelope
+from .exceptions import CorruptData
+from .publish import Outcome, Publisher, Publishing
+from .rules import rule_from_json
+from .schedules import Schedules, plan_point
+from .stats import DispatchStats
+from .store import ClaimedJob, Store
+
+__all__ = ["FireCall", "FireResult", "ScheduleFiring"]
+
+logger = logging.getLogger("celery_delayq.dispatch")
+
+
+class FireResult(IntEnum):
+    """What ``lua/fire.lua`` answered."""
+
+    #: the point was no longer leased to this beat: nothing done
+    STALE = 0
+    FIRED = 1
+    #: the schedule's run state (history) did not read and was reset
+    HISTORY_RESET = 3
+
+
+@dataclass(frozen=True)
+class FireCall:
+    """One call of ``lua/fire.lua``: ack point ``job_id`` of schedule ``name`` (due ``at_ms``),
+    record ``published`` (its id, or "" when not published), store the next point."""
+
+    shard: int
+    job_id: str
+    name: str
+    at_ms: int
+    published: str
+    next_id: str
+    next_due: int
+    next_envelope: str
+
+    def args(self) -> list[Any]:
+        return [self.job_id, self.name, self.at_ms, self.published, self.next_id, self.next_due,
+                self.next_envelope]
+
+
+class ScheduleFiring:
+    """The schedule points of a beat's passes."""
+
+    def __init__(self, app: Any, store: Store, token: str, stats: DispatchStats,
+                 server_now_ms: Callable[[], float]) -> None:
+        self.app = app
+        self.store = store
+        self.token = token
+        self.stats = stats
+        self.server_now_ms = server_now_ms
+        self._schedules: Schedules | None = None
+
+    @property
+    def schedules(self) -> Schedules:
+        if self._schedules is None:
+            self._schedules = Schedules(self.app)
+        return self._schedules
+
+    def publish(
+        self,
+        publishing: Publishing,
+        publisher: Publisher,
+        points: list[tuple[int, ClaimedJob, Envelope]],
+        sent: list[int],
+    ) -> list[FireCall]:
+        """Publish due schedule points (per their missed-run policy) with ``publisher``, adding
+        the due times of those published to ``sent``; return the fire calls that ack them and
+        advance each schedule (run by :meth:`settle` once the publishes reached the broker)."""
+        names: list[tuple[int, str]] = []
+        for shard, _, envelope in points:
+            assert envelope.schedule is not None
+            names.append((shard, envelope.schedule[0]))
+        definitions = self.store.schedule_definitions(names)
+        calls: list[FireCall] = []
+        max_payload = publishing.config.max_payload
+        for (shard, job, envelope), raw in zip(points, definitions, strict=True):
+            assert envelope.schedule is not None
+            name, at_ms = envelope.schedule
+            published = ""
+            next_id, next_due, next_envelope = "", 0, ""
+            try:
+                # A definition holds the arguments as JSON values, not as the envelope's text:
+                # twice the envelope's bound leaves room for that.
+                limit = 2 * max_payload + MAX_SMALL
+                definition = load_json(raw, f"definition of schedule {name!r}", dict, limit) if raw else None
+            except CorruptData as exc:
+                # Nothing to plan from: the point goes to the dead letters with the reason, and
+                # the schedule stays stopped until it is stored again (upsert, or the beat's sync).
+                self.stats.corrupt["definition"] += 1
+                publishing.bury(job, f"schedule stopped: {exc}", envelope)
+                continue
+            if definition is not None and definition.get("enabled"):
+                now_ms = int(self.server_now_ms())
+                try:
+                    rule = rule_from_json(definition["rule"])
+                    publish_it, nxt = plan_point(
+                        rule,
+                        at_ms,
+                        now_ms,
+                        definition["missed"],
+                        int(definition["max_missed"]),
+                        int(float(definition["grace"]) * 1000),
+                    )
+                except Exception as exc:  # a definition that no longer reads: say so, stop it
+                    logger.error("delayq: schedule %r cannot compute its next point: %r", name, exc)
+                    publish_it, nxt = True, None
+                if not publish_it:
+                    logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
+                else:
+                    if publishing.wire:
+                        publishing.leaves_atomic("schedule points")
+                    outcome = publisher.publish(shard, job, envelope)
+                    if outcome is Outcome.OUTAGE:
+                        break
+                    if outcome is Outcome.BURIED:
+                        # The point is in the dead letters; the schedule goes on from now.
+                        try:
+                            self.schedules.rearm(name)
+                        except Exception as exc:
+                            logger.error(
+                                "delayq: schedule %r has no next run: its point was dead-lettered and "
+                                "a new one cannot be built here: %r",
+                                name,
+                                exc,
+                            )
+                        continue
+                    if outcome is not Outcome.SENT:
+                        continue  # retried after its lease
+                    published = job.id
+                    sent.append(at_ms)
+                if nxt is not None:
+                    try:
+                        next_id, next_envelope = self.schedules.envelope_for(definition, nxt)
+                        next_due = nxt
+                    except Exception as exc:  # a definition that no longer builds: say so, stop it
+                        logger.error("delayq: schedule %r cannot build its next point: %r", name, exc)
+            calls.append(FireCall(shard, job.id, name, at_ms, published, next_id, next_due, next_envelope))
+        return calls
+
+    def settle(self, calls: list[FireCall]) -> None:
+        """Ack the published points and store the next ones (lua/fire.lua, one pipeline)."""
+        if not calls:
+            return
+        results = self.store.fire(self.token, [(call.shard, call.args()) for call in calls])
+        for call, result in zip(calls, results, strict=True):
+            if result == FireResult.STALE:
+                self.stats.stale_acks += 1
+            elif result == FireResult.HISTORY_RESET:
+                self.stats.corrupt["history"] += 1
+                logger.error(
+                    "delayq: schedule %r had a run state (history) that does not read; it was "
+                    "reset (run count and last run lost) and the schedule goes on",
+                    call.name,
+                )
