@@ -71,7 +71,7 @@ class DelayQDataSource(DataSource):
 def _ping(config: Any) -> None:
     store = Store(config)
     try:
-        store.client.ping()
+        store.ping()
     finally:
         store.close()
 

@@ -39,7 +39,6 @@ from rich.table import Table
 from rich.text import Text
 
 from . import lateness
-from .api import CANCELLED, DELIVERING, MISSING, MOVED, NO_ENVELOPE, REQUEUED, DelayQ
 from .config import DelayQConfig, redact_url, setting_name
 from .exceptions import (
     ConfigurationError,
@@ -49,6 +48,7 @@ from .exceptions import (
     StoreError,
     UnknownTask,
 )
+from .jobs import CANCELLED, DELIVERING, MISSING, MOVED, NO_ENVELOPE, REQUEUED, DelayQ
 from .message import decode_envelope, due_ms_from_eta, ms_to_datetime
 from .schedules import Schedule, Schedules
 from .store import REDIS_ERRORS, JobRecord, ShardStats, Store, loaded_form

@@ -45,7 +45,6 @@ from celery.signals import after_task_publish, before_task_publish, task_sent
 from kombu.common import Broadcast
 from kombu.exceptions import BatchPublishError, EncodeError
 
-from .api import get_store
 from .bounded import MAX_SMALL, load_json
 from .config import setting_name
 from .exceptions import CorruptData
@@ -53,7 +52,7 @@ from .lateness import Histogram, tally
 from .lateness import key_for as lateness_key
 from .message import DUE_HEADER, Envelope, decode_envelope, due_iso, publish
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
-from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, Store, error_text, redis_error_kind
+from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, Store, error_text, get_store, redis_error_kind
 from .wire import WireTemplates, wire_message
 
 if TYPE_CHECKING:

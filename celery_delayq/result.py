@@ -9,6 +9,9 @@ from typing import Any
 from celery.result import AsyncResult
 from vine import promise
 
+from .jobs import DelayQ
+from .message import due_ms_from_eta, ms_to_datetime
+
 __all__ = ["ScheduledResult"]
 
 _SHAREABLE = frozenset((bool, int, float, str, bytes, tuple, frozenset))
@@ -107,15 +110,10 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
 
     def cancel(self) -> bool:
         """Remove the job; True when it was waiting and so will never run."""
-        from .api import DelayQ
-
         return DelayQ(self.app).cancel(self.id)
 
     def reschedule(self, eta: Any) -> bool:
         """Move the waiting job to ``eta``; False when it no longer waits."""
-        from .api import DelayQ
-        from .message import due_ms_from_eta, ms_to_datetime
-
         moved = DelayQ(self.app).reschedule(self.id, eta)
         if moved:
             self.due = ms_to_datetime(due_ms_from_eta(eta, self.app))

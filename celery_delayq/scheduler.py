@@ -38,12 +38,11 @@ import click
 from celery import beat
 from kombu.exceptions import OperationalError
 
-from .api import get_store
 from .config import DelayQConfig
 from .dispatch import Dispatcher
 from .exceptions import ConfigurationError, ScheduleError
 from .rules import Rule, parse_rule
-from .store import REDIS_ERRORS, error_text, redis_error_kind
+from .store import REDIS_ERRORS, error_text, get_store, redis_error_kind
 
 __all__ = ["BeatConfigurationError", "Scheduler"]
 

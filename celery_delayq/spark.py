@@ -49,7 +49,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from .bounded import parse_lease
 from .config import DEFAULTS, DelayQConfig, setting_name
 from .exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
 from .message import (
@@ -60,7 +59,7 @@ from .message import (
     ms_to_datetime,
     new_task_ids,
 )
-from .store import Store, loaded_form
+from .store import EnqueueOutcome, Store, loaded_form
 
 __all__ = [
     "READ_COLUMNS",
@@ -615,9 +614,9 @@ class JobWriter:
     def _store(self, jobs: list[tuple[str, int, str]]) -> WriteStats:
         batch = WriteStats(rows=len(jobs))
         for status, _ in self.store.enqueue(jobs, replace=self.options.replace):
-            if status == 0:
+            if status is EnqueueOutcome.KEPT:
                 batch.kept += 1
-            elif status == 2:
+            elif status is EnqueueOutcome.REPLACED:
                 batch.replaced += 1
             else:
                 batch.stored += 1
@@ -798,8 +797,6 @@ def read_shard(
     dead-letter hash. Not one snapshot: a job claimed while the shard is read
     can show up as leased, or be missed.
     """
-    keys = store.keys.shard(shard)
-    client = store.client
     low = due_from if due_from is not None else 0
     high = due_until if due_until is not None else MAX_DUE_MS
     if low > high:
@@ -808,47 +805,31 @@ def read_shard(
     seen: set[str] = set()
     offset = 0
     while True:
-        members = client.zrange(
-            keys.due, low, high, byscore=True, offset=offset, num=page_size, withscores=True
-        )
+        members = store.due_page(shard, low, high, offset, page_size)
         if not members:
             break
-        ids = [m for m, _ in members]
-        with client.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.jobs, ids)
-            pipe.hmget(keys.leases, ids)
-            envelopes, leases = pipe.execute()
-        for (job_id, score), raw, lease in zip(members, envelopes, leases, strict=True):
+        for job_id, due, raw, lease in members:
             if raw is None:
                 continue
             if lease:  # its score is the lease expiry: it is listed below if its due time fits
                 continue
-            due = int(score)
             seen.add(job_id)
             yield _row(job_id, shard, due, raw, "due" if due <= now_ms else "waiting", 0, None, None)
         if len(members) < page_size:
             break
         offset += page_size
-    leased: list[tuple[str, int, int]] = []  # id, due ms, tries
-    for job_id, lease in client.hgetall(keys.leases).items():
-        parsed = parse_lease(lease)
-        if parsed is None:  # a lease entry that does not read: the next claim replaces it
-            continue
-        due, tries = parsed
-        if job_id not in seen and low <= due <= high:
-            leased.append((job_id, due, tries))
+    leased = [  # (id, due ms, tries); a lease entry that does not read is left out
+        (job_id, due, tries)
+        for job_id, due, tries in store.leased(shard)
+        if job_id not in seen and low <= due <= high
+    ]
     if leased:  # their envelopes and lease expiries: one round trip
-        with client.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.jobs, [job_id for job_id, _, _ in leased])
-            for job_id, _, _ in leased:
-                pipe.zscore(keys.due, job_id)
-            raws, *scores = pipe.execute()
-        for (job_id, due, tries), raw, score in zip(leased, raws, scores, strict=True):
+        found = store.envelopes_and_scores(shard, [job_id for job_id, _, _ in leased])
+        for (job_id, due, tries), (raw, until) in zip(leased, found, strict=True):
             if raw is not None:
-                until = int(score) if score is not None else None
                 yield _row(job_id, shard, due, raw, "leased", tries, until, None)
     if include_dead:
-        for job_id, text in client.hscan_iter(keys.dead, count=page_size):
+        for job_id, text in store.dead_in_shard(shard, page_size):
             try:
                 record = json.loads(text)
                 due = int(record["due"])

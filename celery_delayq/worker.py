@@ -124,7 +124,7 @@ class LatenessRecorder:
         """Send what was recorded (one pipeline); never raises. Returns how many were sent."""
         if not self.histogram.pending:
             return 0
-        from .api import get_store
+        from .store import get_store
 
         try:
             sent = self.histogram.flush(get_store(self.app).client, self.key)

@@ -29,8 +29,8 @@ from celery.result import AsyncResult
 
 import celery_delayq
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.store import get_store
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 from tests.test_canvas import forget_subscriptions
 

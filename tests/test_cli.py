@@ -21,10 +21,9 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
-from celery_delayq.api import get_store
 from celery_delayq.cli import chart_lines, delayq, iter_commands, parse_when
 from celery_delayq.lateness import Histogram, key_for
-from celery_delayq.store import Store, stored_form
+from celery_delayq.store import Store, get_store, stored_form
 from tests.conftest import ROOT, make_app, subprocess_env
 from tests.helpers import ids_on_shard, server_ms
 

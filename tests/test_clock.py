@@ -23,8 +23,8 @@ from celery.bin.base import CLIContext
 
 from celery_delayq import Schedules
 from celery_delayq import apply_in as canvas_apply_in
-from celery_delayq.api import get_store
 from celery_delayq.message import decode_envelope
+from celery_delayq.store import get_store
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 from tests.helpers import command_calls, server_ms
 

@@ -16,7 +16,6 @@ import redis
 from celery import Celery
 
 from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
-from celery_delayq.api import get_store
 from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json, parse_lease
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.message import decode_envelope
@@ -24,7 +23,7 @@ from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
 from celery_delayq.schedules import point_id
 from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import Store, redis_error_kind
+from celery_delayq.store import Store, get_store, redis_error_kind
 from tests.conftest import make_app, wait_for
 from tests.helpers import server_ms
 from tests.test_scripts import redis_server, store

@@ -23,8 +23,8 @@ import redis
 from kombu import Connection
 
 from celery_delayq import DelayedTask, DelayQ, ScheduledResult
-from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
+from celery_delayq.store import get_store
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.api import get_store
 from celery_delayq.dispatch import FENCE_FRACTION, Dispatcher
 from celery_delayq.embedded import free_port
 from celery_delayq.schedules import Schedules
+from celery_delayq.store import get_store
 from tests import test_e2e
 from tests.conftest import Procs, wait_for
 from tests.test_dispatch import published_ids

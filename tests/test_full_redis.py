@@ -21,10 +21,9 @@ import pytest
 import redis
 
 from celery_delayq import DelayedTask, DelayQ, StoreFull
-from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
-from celery_delayq.store import CANCEL_WAITING, OOM_REPLY, Store, evicts_jobs, is_oom
+from celery_delayq.store import OOM_REPLY, CancelOutcome, Store, evicts_jobs, get_store, is_oom
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 from tests.helpers import make_store, server_ms
 from tests.test_e2e import _delete_queue, rabbitmq_or_skip
@@ -129,7 +128,7 @@ def test_the_freeing_scripts_run_when_redis_is_full(
         make_full(client)
         assert store.bury("beat-1", by_shard[0][-1], {"reason": "test", "envelope": "x"}) is True
         make_full(client)
-        assert store.cancel("later") == CANCEL_WAITING
+        assert store.cancel("later") == CancelOutcome.CANCELLED
         assert client.llen("celery") == sum(third.values())
         assert store.count() == len(jobs) - 2 * sum(third.values()) - 1
         assert store.count_dead() == 1

@@ -27,10 +27,10 @@ from celery_delayq import (
     SerializationError,
     delayed_task,
 )
-from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.message import decode_envelope, ms_to_datetime
 from celery_delayq.scripts import SCRIPTS
+from celery_delayq.store import get_store
 from tests.conftest import make_app
 from tests.helpers import broker_lists, command_calls, snapshot
 

@@ -51,9 +51,8 @@ import redis
 from kombu import Connection
 
 from celery_delayq import DelayedTask, ScheduledResult
-from celery_delayq.api import get_store
 from celery_delayq.embedded import EmbeddedRedis
-from celery_delayq.store import Store
+from celery_delayq.store import Store, get_store
 from tests.conftest import Procs, subprocess_env, wait_for
 from tests.test_e2e import (
     CLOCK_TOL,

@@ -27,7 +27,7 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayQ
-from celery_delayq.api import get_store
+from celery_delayq.store import get_store
 from examples import spark_reminders as ex
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.message import build_envelope, decode_envelope, due_iso
 from celery_delayq.schedules import Schedules, point_id
+from celery_delayq.store import get_store
 from celery_delayq.wire import WireTemplates, wire_message
 from tests.conftest import make_app
 
