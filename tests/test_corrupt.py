@@ -197,8 +197,8 @@ def test_the_other_scripts_tolerate_a_malformed_lease(store: Store, r: redis.Red
     assert [(j.id, j.state) for j in store.scan()] == [("x", "leased")]
     stats = store.shard_stats()[store.keys.shard_of("x")]
     assert (stats.stored, stats.leased, stats.overdue) == (1, 1, 0)
-    assert store.reschedule("x", due + 1) == 2  # held: refused, as for any lease
-    assert store.cancel("x") == 2
+    assert store.reschedule("x", due + 1) == "delivering"  # held: refused, as for any lease
+    assert store.cancel("x") == "delivering"
     assert not r.exists(keys.leases) and not r.exists(keys.jobs)
 
 

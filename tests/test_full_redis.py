@@ -23,7 +23,15 @@ import redis
 from celery_delayq import DelayedTask, DelayQ, StoreFull
 from celery_delayq.embedded import EmbeddedRedis
 from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
-from celery_delayq.store import OOM_REPLY, CancelOutcome, Store, evicts_jobs, get_store, is_oom
+from celery_delayq.store import (
+    OOM_REPLY,
+    CancelOutcome,
+    EnqueueOutcome,
+    Store,
+    evicts_jobs,
+    get_store,
+    is_oom,
+)
 from tests.conftest import Procs, make_app, subprocess_env, wait_for
 from tests.helpers import make_store, server_ms
 from tests.test_e2e import _delete_queue, rabbitmq_or_skip
@@ -134,7 +142,7 @@ def test_the_freeing_scripts_run_when_redis_is_full(
         assert store.count_dead() == 1
 
         client.config_set("maxmemory", 0)
-        assert store.enqueue([("new", now, "z")])[0][0] == 1
+        assert store.enqueue([("new", now, "z")])[0][0] is EnqueueOutcome.NEW
     finally:
         client.close()
         store.close()
