@@ -269,20 +269,27 @@ def _raise_store_full(
 class Store:
     """One app's shards in one Redis deployment."""
 
-    def __init__(self, config: DelayQConfig, client: Any | None = None) -> None:
+    def __init__(
+        self, config: DelayQConfig, client: Any | None = None, connect_timeout: float | None = None
+    ) -> None:
+        """The store of ``config``, through ``client`` or a client of its own
+        (:func:`~celery_delayq.connection.make_client`, each connection attempt bounded by
+        ``connect_timeout`` seconds when given). A bad URL raises ``ValueError``."""
         self.config = config
         self.keys = KeySpace(config.prefix, config.shards)
-        self.client = client if client is not None else make_client(config.url, config.cluster)
+        if client is None:
+            client = make_client(config.url, config.cluster, connect_timeout)
+        self.client = client
         self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
         self._warned_past = False
 
     @classmethod
-    def for_app(cls, app: Any) -> Store:
+    def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
         """The app's store (one per app and process, kept on the app; redis-py pools are
-        fork-safe)."""
+        fork-safe). ``connect_timeout`` applies when this call makes it (the CLI's)."""
         store = app.__dict__.get("_delayq_store")
         if not isinstance(store, Store):
-            store = cls(DelayQConfig.from_app(app))
+            store = cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
             app.__dict__["_delayq_store"] = store
         return store
 
@@ -290,7 +297,7 @@ class Store:
     def is_cluster(self) -> bool:
         return isinstance(self.client, RedisCluster)
 
-    def write(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _write(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run one producer-side script (it stores or removes a job or a schedule); with
         ``delayq_wait_replicas``, only return once that many replicas have it (``WAIT``)."""
         if self.config.wait_replicas:
@@ -321,7 +328,7 @@ class Store:
             shard = self.keys.shard_of(job_id)
             one = [mode, channel, shard, clock, job_id, int(due_ms), stored_form(job_id, envelope)]
             try:
-                now, status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
+                now, status, due = self._write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
             except redis.ResponseError as exc:
                 if is_oom(exc):
                     raise StoreFull([], [job_id], [0]) from exc
@@ -524,7 +531,7 @@ class Store:
 
     def cancel(self, job_id: str) -> CancelOutcome:
         """Remove a job (``lua/cancel.lua``)."""
-        return _CANCEL[int(self.write(SCRIPTS["cancel"], self.keys.for_job(job_id).core, [job_id]))]
+        return _CANCEL[int(self._write(SCRIPTS["cancel"], self.keys.for_job(job_id).core, [job_id]))]
 
     def cancel_many(self, shard: int, job_ids: Sequence[str]) -> list[CancelOutcome]:
         """Remove jobs of one shard, one ``lua/cancel.lua`` call each, in one pipeline (with
@@ -542,7 +549,7 @@ class Store:
         """Move a waiting job (``lua/reschedule.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), self.keys.wake_channel, shard]
-        return _RESCHEDULE[int(self.write(SCRIPTS["reschedule"], self.keys.shard(shard).core, args))]
+        return _RESCHEDULE[int(self._write(SCRIPTS["reschedule"], self.keys.shard(shard).core, args))]
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job (or dead letter) with this id, or None."""
@@ -715,7 +722,7 @@ class Store:
         shard = self.keys.shard_of(job_id)
         opening = _WITH_ID + _jstr(job_id) + ","
         args = [job_id, int(due_ms), opening, self.keys.wake_channel, shard]
-        return _REQUEUE[int(self.write(SCRIPTS["requeue"], self.keys.shard(shard).core, args))]
+        return _REQUEUE[int(self._write(SCRIPTS["requeue"], self.keys.shard(shard).core, args))]
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every dead-lettered job: ``(id, record)``."""
@@ -843,13 +850,13 @@ class Store:
         args: list[Any] = [name, mode, definition, *point, self.keys.wake_channel, shard]
         if stalled:
             args.append(stalled)
-        return int(self.write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args)) == 1
+        return int(self._write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args)) == 1
 
     def delete_schedule(self, name: str) -> bool:
         """Delete a schedule and its waiting point (``lua/sched_del.lua``); False when there
         was none."""
         shard = self.keys.shard_of("{" + name + "}")
-        return bool(self.write(SCRIPTS["sched_del"], self.keys.shard(shard).core, [name]))
+        return bool(self._write(SCRIPTS["sched_del"], self.keys.shard(shard).core, [name]))
 
     def schedule(self, name: str) -> tuple[str | None, str | None]:
         """A schedule's definition and run state as stored (JSON), each None when absent."""
