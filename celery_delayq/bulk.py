@@ -791,21 +791,13 @@ def read_shard(
         return
     now_ms = int(time.time() * 1000)  # "due" or "waiting": this machine's clock will do
     seen: set[str] = set()
-    offset = 0
-    while True:
-        members = store.due_page(shard, low, high, offset, page_size)
-        if not members:
-            break
-        for job_id, due, raw, lease in members:
-            if raw is None:
-                continue
-            if lease:  # its score is the lease expiry: it is listed below if its due time fits
-                continue
-            seen.add(job_id)
-            yield _row(job_id, shard, due, raw, "due" if due <= now_ms else "waiting", 0, None, None)
-        if len(members) < page_size:
-            break
-        offset += page_size
+    for job_id, due, raw, lease in store.due_entries(shard, low, high, page_size):
+        if raw is None:
+            continue
+        if lease:  # its score is the lease expiry: it is listed below if its due time fits
+            continue
+        seen.add(job_id)
+        yield _row(job_id, shard, due, raw, "due" if due <= now_ms else "waiting", 0, None, None)
     leased = [  # (id, due ms, tries); a lease entry that does not read is left out
         (job_id, due, tries)
         for job_id, due, tries in store.leased(shard)

@@ -596,13 +596,24 @@ class Store:
                 pipe.hlen(shard.dead)
             return sum(int(n) for n in pipe.execute())
 
-    def due_page(
+    def due_entries(
+        self, shard: int, start_ms: Any, end_ms: Any, page: int = 500
+    ) -> Iterator[tuple[str, int, str | None, str | None]]:
+        """A shard's jobs whose score lies in ``[start_ms, end_ms]`` (ms, or ``"-inf"``/``"+inf"``),
+        in score order: ``(id, score, envelope, lease)``. The envelope is None for a job removed
+        meanwhile; the lease entry (as stored) is None for a job no beat holds. Read ``page``
+        jobs at a time: one ``ZRANGE`` and one pipelined pair of ``HMGET`` a page."""
+        offset = 0
+        while True:
+            members = self._due_page(shard, start_ms, end_ms, offset, page)
+            yield from members
+            if len(members) < page:
+                return
+            offset += page
+
+    def _due_page(
         self, shard: int, start_ms: Any, end_ms: Any, offset: int, page: int
     ) -> list[tuple[str, int, str | None, str | None]]:
-        """One page of a shard's jobs whose score lies in ``[start_ms, end_ms]`` (ms, or
-        ``"-inf"``/``"+inf"``), in score order from ``offset``: ``(id, score, envelope, lease)``.
-        The envelope is None for a job removed meanwhile; the lease entry (as stored) is None
-        for a job no beat holds. One ``ZRANGE`` and one pipelined pair of ``HMGET``."""
         keys = self.keys.shard(shard)
         members = self.client.zrange(
             keys.due, start_ms, end_ms, byscore=True, offset=offset, num=page, withscores=True
@@ -620,25 +631,17 @@ class Store:
         ]
 
     def _scan_shard(self, index: int, start_ms: Any, end_ms: Any, page: int) -> Iterator[JobRecord]:
-        offset = 0
-        while True:
-            members = self.due_page(index, start_ms, end_ms, offset, page)
-            if not members:
-                return
-            for job_id, score, envelope, lease in members:
-                if envelope is None:
-                    continue
-                parsed = None if lease is None else parse_lease(lease)
-                if parsed is not None:
-                    due, tries = parsed
-                    yield JobRecord(job_id, index, due, envelope, "leased", tries, int(score))
-                elif lease is not None:  # a lease entry that does not read: a claim replaces it
-                    yield JobRecord(job_id, index, int(score), envelope, "leased", 0, int(score))
-                else:
-                    yield JobRecord(job_id, index, int(score), envelope, "waiting")
-            if len(members) < page:
-                return
-            offset += page
+        for job_id, score, envelope, lease in self.due_entries(index, start_ms, end_ms, page):
+            if envelope is None:
+                continue
+            parsed = None if lease is None else parse_lease(lease)
+            if parsed is not None:
+                due, tries = parsed
+                yield JobRecord(job_id, index, due, envelope, "leased", tries, score)
+            elif lease is not None:  # a lease entry that does not read: a claim replaces it
+                yield JobRecord(job_id, index, score, envelope, "leased", 0, score)
+            else:
+                yield JobRecord(job_id, index, score, envelope, "waiting")
 
     def scan(
         self,
