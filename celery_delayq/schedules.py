@@ -18,6 +18,10 @@ than ``grace`` seconds late:
 * ``"all"``: run every missed point, at most ``max_missed`` of them (the most
   recent ones), then continue.
 
+Everything about one schedule's lifetime is here (its definition and checks, the API, the
+``beat_schedule`` sync and the stall sweep), which makes this module longer than 600 lines;
+it reads and writes Redis only through :class:`~celery_delayq.store.Store`.
+
 >>> from celery import Celery
 >>> schedules = Schedules(Celery(broker="redis://127.0.0.1:6390/0"))
 >>> point_id("nightly-report", 1_767_225_600_000)
