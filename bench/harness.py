@@ -381,7 +381,7 @@ class Producer:
     client: redis.Redis
 
     def close(self) -> None:
-        from celery_delayq.api import get_store
+        from celery_delayq.store import get_store
 
         with contextlib.suppress(Exception):
             get_store(self.app).close()
@@ -416,7 +416,7 @@ def producer(broker: str, store: str, **conf: Any) -> Iterator[Producer]:
 
 def wake_channel(p: Producer) -> str:
     """The pub/sub channel a beat subscribes to when it enters its claim loop."""
-    from celery_delayq.api import get_store
+    from celery_delayq.store import get_store
 
     try:
         return str(get_store(p.app).keys.wake_channel)
@@ -469,7 +469,7 @@ def fill(p: Producer, n: int, due_at: Callable[[int], float], budget_s: float) -
     calls after building each message) with ``build_envelope()``'s output for one job, its id
     replaced per job: byte for byte what ``apply_at_many`` stores, minus the per-job build.
     """
-    from celery_delayq.api import get_store
+    from celery_delayq.store import get_store
 
     t0 = time.perf_counter()
     done = 0

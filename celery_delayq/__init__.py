@@ -8,7 +8,6 @@ when due and publish them into their tasks' normal queues.
 from __future__ import annotations
 
 from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
-from .api import DelayQ, PendingJob
 from .canvas import apply_at, apply_in
 from .config import DelayQConfig
 from .exceptions import (
@@ -30,6 +29,7 @@ from .exceptions import (
     UnknownTask,
     UnsupportedServer,
 )
+from .jobs import DelayQ, PendingJob
 from .result import ScheduledResult
 from .rules import CronRule, IntervalRule, OnceRule
 from .scheduler import Scheduler

@@ -1,5 +1,6 @@
 """The ``delayq`` Spark Python Data Source. This module imports pyspark: import
-:mod:`celery_delayq.spark` instead, which loads it only when Spark asks for it.
+:mod:`celery_delayq.spark` instead, which loads it only when Spark asks for it. It builds
+on :mod:`celery_delayq.bulk` (never on :mod:`celery_delayq.spark`: no import cycle).
 
 Spark pickles the source, its reader and its writer (options only) to every
 executor; each partition opens its own Redis client.
@@ -29,8 +30,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from .bulk import READ_COLUMNS, READ_SCHEMA, JobWriter, ReadOptions, WriteOptions, read_shard
 from .exceptions import ConfigurationError
-from .spark import READ_COLUMNS, READ_SCHEMA, JobWriter, ReadOptions, WriteOptions, read_shard
 from .store import Store
 
 __all__ = ["DelayQDataSource"]
@@ -71,7 +72,7 @@ class DelayQDataSource(DataSource):
 def _ping(config: Any) -> None:
     store = Store(config)
     try:
-        store.client.ping()
+        store.ping()
     finally:
         store.close()
 

@@ -38,7 +38,6 @@ from typing import Any
 
 from kombu.exceptions import BatchPublishError
 
-from .api import get_store
 from .backoff import Backoff
 from .config import setting_name
 from .envelope import Envelope, decode_envelope
@@ -50,7 +49,7 @@ from .lua_formats import parse_wake
 from .publish import PUBLISH_ATTEMPTS, AtomicPublisher, Outcome, Publishing
 from .schedules import Schedules, StallSweep
 from .stats import CLAIM_SIZE_BOUNDS, DispatchStats
-from .store import REDIS_ERRORS, ClaimedJob, Store, error_text, redis_error_kind
+from .store import REDIS_ERRORS, ClaimedJob, Store, error_text, get_store, redis_error_kind
 
 __all__ = [
     "BEAT_FORGET_MS",

@@ -107,25 +107,13 @@ class DispatcherCollector(Collector):
         and the start lateness hash."""
         store = self.dispatcher.store
         now_ms = int(self.dispatcher.server_now_ms())
-        shards = store.keys.all_shards()
-        with store.client.pipeline(transaction=False) as pipe:
-            for shard in shards:
-                pipe.zcard(shard.due)
-                pipe.zcount(shard.due, "-inf", now_ms)
-                pipe.hlen(shard.leases)
-                pipe.hlen(shard.dead)
-            pipe.hgetall(lateness.key_for(store.config.prefix, "start"))
-            replies = pipe.execute()
-        stored = sum(int(n) for n in replies[0:-1:4])
-        overdue = sum(int(n) for n in replies[1:-1:4])
-        leased = sum(int(n) for n in replies[2:-1:4])
-        dead = sum(int(n) for n in replies[3:-1:4])
+        seen = store.overview(now_ms, lateness.key_for(store.config.prefix, "start"))
         return {
-            "pending": max(0, stored - leased),
-            "leased": leased,
-            "overdue": overdue,
-            "dead": dead,
-            "start": lateness.Snapshot.from_fields(replies[-1] or {}),
+            "pending": max(0, seen.stored - seen.leased),
+            "leased": seen.leased,
+            "overdue": seen.overdue,
+            "dead": seen.dead,
+            "start": lateness.Snapshot.from_fields(seen.lateness),
         }
 
     # -- the families -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from celery.result import AsyncResult
 from vine import promise
 
 from .due import due_ms_from_eta, ms_to_datetime
+from .jobs import DelayQ
 
 __all__ = ["ScheduledResult"]
 
@@ -109,14 +110,10 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
 
     def cancel(self) -> bool:
         """Remove the job; True when it was waiting and so will never run."""
-        from .api import DelayQ
-
         return DelayQ(self.app).cancel(self.id)
 
     def reschedule(self, eta: Any) -> bool:
         """Move the waiting job to ``eta``; False when it no longer waits."""
-        from .api import DelayQ
-
         moved = DelayQ(self.app).reschedule(self.id, eta)
         if moved:
             self.due = ms_to_datetime(due_ms_from_eta(eta, self.app))

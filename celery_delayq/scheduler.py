@@ -38,13 +38,12 @@ import click
 from celery import beat
 from kombu.exceptions import OperationalError
 
-from .api import get_store
 from .backoff import Backoff
 from .config import DelayQConfig, setting_name
 from .dispatch import Dispatcher
 from .exceptions import ConfigurationError, ScheduleError
 from .rules import Rule, parse_rule
-from .store import REDIS_ERRORS, error_text, redis_error_kind
+from .store import REDIS_ERRORS, error_text, get_store, redis_error_kind
 
 if TYPE_CHECKING:
     from .metrics import MetricsServer

@@ -18,6 +18,10 @@ than ``grace`` seconds late:
 * ``"all"``: run every missed point, at most ``max_missed`` of them (the most
   recent ones), then continue.
 
+Everything about one schedule's lifetime is here (its definition and checks, the API, the
+``beat_schedule`` sync and the stall sweep), which makes this module longer than 600 lines;
+it reads and writes Redis only through :class:`~celery_delayq.store.Store`.
+
 >>> from celery import Celery
 >>> schedules = Schedules(Celery(broker="redis://127.0.0.1:6390/0"))
 >>> point_id("nightly-report", 1_767_225_600_000)
@@ -34,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .api import get_store
 from .bounded import MAX_SMALL, load_json
 from .build import build_envelope
 from .due import ms_to_datetime
@@ -43,8 +46,7 @@ from .keys import iso_ms as _iso_ms
 from .keys import point_id
 from .result import ScheduledResult
 from .rules import CronRule, IntervalRule, OnceRule, Rule, parse_rule, rule_from_json, zone
-from .scripts import SCRIPTS
-from .store import Store
+from .store import EnqueueOutcome, Store
 
 __all__ = [
     "MISSED_POLICIES",
@@ -257,7 +259,7 @@ class Schedules:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.store: Store = get_store(app)
+        self.store: Store = Store.for_app(app)
         self.keys = self.store.keys
 
     # -- building ---------------------------------------------------------------------------
@@ -355,7 +357,6 @@ class Schedules:
         """Store ``definition`` and its first point after ``after_ms`` (default: now); with
         ``stalled``, only if the schedule still waits for that point and it is not stored."""
         name = definition["name"]
-        shard = self.keys.shard_of("{" + name + "}")
         point: tuple[str, int, str] = ("", 0, "")
         if definition["enabled"]:
             rule = rule_from_json(definition["rule"])
@@ -363,17 +364,8 @@ class Schedules:
             if at is not None:
                 pid, envelope = self.envelope_for(definition, at)
                 point = (pid, at, envelope)
-        args = [
-            name,
-            mode,
-            json.dumps(definition, separators=(",", ":")),
-            *point,
-            self.keys.wake_channel,
-            shard,
-        ]
-        if stalled:
-            args.append(stalled)
-        return int(self.store.write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args)) == 1
+        stored = json.dumps(definition, separators=(",", ":"))
+        return self.store.put_schedule(name, mode, stored, point, stalled)
 
     def _check_paused(self, definition: dict[str, Any]) -> None:
         """A schedule created paused stores no message: build one anyway, so arguments that do
@@ -415,12 +407,7 @@ class Schedules:
         return self._put(read_definition(definition, name), "put", after_ms=stalled_ms, stalled=stalled_id)
 
     def _raw(self, name: str) -> tuple[str | None, str | None]:
-        shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
-        with self.store.client.pipeline(transaction=False) as pipe:
-            pipe.hget(shard.schedules, name)
-            pipe.hget(shard.history, name)
-            definition, state = pipe.execute()
-        return definition, state
+        return self.store.schedule(name)
 
     # -- the API ----------------------------------------------------------------------------
 
@@ -573,8 +560,7 @@ class Schedules:
 
     def delete(self, name: str) -> bool:
         """Delete the schedule and its waiting point; False when there was none."""
-        shard = self.keys.shard_of("{" + _check_name(name) + "}")
-        return bool(self.store.write(SCRIPTS["sched_del"], self.keys.shard(shard).core, [name]))
+        return self.store.delete_schedule(_check_name(name))
 
     def run_now(self, name: str) -> ScheduledResult:
         """Run the schedule's task once now, outside its rule (the schedule is unchanged)."""
@@ -595,22 +581,23 @@ class Schedules:
         )
         ((status, due),) = self.store.enqueue([(task_id, now_ms, envelope)])
         return ScheduledResult(
-            task_id, app=self.app, task_name=current.task, due=ms_to_datetime(due), created=status != 0
+            task_id,
+            app=self.app,
+            task_name=current.task,
+            due=ms_to_datetime(due),
+            created=status is not EnqueueOutcome.KEPT,
         )
 
     def list(
         self, task: str | None = None, enabled: bool | None = None, page_size: int = 500
     ) -> Iterator[Schedule]:
         """Every schedule (optionally of one task, or only enabled/paused ones), shard by shard."""
-        client = self.store.client
-        for shard in self.keys.all_shards():
+        for shard in range(self.keys.shards):
             cursor = 0
             while True:
-                cursor, found = client.hscan(shard.schedules, cursor, count=page_size)
+                cursor, found = self.store.schedule_page(shard, cursor, page_size)
                 if found:
-                    names = list(found)
-                    states = client.hmget(shard.history, names)
-                    for name, definition, state in zip(names, found.values(), states, strict=True):
+                    for name, definition, state in found:
                         try:
                             schedule = Schedule.from_stored(definition, state)
                         except CorruptData as exc:
@@ -638,8 +625,7 @@ class Schedules:
         ``kept_by_api`` (a config entry whose name an API schedule already has).
         """
         report: dict[str, builtins.list[str]] = {"added": [], "updated": [], "removed": [], "kept_by_api": []}
-        registry = self.keys.config_registry
-        client = self.store.client
+        store = self.store
         for name, entry in entries.items():
             get = entry.get if isinstance(entry, dict) else lambda k, d=None, e=entry: getattr(e, k, d)
             options = dict(get("options") or {})
@@ -673,7 +659,7 @@ class Schedules:
                     report["kept_by_api"].append(name)
                     continue
                 if _spec(stored) == _spec(definition):
-                    client.sadd(registry, name)
+                    store.mark_config_schedule(name)
                     continue
                 definition["created"] = stored["created"]
                 self._put(definition, "put")
@@ -682,22 +668,19 @@ class Schedules:
                 definition["created"] = definition["updated"]
                 if self._put(definition, "add"):
                     report["added"].append(name)
-            client.sadd(registry, name)
-        for name in sorted(client.smembers(registry)):
+            store.mark_config_schedule(name)
+        for name in sorted(store.config_schedule_names()):
             if name in entries:
                 continue
             existing, _ = self._raw(name)
             if existing is not None and _origin(existing, name) == "config":
                 self.delete(name)
                 report["removed"].append(name)
-            client.srem(registry, name)
+            store.mark_config_schedule(name, False)
         return report
 
     def count(self) -> int:
-        with self.store.client.pipeline(transaction=False) as pipe:
-            for shard in self.keys.all_shards():
-                pipe.hlen(shard.schedules)
-            return sum(int(n) for n in pipe.execute())
+        return self.store.count_schedules()
 
 
 #: A schedule is *stalled* when its next run is more than this (ms) in the past and its point
@@ -727,26 +710,26 @@ class StallSweep:
     def step(self, now_ms: int) -> builtins.list[tuple[str, str]]:
         """Look at the next part of the definitions; repair and log each stalled schedule.
         Returns the ``(name, stalled point id)`` of those repaired."""
-        keys, client = self.schedules.keys, self.schedules.store.client
+        shards, store = self.schedules.keys.shards, self.schedules.store
         repaired: builtins.list[tuple[str, str]] = []
-        for _ in range(keys.shards):
-            shard = keys.shard(self._shard)
-            self._cursor, found = client.hscan(shard.schedules, self._cursor, count=self.page)
+        for _ in range(shards):
+            shard = self._shard
+            self._cursor, found = store.schedule_page(shard, self._cursor, self.page)
             if found:
                 repaired.extend(self._repair(shard, found, now_ms))
             if self._cursor == 0:
-                self._shard = (self._shard + 1) % keys.shards
+                self._shard = (self._shard + 1) % shards
                 if self._shard == 0:
                     break  # one lap at most per step
             else:
                 break  # a big shard: the next step goes on from here
         return repaired
 
-    def _repair(self, shard: Any, found: dict[str, str], now_ms: int) -> builtins.list[tuple[str, str]]:
-        client = self.schedules.store.client
-        names = builtins.list(found)
+    def _repair(
+        self, shard: int, found: builtins.list[tuple[str, str, str | None]], now_ms: int
+    ) -> builtins.list[tuple[str, str]]:
         candidates: builtins.list[tuple[str, str, int, str]] = []
-        for name, raw, state in zip(names, found.values(), client.hmget(shard.history, names), strict=True):
+        for name, raw, state in found:
             try:
                 definition = read_definition(raw, name)
             except CorruptData:
@@ -759,10 +742,7 @@ class StallSweep:
                 candidates.append((name, cur, int(due), str(definition.get("missed"))))
         if not candidates:
             return []
-        with client.pipeline(transaction=False) as pipe:
-            for _, cur, _, _ in candidates:
-                pipe.hexists(shard.jobs, cur)
-            stored = pipe.execute()
+        stored = self.schedules.store.are_stored(shard, [cur for _, cur, _, _ in candidates])
         repaired: builtins.list[tuple[str, str]] = []
         for (name, cur, due, missed), there in zip(candidates, stored, strict=True):
             if there:

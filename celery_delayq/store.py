@@ -1,12 +1,21 @@
-"""The sharded job store: enqueue, claim, ack, bury, cancel, reschedule, get, scan.
+"""The sharded job store, and the one door to Redis: enqueue, claim, ack, bury, cancel,
+reschedule, get, scan, schedules and dead letters.
 
-Every method maps onto one Lua script per shard (see ``lua/``); calls that
-touch several shards are pipelined, one round trip for all of them. Times are
+Every method maps onto one Lua script per shard (see ``lua/``), or onto a few plain reads;
+calls that touch several shards are pipelined, one round trip for all of them. Times are
 milliseconds since the epoch; "now" inside a claim is the server's ``TIME``.
+
+No other module of the package holds a Redis client or runs a script (``tests/test_layers.py``
+checks it): each script has one typed method here, and a script's integer reply becomes an
+``enum`` outcome (:class:`EnqueueOutcome`, :class:`CancelOutcome`, :class:`RescheduleOutcome`,
+:class:`RequeueOutcome`) before it leaves this module. That is why this module is longer than
+the others: it is the whole of the Redis side, one method per script and per read. Building a
+client and classifying Redis errors live in :mod:`celery_delayq.connection`.
 """
 
 from __future__ import annotations
 
+import enum
 import heapq
 import json
 import logging
@@ -19,95 +28,88 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import (
-    ClusterDownError,
-    NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisClusterException,
-    ResponseError,
-    TryAgainError,
-)
 
 from .bounded import MAX_SMALL, load_json
 from .config import DelayQConfig
+from .connection import (
+    OOM_REPLY,
+    REDIS_ERRORS,
+    error_text,
+    evicts_jobs,
+    is_oom,
+    make_client,
+    redis_error_kind,
+    version_problem,
+)
 from .envelope import id_opening, loaded_form, stored_form
 from .exceptions import CorruptData, ReservedTaskId, StoreFull, UnsupportedServer
-from .keys import KeySpace, ShardKeys, is_point_id, shard_of
+from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 __all__ = [
-    "CANCEL_HELD",
-    "CANCEL_WAITING",
-    "ENQUEUE_KEPT",
+    "OOM_REPLY",
     "REDIS_ERRORS",
-    "REQUEUE_DONE",
-    "RESCHEDULE_HELD",
+    "CancelOutcome",
     "ClaimResult",
     "ClaimedJob",
+    "EnqueueOutcome",
     "JobRecord",
+    "RequeueOutcome",
+    "RescheduleOutcome",
     "ShardStats",
     "Store",
+    "StoreOverview",
     "error_text",
+    "evicts_jobs",
+    "get_store",
+    "is_oom",
+    "make_client",
     "redis_error_kind",
     "refuse_point_id",
+    "version_problem",
 ]
 
-#: What a Redis or Redis Cluster client raises when the store cannot be reached or answer
-#: (redis-py's cluster errors such as ``SlotNotCoveredError`` are not ``RedisError``s).
-REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 
-def redis_error_kind(exc: BaseException) -> str:
-    """What a Redis error says about the server: ``"unreachable"`` (no connection, a timeout,
-    a cluster failing over), ``"oom"`` (``maxmemory`` reached, writes refused), ``"noscript"``
-    (the script cache was flushed again after the reload), ``"script"`` (any other error reply:
-    a script or a command refused; Redis answers, so backing off does not help by itself), or
-    ``"other"``.
+class EnqueueOutcome(enum.StrEnum):
+    """What storing one job did (``lua/enqueue.lua``)."""
 
-    >>> from redis.exceptions import ConnectionError, OutOfMemoryError, ResponseError
-    >>> redis_error_kind(ConnectionError("refused")), redis_error_kind(OutOfMemoryError("OOM"))
-    ('unreachable', 'oom')
-    >>> redis_error_kind(ResponseError(  # Redis 6.2's words for a script's refused write
-    ...     "Error running script ...: @user_script: 1: -OOM command not allowed when used memory "
-    ...     "> 'maxmemory'."))
-    'oom'
-    >>> redis_error_kind(ResponseError("Error running script: attempt to perform arithmetic on nil"))
-    'script'
-    """
-    if is_oom(exc):
-        return "oom"
-    if isinstance(exc, NoScriptError):
-        return "noscript"
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ClusterDownError | TryAgainError
-                  | ReadOnlyError | RedisClusterException):
-        return "unreachable"
-    if isinstance(exc, ResponseError):
-        return "script"
-    return "other"
+    KEPT = "kept"  # a job with this id was stored already and is kept (not ``replace``)
+    NEW = "new"  # stored, no job had this id
+    REPLACED = "replaced"  # stored in place of the waiting job with this id (``replace``)
+    AFTER_HELD = "after-held"  # stored in place of a job a beat held (its lease is dropped)
 
 
-def error_text(exc: BaseException, limit: int = 300) -> str:
-    """``"<class>: <message>"`` of an error, for a log line: redis-py's ``repr`` of its errors
-    (``server:ResponseError``) leaves out the message that says what went wrong.
+class CancelOutcome(enum.StrEnum):
+    """What cancelling a job did (``lua/cancel.lua``)."""
 
-    >>> error_text(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
-    'ResponseError: WRONGTYPE Operation against a key holding the wrong kind of value'
-    """
-    text = str(exc)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}"
+    CANCELLED = "cancelled"  # it was waiting: it will never run
+    DELIVERING = "delivering"  # removed while a beat held it: it may already be in the broker
+    MISSING = "missing"  # no such job
 
 
-# enqueue statuses (see lua/enqueue.lua)
-ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED, ENQUEUE_AFTER_HELD = 0, 1, 2, 3
-# cancel results (see lua/cancel.lua)
-CANCEL_MISSING, CANCEL_WAITING, CANCEL_HELD = 0, 1, 2
-# reschedule results (see lua/reschedule.lua)
-RESCHEDULE_MISSING, RESCHEDULE_MOVED, RESCHEDULE_HELD = 0, 1, 2
-# requeue results (see lua/requeue.lua)
-REQUEUE_MISSING, REQUEUE_DONE, REQUEUE_STORED, REQUEUE_NO_ENVELOPE = 0, 1, 2, 3
+class RescheduleOutcome(enum.StrEnum):
+    """What moving a job did (``lua/reschedule.lua``)."""
+
+    MOVED = "moved"
+    DELIVERING = "delivering"  # refused: a beat holds the job now
+    MISSING = "missing"
+
+
+class RequeueOutcome(enum.StrEnum):
+    """What putting a dead letter back did (``lua/requeue.lua``)."""
+
+    MISSING = "missing"  # no dead letter with this id
+    REQUEUED = "requeued"
+    STORED = "stored"  # refused: a job with this id is stored, waiting or being delivered
+    NO_ENVELOPE = "no-envelope"  # refused: the record holds no message
+
+
+# The scripts' integer replies, by code (see each script's header).
+_ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held
+_CANCEL = (CancelOutcome.MISSING, CancelOutcome.CANCELLED, CancelOutcome.DELIVERING)
+_RESCHEDULE = (RescheduleOutcome.MISSING, RescheduleOutcome.MOVED, RescheduleOutcome.DELIVERING)
+_REQUEUE = tuple(RequeueOutcome)  # 0 missing, 1 requeued, 2 stored, 3 no-envelope
 
 logger = logging.getLogger("celery_delayq.store")
 
@@ -157,6 +159,17 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class StoreOverview:
+    """Counts over all shards (:meth:`Store.overview`)."""
+
+    stored: int  # waiting + leased
+    overdue: int  # score <= now (leased jobs count at their lease expiry)
+    leased: int
+    dead: int
+    lateness: dict[str, str]  # the lateness hash asked for, as stored (empty when not asked)
+
+
+@dataclass(frozen=True)
 class ShardStats:
     """One shard's counts as ``lua/stats.lua`` reads them (times in ms, server clock)."""
 
@@ -196,64 +209,6 @@ def refuse_point_id(job_id: str) -> None:
         )
 
 
-def version_problem(info: Mapping[str, Any]) -> str | None:
-    """Why a server that answers ``info`` (its ``INFO server``) cannot run the scripts, or None.
-
-    >>> version_problem({"redis_version": "6.0.9"})
-    'Redis 6.0.9 is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)'
-    >>> version_problem({"redis_version": "5.0.14"}) is None, version_problem({"redis_version": "6.2.0"})
-    (False, None)
-    >>> version_problem({"redis_version": "7.2.4", "valkey_version": "8.1.1"}) is None
-    True
-    """
-    version = str(info.get("valkey_version") or info.get("redis_version") or "0")
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    if not info.get("valkey_version") and parts < (6, 2):
-        return f"Redis {version} is too old: celery-delayq needs 6.2 or newer (ZRANGE BYSCORE)"
-    return None
-
-
-def make_client(url: str, cluster: bool = False) -> Any:
-    """A redis-py client for ``url`` that returns ``str``: a ``RedisCluster`` (``url`` names
-    any node; the others are discovered) when ``cluster``, else a ``Redis``.
-
-    Replies are decoded with ``surrogateescape``: a value that is not UTF-8 (bytes written
-    into the store's keys by something else) reads as a ``str`` that encodes back to the
-    same bytes, so the beat dead-letters such a job as corrupt instead of failing the whole
-    claim on it, and acks or buries an id of that kind exactly.
-    """
-    options: dict[str, Any] = dict(
-        decode_responses=True, encoding_errors="surrogateescape", health_check_interval=30
-    )
-    if cluster:
-        return RedisCluster.from_url(url, **options)
-    return redis.Redis.from_url(url, **options)
-
-
-def evicts_jobs(policy: str) -> bool:
-    """May this ``maxmemory-policy`` evict the store's keys? ``allkeys-*`` evict any key.
-    ``volatile-*`` evict only keys with a TTL, and no key of the store has one (nothing in
-    celery-delayq sets a TTL), so they act as ``noeviction`` for the jobs. An unknown policy
-    is taken to evict.
-
-    >>> [evicts_jobs(p) for p in ("noeviction", "allkeys-lru", "volatile-ttl", "new-policy")]
-    [False, True, False, True]
-    """
-    return policy != "noeviction" and not policy.startswith("volatile-")
-
-
-#: In the error of a write refused because Redis is over maxmemory (every version's wording;
-#: Redis 6.2 puts it inside a script's error: "@user_script: 1: -OOM command not allowed ...").
-OOM_REPLY = "command not allowed when used memory"
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Did Redis refuse this for memory (over ``maxmemory``, policy ``noeviction``)? Redis 7
-    and Valkey answer a script's refused write with ``OOM``; Redis 6.2 wraps it in the
-    script's error text."""
-    return isinstance(exc, OutOfMemoryError) or (
-        isinstance(exc, redis.ResponseError) and OOM_REPLY in str(exc)
-    )
 
 
 def _raise_store_full(
@@ -281,18 +236,35 @@ def _raise_store_full(
 class Store:
     """One app's shards in one Redis deployment."""
 
-    def __init__(self, config: DelayQConfig, client: Any | None = None) -> None:
+    def __init__(
+        self, config: DelayQConfig, client: Any | None = None, connect_timeout: float | None = None
+    ) -> None:
+        """The store of ``config``, through ``client`` or a client of its own
+        (:func:`~celery_delayq.connection.make_client`, each connection attempt bounded by
+        ``connect_timeout`` seconds when given). A bad URL raises ``ValueError``."""
         self.config = config
         self.keys = KeySpace(config.prefix, config.shards)
-        self.client = client if client is not None else make_client(config.url, config.cluster)
+        if client is None:
+            client = make_client(config.url, config.cluster, connect_timeout)
+        self.client = client
         self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
         self._warned_past = False
+
+    @classmethod
+    def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
+        """The app's store (one per app and process, kept on the app; redis-py pools are
+        fork-safe). ``connect_timeout`` applies when this call makes it (the CLI's)."""
+        store = app.__dict__.get("_delayq_store")
+        if not isinstance(store, Store):
+            store = cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
+            app.__dict__["_delayq_store"] = store
+        return store
 
     @property
     def is_cluster(self) -> bool:
         return isinstance(self.client, RedisCluster)
 
-    def write(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _write(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run one producer-side script (it stores or removes a job or a schedule); with
         ``delayq_wait_replicas``, only return once that many replicas have it (``WAIT``)."""
         if self.config.wait_replicas:
@@ -303,11 +275,11 @@ class Store:
 
     def enqueue(
         self, jobs: Sequence[tuple[str, int, str]], replace: bool = False, relative: bool = False
-    ) -> list[tuple[int, int]]:
-        """Store ``(id, due ms, envelope)`` jobs; return ``(status, due ms)`` for each, in order.
+    ) -> list[tuple[EnqueueOutcome, int]]:
+        """Store ``(id, due ms, envelope)`` jobs; return ``(outcome, due ms)`` for each, in order.
 
         Jobs are grouped by shard, ``ENQUEUE_CHUNK`` a call, and all calls go
-        in one pipeline. Status values are those of ``lua/enqueue.lua``. With ``relative``,
+        in one pipeline. With ``relative``,
         each due is a delay in ms that the script adds to its server's ``TIME`` (``apply_in``,
         ``countdown``): the returned due is that stored time. Otherwise each due is a time,
         and one far in the past of the server's clock is logged once (``delayq_past_warning``).
@@ -323,7 +295,7 @@ class Store:
             shard = self.keys.shard_of(job_id)
             one = [mode, channel, shard, clock, job_id, int(due_ms), stored_form(job_id, envelope)]
             try:
-                now, status, due = self.write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
+                now, status, due = self._write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
             except redis.ResponseError as exc:
                 if is_oom(exc):
                     raise StoreFull([], [job_id], [0]) from exc
@@ -331,7 +303,7 @@ class Store:
             self._saw_server_time(int(now))
             if not relative:
                 self._check_past(int(now), [(job_id, int(due_ms))])
-            return [(int(status), int(due))]
+            return [(_ENQUEUE[int(status)], int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
         for position, (job_id, _, _) in enumerate(jobs):
@@ -354,7 +326,7 @@ class Store:
                     args.extend((job_id, int(due_ms), stored_form(job_id, envelope)))
                 calls.append(ScriptCall(SCRIPTS["enqueue"], keys, args))
                 owners.append(chunk)
-        out: list[tuple[int, int]] = [(0, 0)] * len(jobs)
+        out: list[tuple[EnqueueOutcome, int]] = [(EnqueueOutcome.KEPT, 0)] * len(jobs)
         if self.config.wait_replicas:
             results = run_replicated(self.client, calls, self.config.wait_replicas, raise_errors=False)
         else:
@@ -365,7 +337,7 @@ class Store:
             now = int(result[0])
             pairs = iter(result[1:])
             for p, status, due in zip(chunk, pairs, pairs, strict=True):
-                out[p] = (int(status), int(due))
+                out[p] = (_ENQUEUE[int(status)], int(due))
         if calls:
             self._saw_server_time(now)
             if not relative:
@@ -524,15 +496,27 @@ class Store:
 
     # -- by id -------------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> int:
-        """Remove a job; a ``CANCEL_*`` code (see ``lua/cancel.lua``)."""
-        return int(self.write(SCRIPTS["cancel"], self.keys.for_job(job_id).core, [job_id]))
+    def cancel(self, job_id: str) -> CancelOutcome:
+        """Remove a job (``lua/cancel.lua``)."""
+        return _CANCEL[int(self._write(SCRIPTS["cancel"], self.keys.for_job(job_id).core, [job_id]))]
 
-    def reschedule(self, job_id: str, due_ms: int) -> int:
-        """Move a waiting job; a ``RESCHEDULE_*`` code (see ``lua/reschedule.lua``)."""
+    def cancel_many(self, shard: int, job_ids: Sequence[str]) -> list[CancelOutcome]:
+        """Remove jobs of one shard, one ``lua/cancel.lua`` call each, in one pipeline (with
+        ``delayq_wait_replicas``, once that many replicas have them); their outcomes in order."""
+        core = self.keys.shard(shard).core
+        calls = [ScriptCall(SCRIPTS["cancel"], core, [job_id]) for job_id in job_ids]
+        replicas = self.config.wait_replicas
+        if replicas:
+            results = run_replicated(self.client, calls, replicas)
+        else:
+            results = run_pipelined(self.client, calls)
+        return [_CANCEL[int(code)] for code in results]
+
+    def reschedule(self, job_id: str, due_ms: int) -> RescheduleOutcome:
+        """Move a waiting job (``lua/reschedule.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), self.keys.wake_channel, shard]
-        return int(self.write(SCRIPTS["reschedule"], self.keys.shard(shard).core, args))
+        return _RESCHEDULE[int(self._write(SCRIPTS["reschedule"], self.keys.shard(shard).core, args))]
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job (or dead letter) with this id, or None."""
@@ -579,36 +563,52 @@ class Store:
                 pipe.hlen(shard.dead)
             return sum(int(n) for n in pipe.execute())
 
-    def _scan_shard(
-        self, shard: ShardKeys, index: int, start_ms: float, end_ms: float, page: int
-    ) -> Iterator[JobRecord]:
+    def due_entries(
+        self, shard: int, start_ms: Any, end_ms: Any, page: int = 500
+    ) -> Iterator[tuple[str, int, str | None, str | None]]:
+        """A shard's jobs whose score lies in ``[start_ms, end_ms]`` (ms, or ``"-inf"``/``"+inf"``),
+        in score order: ``(id, score, envelope, lease)``. The envelope is None for a job removed
+        meanwhile; the lease entry (as stored) is None for a job no beat holds. Read ``page``
+        jobs at a time: one ``ZRANGE`` and one pipelined pair of ``HMGET`` a page."""
         offset = 0
         while True:
-            members = self.client.zrange(
-                shard.due, start_ms, end_ms, byscore=True, offset=offset, num=page, withscores=True
-            )
-            if not members:
-                return
-            ids = [m for m, _ in members]
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.hmget(shard.jobs, ids)
-                pipe.hmget(shard.leases, ids)
-                envelopes, leases = pipe.execute()
-            for (job_id, score), envelope, lease in zip(members, envelopes, leases, strict=True):
-                if envelope is None:
-                    continue
-                envelope = loaded_form(job_id, envelope)
-                parsed = None if lease is None else parse_lease(lease)
-                if parsed is not None:
-                    due, tries = parsed
-                    yield JobRecord(job_id, index, due, envelope, "leased", tries, int(score))
-                elif lease is not None:  # a lease entry that does not read: a claim replaces it
-                    yield JobRecord(job_id, index, int(score), envelope, "leased", 0, int(score))
-                else:
-                    yield JobRecord(job_id, index, int(score), envelope, "waiting")
+            members = self._due_page(shard, start_ms, end_ms, offset, page)
+            yield from members
             if len(members) < page:
                 return
             offset += page
+
+    def _due_page(
+        self, shard: int, start_ms: Any, end_ms: Any, offset: int, page: int
+    ) -> list[tuple[str, int, str | None, str | None]]:
+        keys = self.keys.shard(shard)
+        members = self.client.zrange(
+            keys.due, start_ms, end_ms, byscore=True, offset=offset, num=page, withscores=True
+        )
+        if not members:
+            return []
+        ids = [m for m, _ in members]
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.jobs, ids)
+            pipe.hmget(keys.leases, ids)
+            envelopes, leases = pipe.execute()
+        return [
+            (job_id, int(score), None if envelope is None else loaded_form(job_id, envelope), lease)
+            for (job_id, score), envelope, lease in zip(members, envelopes, leases, strict=True)
+        ]
+
+    def _scan_shard(self, index: int, start_ms: Any, end_ms: Any, page: int) -> Iterator[JobRecord]:
+        for job_id, score, envelope, lease in self.due_entries(index, start_ms, end_ms, page):
+            if envelope is None:
+                continue
+            parsed = None if lease is None else parse_lease(lease)
+            if parsed is not None:
+                due, tries = parsed
+                yield JobRecord(job_id, index, due, envelope, "leased", tries, score)
+            elif lease is not None:  # a lease entry that does not read: a claim replaces it
+                yield JobRecord(job_id, index, score, envelope, "leased", 0, score)
+            else:
+                yield JobRecord(job_id, index, score, envelope, "waiting")
 
     def scan(
         self,
@@ -623,7 +623,7 @@ class Store:
         """
         lo: Any = "-inf" if start_ms is None else int(start_ms)
         hi: Any = "+inf" if end_ms is None else int(end_ms)
-        streams = [self._scan_shard(shard, i, lo, hi, page) for i, shard in enumerate(self.keys.all_shards())]
+        streams = [self._scan_shard(i, lo, hi, page) for i in range(self.keys.shards)]
         yield from heapq.merge(*streams, key=lambda r: r.lease_until_ms or r.due_ms)
 
     def shard_stats(self) -> list[ShardStats]:
@@ -686,21 +686,187 @@ class Store:
                 out[token] = raw
         return out
 
-    def requeue(self, job_id: str, due_ms: int) -> int:
+    def requeue(self, job_id: str, due_ms: int) -> RequeueOutcome:
         """Put a dead-lettered job back as a waiting job due at ``due_ms``, removing its dead
-        letter, atomically; a ``REQUEUE_*`` code (see ``lua/requeue.lua``)."""
+        letter, atomically (``lua/requeue.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), id_opening(job_id), self.keys.wake_channel, shard]
-        return int(self.write(SCRIPTS["requeue"], self.keys.shard(shard).core, args))
+        return _REQUEUE[int(self._write(SCRIPTS["requeue"], self.keys.shard(shard).core, args))]
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every dead-lettered job: ``(id, record)``."""
-        for shard in self.keys.all_shards():
-            for job_id, raw in self.client.hscan_iter(shard.dead):
+        for shard in range(self.keys.shards):
+            for job_id, raw in self.dead_in_shard(shard):
                 try:
                     yield job_id, load_json(raw, f"dead-letter record of {job_id!r}")
                 except CorruptData as exc:  # listed with the reason, never ends the listing
                     yield job_id, {"reason": str(exc), "envelope": ""}
+
+    def dead_in_shard(self, shard: int, page: int | None = None) -> Iterator[tuple[str, str]]:
+        """The dead letters of one shard as stored: ``(id, record JSON)`` (``HSCAN``, about
+        ``page`` a call)."""
+        yield from self.client.hscan_iter(self.keys.shard(shard).dead, count=page)
+
+    def delete_dead(self, job_id: str) -> bool:
+        """Forget a dead-lettered job; False when there was no dead letter with this id."""
+        return bool(self.client.hdel(self.keys.for_job(job_id).dead, job_id))
+
+    def delete_all_dead(self, page: int = 1000) -> int:
+        """Forget every dead letter (``HSCAN`` and ``HDEL`` a page at a time); how many were
+        removed."""
+        client = self.client
+        removed = 0
+        for shard in self.keys.all_shards():
+            batch: list[str] = []
+            for job_id, _ in client.hscan_iter(shard.dead, count=page):
+                batch.append(job_id)
+                if len(batch) >= page:
+                    removed += int(client.hdel(shard.dead, *batch))
+                    batch = []
+            if batch:
+                removed += int(client.hdel(shard.dead, *batch))
+        return removed
+
+    # -- one shard, by rank and by id --------------------------------------------------------
+
+    def due_ids(self, shard: int, start: int, stop: int) -> list[str]:
+        """The ids of a shard's jobs of rank ``start`` to ``stop`` (inclusive) in due order."""
+        ids: list[str] = self.client.zrange(self.keys.shard(shard).due, start, stop)
+        return ids
+
+    def due_count(self, shard: int) -> int:
+        """Jobs stored (waiting or leased) in one shard."""
+        return int(self.client.zcard(self.keys.shard(shard).due))
+
+    def envelopes(self, shard: int, job_ids: Sequence[str]) -> list[str | None]:
+        """The envelopes of jobs of one shard, in order; None for an id not stored."""
+        if not job_ids:
+            return []
+        raws = self.client.hmget(self.keys.shard(shard).jobs, list(job_ids))
+        return [
+            None if raw is None else loaded_form(job_id, raw)
+            for job_id, raw in zip(job_ids, raws, strict=True)
+        ]
+
+    def are_stored(self, shard: int, job_ids: Sequence[str]) -> list[bool]:
+        """Is each of these ids a stored job (waiting or leased) of the shard? One pipeline."""
+        jobs = self.keys.shard(shard).jobs
+        with self.client.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hexists(jobs, job_id)
+            return [bool(there) for there in pipe.execute()]
+
+    def leased(self, shard: int) -> list[tuple[str, int, int]]:
+        """The jobs a beat holds in one shard: ``(id, original due ms, tries)``; a lease entry
+        that does not read (the next claim replaces it) is left out."""
+        out: list[tuple[str, int, int]] = []
+        for job_id, lease in self.client.hgetall(self.keys.shard(shard).leases).items():
+            parsed = parse_lease(lease)
+            if parsed is not None:
+                out.append((job_id, *parsed))
+        return out
+
+    def envelopes_and_scores(
+        self, shard: int, job_ids: Sequence[str]
+    ) -> list[tuple[str | None, int | None]]:
+        """``(envelope, score)`` of jobs of one shard, in order (a leased job's score is its
+        lease expiry); None for what is not stored. One round trip."""
+        if not job_ids:
+            return []
+        keys = self.keys.shard(shard)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.jobs, list(job_ids))
+            for job_id in job_ids:
+                pipe.zscore(keys.due, job_id)
+            raws, *scores = pipe.execute()
+        return [
+            (None if raw is None else loaded_form(job_id, raw), None if score is None else int(score))
+            for job_id, raw, score in zip(job_ids, raws, scores, strict=True)
+        ]
+
+    def overview(self, now_ms: int, lateness_key: str | None = None) -> StoreOverview:
+        """Counts over all shards in one pipeline (``ZCARD``, ``ZCOUNT`` up to ``now_ms``,
+        ``HLEN`` of leases and dead letters), with the hash ``lateness_key`` read alongside."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.zcard(shard.due)
+                pipe.zcount(shard.due, "-inf", now_ms)
+                pipe.hlen(shard.leases)
+                pipe.hlen(shard.dead)
+            if lateness_key is not None:
+                pipe.hgetall(lateness_key)
+            replies = pipe.execute()
+        extra: dict[str, str] = (replies.pop() or {}) if lateness_key is not None else {}
+        return StoreOverview(
+            stored=sum(int(n) for n in replies[0::4]),
+            overdue=sum(int(n) for n in replies[1::4]),
+            leased=sum(int(n) for n in replies[2::4]),
+            dead=sum(int(n) for n in replies[3::4]),
+            lateness=extra,
+        )
+
+    # -- recurring schedules -----------------------------------------------------------------
+
+    def put_schedule(
+        self, name: str, mode: str, definition: str, point: tuple[str, int, str], stalled: str = ""
+    ) -> bool:
+        """Store a schedule's definition (JSON) and its next ``point`` ``(id, due ms,
+        envelope)``, or none when the id is empty (``lua/sched_put.lua``). ``mode`` is
+        ``"add"`` (refused when the name exists), ``"put"`` or ``"update"``; with ``stalled``,
+        only while the schedule still waits for that point and it is not stored. True when
+        it was stored."""
+        shard = self.keys.shard_of("{" + name + "}")
+        args: list[Any] = [name, mode, definition, *point, self.keys.wake_channel, shard]
+        if stalled:
+            args.append(stalled)
+        return int(self._write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args)) == 1
+
+    def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule and its waiting point (``lua/sched_del.lua``); False when there
+        was none."""
+        shard = self.keys.shard_of("{" + name + "}")
+        return bool(self._write(SCRIPTS["sched_del"], self.keys.shard(shard).core, [name]))
+
+    def schedule(self, name: str) -> tuple[str | None, str | None]:
+        """A schedule's definition and run state as stored (JSON), each None when absent."""
+        shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(shard.schedules, name)
+            pipe.hget(shard.history, name)
+            definition, state = pipe.execute()
+        return definition, state
+
+    def schedule_page(
+        self, shard: int, cursor: int, page: int
+    ) -> tuple[int, list[tuple[str, str, str | None]]]:
+        """One ``HSCAN`` step over a shard's schedules from ``cursor``, with their run states:
+        ``(next cursor, [(name, definition, state)])``; the next cursor is 0 at the end."""
+        keys = self.keys.shard(shard)
+        cursor, found = self.client.hscan(keys.schedules, cursor, count=page)
+        if not found:
+            return int(cursor), []
+        names = list(found)
+        states = self.client.hmget(keys.history, names)
+        return int(cursor), list(zip(names, found.values(), states, strict=True))
+
+    def count_schedules(self) -> int:
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.hlen(shard.schedules)
+            return sum(int(n) for n in pipe.execute())
+
+    def config_schedule_names(self) -> set[str]:
+        """The names in the registry of schedules that came from ``beat_schedule``."""
+        names: set[str] = self.client.smembers(self.keys.config_registry)
+        return names
+
+    def mark_config_schedule(self, name: str, mark: bool = True) -> None:
+        """Add ``name`` to the registry of ``beat_schedule`` schedules (remove it: ``mark``
+        false)."""
+        if mark:
+            self.client.sadd(self.keys.config_registry, name)
+        else:
+            self.client.srem(self.keys.config_registry, name)
 
     # -- server ------------------------------------------------------------------------------
 
@@ -744,6 +910,10 @@ class Store:
             one = Store(self.config, self.client.get_redis_connection(node))
             warnings.extend(f"{node.name}: {warning}" for warning in one.check_server())
         return warnings
+
+    def ping(self) -> None:
+        """Raise when the server cannot be reached (or refuses the credentials)."""
+        self.client.ping()
 
     def close(self) -> None:
         self.client.close()
@@ -826,3 +996,7 @@ class Store:
     def lateness_fields(self, key: str) -> dict[str, Any]:
         """The hash ``key`` of a lateness histogram, as stored."""
         return dict(self.client.hgetall(key))
+
+def get_store(app: Any) -> Store:
+    """The app's :class:`Store`: :meth:`Store.for_app`."""
+    return Store.for_app(app)

@@ -15,7 +15,6 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from .api import get_store
 from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
 from .due import celery_expires, celery_naive_as_utc, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
@@ -23,17 +22,17 @@ from .exceptions import InvalidOptions
 from .keys import is_point_id
 from .options import TRANSPORT_OPTIONS, due_item
 from .result import ScheduledResult
-from .store import ENQUEUE_KEPT
+from .store import EnqueueOutcome, Store
 
 __all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task", "retry_store_id", "scheduled_results"]
 
 
 def scheduled_results(
-    app: Any, task_name: str, ids: list[str], statuses: list[tuple[int, int]]
+    app: Any, task_name: str, ids: list[str], statuses: list[tuple[EnqueueOutcome, int]]
 ) -> list[ScheduledResult]:
-    """The results of jobs ``ids`` of ``task_name`` from ``Store.enqueue``'s ``(status, due ms)``."""
+    """The results of jobs ``ids`` of ``task_name`` from ``Store.enqueue``'s ``(outcome, due ms)``."""
     done = [
-        (task_id, ms_to_datetime(stored_due), status != ENQUEUE_KEPT)
+        (task_id, ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)
         for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
     ]
     return ScheduledResult.many(done, app.backend, task_name, app)
@@ -89,7 +88,7 @@ class DelayQTaskMixin:
         Redis server's now (not this machine's clock)."""
         app = self._delayq_app()
         due_ms_from_delay(delay, now_ms=0)  # bad input raises before any round trip
-        base = None if app_state(app).always_eager else get_store(app).server_now_ms()
+        base = None if app_state(app).always_eager else Store.for_app(app).server_now_ms()
         due_ms = due_ms_from_delay(delay, now_ms=base)
         return self._delayq_schedule([(due_ms, args, kwargs)], options, base)[0]
 
@@ -137,7 +136,7 @@ class DelayQTaskMixin:
             (store_id or task_id, due_ms - shift, envelope)
             for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
         ]
-        statuses = get_store(app).enqueue(jobs, replace=replace, relative=base is not None)
+        statuses = Store.for_app(app).enqueue(jobs, replace=replace, relative=base is not None)
         return scheduled_results(app, self.name, ids, statuses)
 
     def apply_async(
@@ -159,7 +158,7 @@ class DelayQTaskMixin:
                 options.pop("countdown", None)
                 expires = options.get("expires")
                 if expires is not None:  # seconds count from the call: the server's now
-                    now = ms_to_datetime(get_store(app).server_now_ms())
+                    now = ms_to_datetime(Store.for_app(app).server_now_ms())
                     options["expires"] = celery_expires(expires, now=now)
                 # As in Celery (as_task_v2), a non-zero countdown wins over eta, and a countdown
                 # <= 0 (or an eta in the past) means "run at once". (Clamp with a comparison, not
@@ -167,7 +166,7 @@ class DelayQTaskMixin:
                 base = None
                 if countdown:  # counted from the server's now (by the enqueue script)
                     seconds = float(countdown)
-                    base = get_store(app).server_now_ms()
+                    base = Store.for_app(app).server_now_ms()
                     due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds, now_ms=base)
                 else:
                     # A naive eta is UTC, as Celery's worker reads it.

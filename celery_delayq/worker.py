@@ -53,10 +53,10 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from .api import get_store
 from .config import DEFAULTS, DelayQConfig, _flag
 from .envelope import DUE_HEADER
 from .lateness import Histogram, key_for
+from .store import get_store
 
 __all__ = ["FLUSH_EVERY", "LatenessRecorder", "install", "recorder_for", "uninstall"]
 

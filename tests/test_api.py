@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, InvalidDueTime, PendingJob
-from celery_delayq.api import get_store
+from celery_delayq.store import get_store
 from tests.support.store import server_ms, snapshot
 
 BASE = datetime(2031, 1, 1, tzinfo=UTC)

@@ -27,9 +27,9 @@ from celery_delayq import (
     StoreFull,
     UnknownTask,
 )
-from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.envelope import decode_envelope
+from celery_delayq.store import get_store
 from tests.support.apps import make_app
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import pkgutil
 import re
 import subprocess
 import sys
@@ -21,8 +22,8 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
+import celery_delayq
 from celery_delayq import DelayedTask, DelayQ, Schedules
-from celery_delayq.api import get_store
 from celery_delayq.cli import chart_lines, delayq, iter_commands, parse_when
 from celery_delayq.cli.errors import cli_error, rule_for
 from celery_delayq.exceptions import (
@@ -34,7 +35,7 @@ from celery_delayq.exceptions import (
     UnknownTask,
 )
 from celery_delayq.lateness import Histogram, key_for
-from celery_delayq.store import Store, stored_form
+from celery_delayq.store import Store, get_store, stored_form
 from tests.support.apps import make_app
 from tests.support.processes import ROOT, subprocess_env
 from tests.support.store import ids_on_shard, server_ms
@@ -126,8 +127,15 @@ for name in sys.argv[1:]:
 print(sorted(m for m in sys.modules if m.startswith(("celery_delayq.cli", "celery_delayq.devtools"))))
 """
 
-RUNTIME = ["celery_delayq", "celery_delayq.scheduler", "celery_delayq.dispatch", "celery_delayq.worker",
-           "celery_delayq.task", "celery_delayq.store", "celery_delayq.api", "celery_delayq.schedules"]
+#: Every runtime module: all of the package but the CLI, the dev tools, ``python -m`` and the
+#: Spark source and the metrics endpoint (they need pyspark and prometheus-client, extras of
+#: their own).
+RUNTIME = sorted(
+    info.name
+    for info in pkgutil.walk_packages(celery_delayq.__path__, "celery_delayq.")
+    if not info.name.startswith(("celery_delayq.cli", "celery_delayq.devtools"))
+    and info.name not in ("celery_delayq.__main__", "celery_delayq._spark_source", "celery_delayq.metrics")
+)
 
 
 def test_the_runtime_needs_neither_the_extras_nor_the_cli_nor_the_dev_tools() -> None:
@@ -201,7 +209,7 @@ def test_status_json_counts_every_shard(app: Celery, r: redis.Redis, run: Run) -
     add_at(app, now + 150_000, task_id=later)  # third minute
     add_at(app, now + 10 * HOUR_MS, task_id=ids_on_shard(store.keys, 4, 1, stem="far")[0])  # past the chart
     bury(app, dead)  # the claim leased late, held and dead (all due); dead is buried, held stays leased
-    assert store.cancel(late) == 2  # late waits again, overdue
+    assert store.cancel(late) == "delivering"  # late waits again, overdue
     add_at(app, now - 120_000, task_id=late)
 
     data = as_json(run("status", "--json"))

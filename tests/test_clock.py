@@ -23,8 +23,8 @@ from celery.bin.base import CLIContext
 
 from celery_delayq import Schedules
 from celery_delayq import apply_in as canvas_apply_in
-from celery_delayq.api import get_store
 from celery_delayq.envelope import decode_envelope
+from celery_delayq.store import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

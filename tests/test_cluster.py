@@ -26,10 +26,9 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
-from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import CANCEL_WAITING, ENQUEUE_NEW, Store
+from celery_delayq.store import CancelOutcome, EnqueueOutcome, Store, get_store
 from tests import test_api, test_scripts
 from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster
@@ -239,7 +238,7 @@ def test_pipelines_name_each_calls_node_without_asking_the_server(store: Store, 
     evalsha_before, _ = command_calls(r, "evalsha")
     jobs = [(f"j{i}", due + i, f"env{i}") for i in range(200)]
     shards = {store.keys.shard_of(job_id) for job_id, _, _ in jobs}
-    assert store.enqueue(jobs) == [(ENQUEUE_NEW, due + i) for i in range(200)]
+    assert store.enqueue(jobs) == [(EnqueueOutcome.NEW, due + i) for i in range(200)]
     claimed = store.claim(range(store.config.shards), "beat-1")
     assert all(result.jobs == [] for result in claimed)
     assert command_calls(r, "command|getkeys")[0] == getkeys_before
@@ -254,7 +253,7 @@ def test_noscript_is_loaded_on_every_primary_and_repeated(store: Store, r: Redis
     r.script_flush()  # every primary
     hset_before, _ = command_calls(r, "hset")
     _, failed_before = command_calls(r, "evalsha")
-    assert store.enqueue(jobs, replace=True) == [(ENQUEUE_NEW, due + i) for i in range(60)]
+    assert store.enqueue(jobs, replace=True) == [(EnqueueOutcome.NEW, due + i) for i in range(60)]
     assert command_calls(r, "hset")[0] - hset_before == len(jobs)  # each job written once
     assert command_calls(r, "evalsha")[1] - failed_before == len(shards)  # one NOSCRIPT a call
     for node in primaries(r):  # loaded where it was missing: on every primary
@@ -271,7 +270,7 @@ def test_noscript_is_loaded_on_every_primary_and_repeated(store: Store, r: Redis
     # A single call (no pipeline) too.
     store.enqueue([("one", due + 60_000, "env")])
     r.script_flush()
-    assert store.cancel("one") == CANCEL_WAITING
+    assert store.cancel("one") == CancelOutcome.CANCELLED
     assert store.count() == 0
 
 
@@ -326,13 +325,14 @@ def test_wait_replicas_without_replicas_warns_and_keeps_the_job(
         due = server_ms(r) + 60_000
         caplog.set_level(logging.WARNING, logger="celery_delayq.scripts")
         started = time.monotonic()
-        assert s.enqueue([("a", due, "a"), ("b", due, "b"), ("c", due, "c")]) == [(ENQUEUE_NEW, due)] * 3
+        stored = s.enqueue([("a", due, "a"), ("b", due, "b"), ("c", due, "c")])
+        assert stored == [(EnqueueOutcome.NEW, due)] * 3
         took = time.monotonic() - started
         assert "reached 0 of the 1 replica(s)" in caplog.text
         assert 0.9 < took < 10, took
         assert s.count() == 3
         caplog.clear()
-        assert s.cancel("a") == CANCEL_WAITING
+        assert s.cancel("a") == CancelOutcome.CANCELLED
         assert "reached 0 of the 1 replica(s)" in caplog.text
     finally:
         s.close()
@@ -509,8 +509,8 @@ def test_wait_replicas_with_replicas_is_confirmed(
         caplog.set_level(logging.WARNING, logger="celery_delayq.scripts")
         jobs = [(f"j{i}", 2_000_000_000_000 + i, "env") for i in range(100)]
         started = time.monotonic()
-        assert s.enqueue(jobs) == [(ENQUEUE_NEW, due) for _, due, _ in jobs]
-        assert s.cancel("j1") == CANCEL_WAITING
+        assert s.enqueue(jobs) == [(EnqueueOutcome.NEW, due) for _, due, _ in jobs]
+        assert s.cancel("j1") == CancelOutcome.CANCELLED
         took = time.monotonic() - started
         assert "replica" not in caplog.text
         assert took < 5.0, took  # confirmed, not hung; the empty log shows no WAIT timed out

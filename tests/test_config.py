@@ -9,8 +9,8 @@ import pytest
 from celery import Celery
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQ, DelayQConfig
-from celery_delayq.api import get_store
 from celery_delayq.config import DEFAULTS
+from celery_delayq.store import get_store
 from tests.support.store import snapshot
 
 

@@ -16,7 +16,6 @@ import redis
 from celery import Celery
 
 from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
-from celery_delayq.api import get_store
 from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
 from celery_delayq.dispatch import CLUSTER_RETRY_MS, Dispatcher
 from celery_delayq.envelope import decode_envelope
@@ -25,7 +24,7 @@ from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
 from celery_delayq.schedules import point_id
 from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import Store, redis_error_kind
+from celery_delayq.store import Store, get_store, redis_error_kind
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms
@@ -200,8 +199,8 @@ def test_the_other_scripts_tolerate_a_malformed_lease(store: Store, r: redis.Red
     assert [(j.id, j.state) for j in store.scan()] == [("x", "leased")]
     stats = store.shard_stats()[store.keys.shard_of("x")]
     assert (stats.stored, stats.leased, stats.overdue) == (1, 1, 0)
-    assert store.reschedule("x", due + 1) == 2  # held: refused, as for any lease
-    assert store.cancel("x") == 2
+    assert store.reschedule("x", due + 1) == "delivering"  # held: refused, as for any lease
+    assert store.cancel("x") == "delivering"
     assert not r.exists(keys.leases) and not r.exists(keys.jobs)
 
 

@@ -15,9 +15,9 @@ from celery.signals import before_task_publish
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import Dispatcher
+from celery_delayq.store import get_store
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, server_ms
 

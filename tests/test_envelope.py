@@ -26,7 +26,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_delayq import DelayedTask, ScheduledResult
-from celery_delayq.api import get_store
 from celery_delayq.build import (
     _build_one,
     _plan_for,
@@ -38,7 +37,10 @@ from celery_delayq.build import (
 from celery_delayq.envelope import decode_envelope, id_opening, loaded_form, stored_form
 from celery_delayq.exceptions import CorruptData
 from celery_delayq.options import clean_options
-from celery_delayq.store import ENQUEUE_AFTER_HELD, ENQUEUE_KEPT, ENQUEUE_NEW, ENQUEUE_REPLACED
+from celery_delayq.store import (
+    EnqueueOutcome,
+    get_store,
+)
 from tests.support.apps import make_app
 from tests.support.store import server_ms
 from tests.test_producer import OPTION_SETS, dispatch, normalized, pop_broker_messages
@@ -390,10 +392,11 @@ def test_enqueue_one_id_three_times_in_one_call(app: Celery, r: redis.Redis, rep
     result = store.enqueue([("a", due, "1"), ("a", due + 1, "2"), ("a", due + 2, "3")], replace=replace)
     shard = store.keys.for_job("a")
     if replace:
-        assert result == [(ENQUEUE_NEW, due), (ENQUEUE_REPLACED, due + 1), (ENQUEUE_REPLACED, due + 2)]
+        replaced = EnqueueOutcome.REPLACED
+        assert result == [(EnqueueOutcome.NEW, due), (replaced, due + 1), (replaced, due + 2)]
         assert (r.hget(shard.jobs, "a"), r.zscore(shard.due, "a")) == ("3", due + 2)
     else:
-        assert result == [(ENQUEUE_NEW, due), (ENQUEUE_KEPT, due), (ENQUEUE_KEPT, due)]
+        assert result == [(EnqueueOutcome.NEW, due), (EnqueueOutcome.KEPT, due), (EnqueueOutcome.KEPT, due)]
         assert (r.hget(shard.jobs, "a"), r.zscore(shard.due, "a")) == ("1", due)
 
 
@@ -407,8 +410,8 @@ def test_enqueue_onto_a_leased_job_twice_in_one_call(app: Celery, r: redis.Redis
     assert [j.id for j in held.jobs] == ["a"]
     due = server_ms(r) + 60_000
     result = store.enqueue([("a", due, "new"), ("a", due + 1, "newer")], replace=replace)
-    second = (ENQUEUE_REPLACED, due + 1) if replace else (ENQUEUE_KEPT, due)
-    assert result == [(ENQUEUE_AFTER_HELD, due), second]
+    second = (EnqueueOutcome.REPLACED, due + 1) if replace else (EnqueueOutcome.KEPT, due)
+    assert result == [(EnqueueOutcome.AFTER_HELD, due), second]
     assert r.hget(shard.leases, "a") is None
     assert r.hget(shard.jobs, "a") == ("newer" if replace else "new")
 
@@ -440,7 +443,7 @@ def test_an_envelope_stored_under_another_id_is_kept_whole(app: Celery, r: redis
     store = get_store(app)
     envelope = build_envelope(app, app.tasks["t.add"], "built-for-a", DUE, (1, 2))
     assert store.enqueue([("b", DUE, envelope), ("c", DUE, "plain text")]) == [
-        (ENQUEUE_NEW, DUE), (ENQUEUE_NEW, DUE),
+        (EnqueueOutcome.NEW, DUE), (EnqueueOutcome.NEW, DUE),
     ]  # fmt: skip
     assert r.hget(store.keys.for_job("b").jobs, "b") == envelope
     record = store.get("b")

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import FENCE_FRACTION, Dispatcher
 from celery_delayq.scheduler import serve_metrics
 from celery_delayq.schedules import Schedules
+from celery_delayq.store import get_store
 from tests import test_e2e
 from tests.support.polling import wait_for
 from tests.support.processes import Procs

@@ -21,10 +21,17 @@ import pytest
 import redis
 
 from celery_delayq import DelayedTask, DelayQ, StoreFull
-from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
-from celery_delayq.store import CANCEL_WAITING, OOM_REPLY, Store, evicts_jobs, is_oom
+from celery_delayq.store import (
+    OOM_REPLY,
+    CancelOutcome,
+    EnqueueOutcome,
+    Store,
+    evicts_jobs,
+    get_store,
+    is_oom,
+)
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
@@ -131,13 +138,13 @@ def test_the_freeing_scripts_run_when_redis_is_full(
         make_full(client)
         assert store.bury("beat-1", by_shard[0][-1], {"reason": "test", "envelope": "x"}) is True
         make_full(client)
-        assert store.cancel("later") == CANCEL_WAITING
+        assert store.cancel("later") == CancelOutcome.CANCELLED
         assert client.llen("celery") == sum(third.values())
         assert store.count() == len(jobs) - 2 * sum(third.values()) - 1
         assert store.count_dead() == 1
 
         client.config_set("maxmemory", 0)
-        assert store.enqueue([("new", now, "z")])[0][0] == 1
+        assert store.enqueue([("new", now, "z")])[0][0] is EnqueueOutcome.NEW
     finally:
         client.close()
         store.close()

@@ -45,18 +45,11 @@ from celery_delayq.exceptions import StoreFull
 from celery_delayq.keys import KeySpace, shard_of
 from celery_delayq.lua_formats import lease_entry
 from celery_delayq.store import (
-    CANCEL_HELD,
-    CANCEL_MISSING,
-    CANCEL_WAITING,
-    ENQUEUE_AFTER_HELD,
-    ENQUEUE_KEPT,
-    ENQUEUE_NEW,
-    ENQUEUE_REPLACED,
     OOM_REPLY,
-    RESCHEDULE_HELD,
-    RESCHEDULE_MISSING,
-    RESCHEDULE_MOVED,
+    CancelOutcome,
+    EnqueueOutcome,
     JobRecord,
+    RescheduleOutcome,
     Store,
     is_oom,
 )
@@ -231,17 +224,17 @@ class StoreMachine(RuleBasedStateMachine):
             batch.append((job_id, due, envelope))
             current = self.jobs.get(job_id)
             if current is not None and current.token is None and not replace:
-                expected.append((ENQUEUE_KEPT, current.due))
+                expected.append((EnqueueOutcome.KEPT, current.due))
                 self._count("enqueue:kept")
                 continue
             if current is None:
-                status = ENQUEUE_NEW
+                status = EnqueueOutcome.NEW
             elif current.token is not None:
-                status = ENQUEUE_AFTER_HELD  # the lease is dropped, its holder holds nothing
+                status = EnqueueOutcome.AFTER_HELD  # the lease is dropped, its holder holds nothing
             else:
-                status = ENQUEUE_REPLACED
-            self._count({ENQUEUE_NEW: "enqueue:new", ENQUEUE_AFTER_HELD: "enqueue:after-held",
-                         ENQUEUE_REPLACED: "enqueue:replaced"}[status])
+                status = EnqueueOutcome.REPLACED
+            self._count({EnqueueOutcome.NEW: "enqueue:new", EnqueueOutcome.AFTER_HELD: "enqueue:after-held",
+                         EnqueueOutcome.REPLACED: "enqueue:replaced"}[status])
             self.jobs[job_id] = Job(envelope, stored, due, future=not past)
             expected.append((status, due))
             index = shard(job_id)
@@ -443,7 +436,11 @@ class StoreMachine(RuleBasedStateMachine):
         self._count("cancel")
         job_id = self._pick(data, among)
         job = self.jobs.pop(job_id, None)
-        expected = CANCEL_MISSING if job is None else CANCEL_WAITING if job.token is None else CANCEL_HELD
+        expected = (
+            CancelOutcome.MISSING if job is None
+            else CancelOutcome.CANCELLED if job.token is None
+            else CancelOutcome.DELIVERING
+        )  # fmt: skip
         self._count(f"cancel:{expected}")
         assert self.long.cancel(job_id) == expected
 
@@ -451,9 +448,9 @@ class StoreMachine(RuleBasedStateMachine):
         due = self._due(server_ms(self.client), past, k)
         job = self.jobs.get(job_id)
         if job is None:
-            expected = RESCHEDULE_MISSING
+            expected = RescheduleOutcome.MISSING
         elif job.token is not None:
-            expected = RESCHEDULE_HELD
+            expected = RescheduleOutcome.DELIVERING
         elif self.full:  # ZADD, its first write, is refused: nothing changes
             self._count("reschedule:full")
             with pytest.raises(redis.ResponseError) as refused:
@@ -461,7 +458,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert is_oom(refused.value), refused.value
             return
         else:
-            expected = RESCHEDULE_MOVED
+            expected = RescheduleOutcome.MOVED
             job.due, job.future = due, not past
             self._lower_marker(shard(job_id), due)
         self._count(f"reschedule:{expected}")
@@ -539,7 +536,8 @@ class StoreMachine(RuleBasedStateMachine):
     # A lease entry that does not read, written over a stored job's (waiting or leased), as a
     # buggy migration or a hand edit could. The model of what the scripts then do: no token
     # holds the job (ack, deliver and bury by any beat are refused); it counts as held for
-    # cancel (CANCEL_HELD), reschedule (RESCHEDULE_HELD) and enqueue (ENQUEUE_AFTER_HELD); get
+    # cancel (CancelOutcome.DELIVERING), reschedule (RescheduleOutcome.DELIVERING) and enqueue
+    # (EnqueueOutcome.AFTER_HELD); get
     # and scan show it leased, due at its score, 0 tries, lease until its score; and the claim
     # that finds it due takes it as an expired lease (due = its score, tries 1), replaces the
     # entry with its own lease and counts it in ``repaired``. Its score does not change.
@@ -625,7 +623,8 @@ def test_store_agrees_with_its_model(redis_url: str) -> None:
     # deliver:push-error and bury:moved, are in the summary line only).
     needed = [
         "claim:re-claimed-by-another", "not_the_holder:stale-token-now-held-by-another",
-        "enqueue:after-held", f"cancel:{CANCEL_HELD}", f"reschedule:{RESCHEDULE_HELD}",
+        "enqueue:after-held", f"cancel:{CancelOutcome.DELIVERING}",
+        f"reschedule:{RescheduleOutcome.DELIVERING}",
         "deliver:pushed", "ack:removed", "claim:repaired", "enqueue:full",
     ]
     for name in needed:

@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig, lateness, worker
 from celery_delayq import dispatch as dispatch_module
-from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import BEAT_FORGET_MS, Dispatcher
 from celery_delayq.lateness import BOUNDS, Histogram
 from celery_delayq.scheduler import serve_metrics
+from celery_delayq.store import get_store
 from tests.support.store import broker_lists, server_ms
 
 HOUR = 3600.0

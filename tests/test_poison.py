@@ -26,8 +26,7 @@ import pytest
 import redis
 
 from celery_delayq import Schedules
-from celery_delayq.api import get_store
-from celery_delayq.store import loaded_form
+from celery_delayq.store import get_store, loaded_form
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.test_e2e import Producer, assert_alive, log_of, producers, start_stack, warm_up

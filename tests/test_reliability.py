@@ -51,9 +51,8 @@ import redis
 from kombu import Connection
 
 from celery_delayq import DelayedTask, ScheduledResult
-from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.store import Store
+from celery_delayq.store import Store, get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.test_e2e import (

@@ -27,13 +27,13 @@ from celery import Celery
 
 import celery_delayq
 from celery_delayq import DelayQ, ReservedTaskId, Schedules
-from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.envelope import decode_envelope
 from celery_delayq.keys import is_point_id
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.schedules import STALL_AFTER_MS, point_id
 from celery_delayq.scripts import SCRIPTS
+from celery_delayq.store import get_store
 
 NAME = "tick"
 

@@ -29,12 +29,11 @@ from celery_delayq import (
     SerializationError,
     UnknownTask,
 )
-from celery_delayq.api import get_store
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.rules import parse_rule
 from celery_delayq.schedules import point_id
 from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import ClaimedJob
+from celery_delayq.store import ClaimedJob, get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms, snapshot

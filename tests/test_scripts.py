@@ -18,16 +18,9 @@ from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.keys import KeySpace
 from celery_delayq.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
 from celery_delayq.store import (
-    CANCEL_HELD,
-    CANCEL_MISSING,
-    CANCEL_WAITING,
-    ENQUEUE_AFTER_HELD,
-    ENQUEUE_KEPT,
-    ENQUEUE_NEW,
-    ENQUEUE_REPLACED,
-    RESCHEDULE_HELD,
-    RESCHEDULE_MISSING,
-    RESCHEDULE_MOVED,
+    CancelOutcome,
+    EnqueueOutcome,
+    RescheduleOutcome,
     Store,
 )
 from tests.support.polling import wait_for
@@ -105,7 +98,7 @@ def wake(store: Store, r: redis.Redis) -> Iterator[Wake]:
 
 def test_enqueue_new_job_is_stored_in_its_shard(store: Store, r: redis.Redis) -> None:
     due = server_ms(r) + 60_000
-    assert store.enqueue([("a", due, "env-a")]) == [(ENQUEUE_NEW, due)]
+    assert store.enqueue([("a", due, "env-a")]) == [(EnqueueOutcome.NEW, due)]
     shard = store.keys.for_job("a")
     assert r.zscore(shard.due, "a") == due
     assert r.hget(shard.jobs, "a") == "env-a"
@@ -122,10 +115,10 @@ def test_enqueue_relative_adds_the_delay_to_the_servers_time(store: Store, r: re
     (one,) = store.enqueue([("a", 5000, "env-a")], relative=True)
     many = store.enqueue([(f"m{i}", 1000 * i, "env") for i in range(40)], relative=True)
     after = server_ms(r)
-    assert one[0] == ENQUEUE_NEW and before + 5000 <= one[1] <= after + 5000
+    assert one[0] == EnqueueOutcome.NEW and before + 5000 <= one[1] <= after + 5000
     assert r.zscore(store.keys.for_job("a").due, "a") == one[1]
     for i, (status, due) in enumerate(many):
-        assert status == ENQUEUE_NEW and before + 1000 * i <= due <= after + 1000 * i
+        assert status == EnqueueOutcome.NEW and before + 1000 * i <= due <= after + 1000 * i
         assert r.zscore(store.keys.for_job(f"m{i}").due, f"m{i}") == due
     assert before <= store.server_now_ms() <= server_ms(r)
 
@@ -133,7 +126,7 @@ def test_enqueue_relative_adds_the_delay_to_the_servers_time(store: Store, r: re
 def test_enqueue_keep_leaves_the_waiting_job_untouched(store: Store, r: redis.Redis) -> None:
     due = server_ms(r) + 60_000
     store.enqueue([("a", due, "first")])
-    assert store.enqueue([("a", due + 5000, "second")]) == [(ENQUEUE_KEPT, due)]
+    assert store.enqueue([("a", due + 5000, "second")]) == [(EnqueueOutcome.KEPT, due)]
     shard = store.keys.for_job("a")
     assert r.zscore(shard.due, "a") == due
     assert r.hget(shard.jobs, "a") == "first"
@@ -143,7 +136,7 @@ def test_enqueue_replace_overwrites_the_waiting_job(store: Store, r: redis.Redis
     due = server_ms(r) + 60_000
     store.enqueue([("a", due, "first")])
     assert store.enqueue([("a", due + 5000, "second")], replace=True) == [
-        (ENQUEUE_REPLACED, due + 5000)
+        (EnqueueOutcome.REPLACED, due + 5000)
     ]
     shard = store.keys.for_job("a")
     assert r.zscore(shard.due, "a") == due + 5000
@@ -154,7 +147,7 @@ def test_enqueue_replace_overwrites_the_waiting_job(store: Store, r: redis.Redis
 def test_enqueue_same_id_twice_in_one_call_keeps_the_first(store: Store, r: redis.Redis) -> None:
     due = server_ms(r) + 60_000
     result = store.enqueue([("a", due, "first"), ("a", due + 1, "second")])
-    assert result == [(ENQUEUE_NEW, due), (ENQUEUE_KEPT, due)]
+    assert result == [(EnqueueOutcome.NEW, due), (EnqueueOutcome.KEPT, due)]
     assert r.hget(store.keys.for_job("a").jobs, "a") == "first"
 
 
@@ -171,7 +164,7 @@ def test_enqueue_onto_a_leased_job_stores_the_new_one(
     new_due = server_ms(r) + 60_000
     # Even in keep mode: the leased job is being delivered, so the new one is stored.
     assert store.enqueue([("a", new_due, "new")], replace=replace) == [
-        (ENQUEUE_AFTER_HELD, new_due)
+        (EnqueueOutcome.AFTER_HELD, new_due)
     ]
     record = store.get("a")
     assert record is not None
@@ -195,7 +188,7 @@ def test_enqueue_groups_by_shard_in_one_pipeline(store: Store, r: redis.Redis) -
     calls_before, _ = command_calls(r, "evalsha")
     result = store.enqueue(jobs)
     calls_after, _ = command_calls(r, "evalsha")
-    assert result == [(ENQUEUE_NEW, due + i) for i in range(40)]
+    assert result == [(EnqueueOutcome.NEW, due + i) for i in range(40)]
     assert calls_after - calls_before == len(shards)  # one script call per shard
     for job_id, job_due, envelope in jobs:
         keys = store.keys.for_job(job_id)
@@ -392,9 +385,9 @@ def test_renew_after_expiry_and_re_claim_says_not_held(fast_store: Store, r: red
 
 def test_cancel_while_waiting(store: Store, r: redis.Redis) -> None:
     store.enqueue([("a", server_ms(r) + 60_000, "env"), ("b", server_ms(r) + 60_000, "env")])
-    assert store.cancel("a") == CANCEL_WAITING
+    assert store.cancel("a") == CancelOutcome.CANCELLED
     assert store.get("a") is None
-    assert store.cancel("a") == CANCEL_MISSING
+    assert store.cancel("a") == CancelOutcome.MISSING
     assert store.get("b") is not None  # the other job is untouched
     keys = store.keys.for_job("a")
     assert r.zscore(keys.due, "a") is None and not r.hexists(keys.jobs, "a")
@@ -404,7 +397,7 @@ def test_cancel_while_leased_then_the_holders_ack_is_a_no_op(store: Store, r: re
     store.enqueue([("a", server_ms(r) - 1, "env")])
     shard = store.keys.shard_of("a")
     claim_one(store, shard, "beat-1")
-    assert store.cancel("a") == CANCEL_HELD
+    assert store.cancel("a") == CancelOutcome.DELIVERING
     keys = store.keys.shard(shard)
     assert (r.zscore(keys.due, "a"), r.hget(keys.jobs, "a"), r.hget(keys.leases, "a")) == (
         None, None, None,
@@ -416,7 +409,7 @@ def test_cancel_while_leased_then_the_holders_ack_is_a_no_op(store: Store, r: re
 
 
 def test_cancel_missing(store: Store) -> None:
-    assert store.cancel("nope") == CANCEL_MISSING
+    assert store.cancel("nope") == CancelOutcome.MISSING
 
 
 # -- reschedule -------------------------------------------------------------------------------
@@ -428,7 +421,7 @@ def test_reschedule_waiting_job_moves_it(store: Store, r: redis.Redis) -> None:
     shard = store.keys.shard_of("a")
     assert claim_one(store, shard, "beat-1").jobs == []
 
-    assert store.reschedule("a", now - 2000) == RESCHEDULE_MOVED
+    assert store.reschedule("a", now - 2000) == RescheduleOutcome.MOVED
     record = store.get("a")
     assert record is not None and record.due_ms == now - 2000 and record.state == "waiting"
     [job] = claim_one(store, shard, "beat-1").jobs
@@ -438,7 +431,7 @@ def test_reschedule_waiting_job_moves_it(store: Store, r: redis.Redis) -> None:
 def test_reschedule_later_is_not_claimed_early(store: Store, r: redis.Redis) -> None:
     now = server_ms(r)
     store.enqueue([("a", now - 1000, "env")])
-    assert store.reschedule("a", now + 60_000) == RESCHEDULE_MOVED
+    assert store.reschedule("a", now + 60_000) == RescheduleOutcome.MOVED
     assert claim_one(store, store.keys.shard_of("a"), "beat-1").jobs == []
 
 
@@ -449,13 +442,13 @@ def test_reschedule_leased_job_is_refused(store: Store, r: redis.Redis) -> None:
     claim_one(store, shard, "beat-1")
     keys = store.keys.shard(shard)
     before = (r.zscore(keys.due, "a"), r.hget(keys.leases, "a"))
-    assert store.reschedule("a", due + 60_000) == RESCHEDULE_HELD
+    assert store.reschedule("a", due + 60_000) == RescheduleOutcome.DELIVERING
     assert (r.zscore(keys.due, "a"), r.hget(keys.leases, "a")) == before
     assert store.ack("beat-1", {shard: ["a"]}) == {"a": True}
 
 
 def test_reschedule_missing(store: Store) -> None:
-    assert store.reschedule("nope", 1000) == RESCHEDULE_MISSING
+    assert store.reschedule("nope", 1000) == RescheduleOutcome.MISSING
     assert store.count() == 0
 
 
@@ -538,7 +531,7 @@ def test_script_flush_before_a_single_call(store: Store, r: redis.Redis) -> None
     r.script_flush()
     zrem_before, _ = command_calls(r, "zrem")
     evalsha_before, failed_before = command_calls(r, "evalsha")
-    assert store.cancel("a") == CANCEL_WAITING
+    assert store.cancel("a") == CancelOutcome.CANCELLED
     zrem_after, _ = command_calls(r, "zrem")
     evalsha_after, failed_after = command_calls(r, "evalsha")
     assert zrem_after - zrem_before == 1  # the script body ran exactly once
@@ -554,7 +547,7 @@ def test_script_flush_before_a_raw_call(store: Store, r: redis.Redis) -> None:
     r.script_flush()
     keys = store.keys.for_job("a").core
     args = ["a", due - 1000, store.keys.wake_channel, store.keys.shard_of("a")]
-    assert SCRIPTS["reschedule"](store.client, keys, args) == RESCHEDULE_MOVED
+    assert SCRIPTS["reschedule"](store.client, keys, args) == 1  # moved
     record = store.get("a")
     assert record is not None and record.due_ms == due - 1000
 
@@ -569,7 +562,7 @@ def test_script_flush_before_a_pipeline(store: Store, r: redis.Redis) -> None:
     result = store.enqueue(jobs, replace=True)
     hset_after, _ = command_calls(r, "hset")
     _, failed_after = command_calls(r, "evalsha")
-    assert result == [(ENQUEUE_NEW, due + i) for i in range(30)]
+    assert result == [(EnqueueOutcome.NEW, due + i) for i in range(30)]
     assert hset_after - hset_before == len(jobs)  # each job written exactly once
     assert failed_after - failed_before == len(shards)  # one NOSCRIPT per shard call
     assert store.count() == len(jobs)
@@ -604,7 +597,7 @@ def test_run_pipelined_repeats_only_the_noscript_calls(store: Store, r: redis.Re
     zrem_before, _ = command_calls(r, "zrem")
     hset_before, _ = command_calls(r, "hset")
     results = run_pipelined(store.client, calls)
-    assert [results[0][1:], results[1]] == [[ENQUEUE_NEW, now], CANCEL_WAITING]
+    assert [results[0][1:], results[1]] == [[1, now], 1]  # enqueue: new; cancel: it was waiting
     evalsha_after, failed_after = command_calls(r, "evalsha")
     assert (evalsha_after - evalsha_before, failed_after - failed_before) == (3, 1)
     assert command_calls(r, "hset")[0] - hset_before == 1  # enqueue ran once, not again
@@ -661,9 +654,9 @@ def test_reschedule_earlier_than_the_marker_wakes(
     due = server_ms(r) + 60_000
     store.enqueue([(a, due, "a"), (b, due + 10_000, "b")])
     assert wake.drain() == [f"3:{due}"]
-    assert store.reschedule(b, due + 5000) == RESCHEDULE_MOVED
+    assert store.reschedule(b, due + 5000) == RescheduleOutcome.MOVED
     assert wake.drain() == []
-    assert store.reschedule(b, due - 5000) == RESCHEDULE_MOVED
+    assert store.reschedule(b, due - 5000) == RescheduleOutcome.MOVED
     assert wake.drain() == [f"3:{due - 5000}"]
     assert r.get(store.keys.shard(3).wake) == str(due - 5000)
 
@@ -738,7 +731,7 @@ def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
     store = make_store(redis_url, wait_replicas=1)
     try:
         started = time.monotonic()
-        assert store.enqueue([("a", 2_000_000_000_000, "env")]) == [(ENQUEUE_NEW, 2_000_000_000_000)]
+        assert store.enqueue([("a", 2_000_000_000_000, "env")]) == [(EnqueueOutcome.NEW, 2_000_000_000_000)]
         assert time.monotonic() - started >= 0.9
         assert "reached 0 of the 1 replica(s)" in caplog.text
         caplog.clear()
@@ -749,8 +742,8 @@ def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
             started = time.monotonic()
             jobs = [(f"j{i}", 2_000_000_000_000 + i, "env") for i in range(50)]
             store.enqueue(jobs)
-            assert store.cancel("j1") == CANCEL_WAITING
-            assert store.reschedule("j2", 2_000_000_000_001) == RESCHEDULE_MOVED
+            assert store.cancel("j1") == CancelOutcome.CANCELLED
+            assert store.reschedule("j2", 2_000_000_000_001) == RescheduleOutcome.MOVED
             assert time.monotonic() - started < 5.0  # WAIT never timed out (1 s each)
             assert caplog.text == ""
             assert r.hget(store.keys.for_job("j3").jobs, "j3") == "env"  # on the replica already
@@ -790,7 +783,7 @@ def test_enqueue_of_5000_jobs_in_one_script_call(store: Store, r: redis.Redis) -
     for i, job_id in enumerate(ids):
         args += [job_id, 2_000_000_000_000 + i, "env"]
     reply = SCRIPTS["enqueue"](r, keys.core, args)
-    assert reply[1:] == [x for i in range(5000) for x in (ENQUEUE_NEW, 2_000_000_000_000 + i)]
+    assert reply[1:] == [x for i in range(5000) for x in (1, 2_000_000_000_000 + i)]  # 1: new
     assert r.zrange(keys.due, 0, -1, withscores=True) == [
         (job_id, 2_000_000_000_000 + i) for i, job_id in enumerate(ids)
     ]

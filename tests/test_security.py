@@ -23,11 +23,10 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads as kombu_loads
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
-from celery_delayq.api import get_store
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.metrics import DispatcherCollector
-from celery_delayq.store import make_client
+from celery_delayq.store import get_store, make_client
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, server_ms

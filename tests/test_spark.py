@@ -18,10 +18,9 @@ import redis
 from celery import Celery
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQ, InvalidDueTime
-from celery_delayq.api import get_store
 from celery_delayq.keys import KeySpace
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
-from celery_delayq.store import loaded_form
+from celery_delayq.store import get_store, loaded_form
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.api import get_store
 from celery_delayq.build import build_envelope
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.due import due_iso
 from celery_delayq.envelope import decode_envelope
 from celery_delayq.schedules import Schedules, point_id
+from celery_delayq.store import get_store
 from celery_delayq.wire import WireTemplates, wire_message
 from tests.support.apps import make_app
 

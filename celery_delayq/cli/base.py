@@ -11,14 +11,12 @@ from datetime import timedelta, tzinfo
 from typing import Any, TypeVar
 
 import click
-import redis
-from redis.cluster import RedisCluster
 from rich.console import Console
 
-from ..api import DelayQ
 from ..config import DelayQConfig, redact_url, setting_name
 from ..due import ms_to_datetime
 from ..exceptions import ConfigurationError
+from ..jobs import DelayQ
 from ..schedules import Schedules
 from ..store import Store
 from .errors import EXIT_NOT_DONE, StoreProblem, cli_error, rule_for, usage
@@ -110,27 +108,11 @@ class Session:
 
 def cli_store(app: Any) -> Store:
     """The app's store (made once per app) with a connect timeout of :data:`CONNECT_TIMEOUT`."""
-    existing = app.__dict__.get("_delayq_store")
-    if isinstance(existing, Store):
-        return existing
-    config = DelayQConfig.from_app(app)
-    options: dict[str, Any] = dict(
-        decode_responses=True,
-        encoding_errors="surrogateescape",
-        health_check_interval=30,
-        socket_connect_timeout=CONNECT_TIMEOUT,
-    )
     try:
-        if config.cluster:
-            client: Any = RedisCluster.from_url(config.url, **options)
-        else:
-            client = redis.Redis.from_url(config.url, **options)
+        return Store.for_app(app, connect_timeout=CONNECT_TIMEOUT)
     except (ValueError, TypeError) as exc:
         name = setting_name(app, "delayq_url")
-        raise StoreProblem(f"bad {name} {redact_url(config.url)!r}: {exc}") from exc
-    store = Store(config, client)
-    app.__dict__["_delayq_store"] = store
-    return store
+        raise StoreProblem(f"bad {name} {redact_url(DelayQConfig.from_app(app).url)!r}: {exc}") from exc
 
 
 def session(ctx: click.Context) -> Session:

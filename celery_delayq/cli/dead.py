@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from ..api import MISSING, NO_ENVELOPE, REQUEUED
 from ..envelope import loaded_form
+from ..jobs import MISSING, NO_ENVELOPE, REQUEUED
 from ..store import JobRecord
 from .base import DelayqGroup, Session, json_option, report, session
 from .errors import CliError, usage

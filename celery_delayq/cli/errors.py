@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import click
-import redis
 
+from ..connection import UNREACHABLE_ERRORS
 from ..exceptions import (
     ConfigurationError,
     ScheduleError,
@@ -110,8 +110,7 @@ ERRORS: dict[type[BaseException], ErrorRule] = {
     UnknownTask: ErrorRule(UsageProblem, _unknown_task),
     ScheduleError: ErrorRule(UsageProblem, lambda exc, url: str(exc)),
     ConfigurationError: ErrorRule(StoreProblem, lambda exc, url: f"configuration: {exc}", app_hint=True),
-    redis.ConnectionError: _UNREACHABLE,
-    redis.TimeoutError: _UNREACHABLE,
+    **dict.fromkeys(UNREACHABLE_ERRORS, _UNREACHABLE),
     **dict.fromkeys(REDIS_ERRORS, _ANSWERED),
     StoreError: ErrorRule(StoreProblem, lambda exc, url: str(exc)),
 }

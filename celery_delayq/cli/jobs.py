@@ -13,8 +13,8 @@ from typing import Any
 import click
 from rich.text import Text
 
-from ..api import CANCELLED, DELIVERING, MOVED
 from ..envelope import decode_envelope
+from ..jobs import CANCELLED, DELIVERING, MOVED
 from ..store import JobRecord
 from .base import Session, json_option, report, session
 from .errors import CliError, usage

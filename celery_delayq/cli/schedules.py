@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
-from ..api import MISSING
 from ..due import ms_to_datetime
 from ..exceptions import ScheduleError
+from ..jobs import MISSING
 from ..schedules import Schedule
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage

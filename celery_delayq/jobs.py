@@ -1,4 +1,5 @@
-"""``DelayQ``: manage stored jobs by id, and list what is pending.
+"""One-off jobs: ``DelayQ`` manages stored jobs by id and lists what is pending (the
+sibling of :mod:`celery_delayq.schedules`, which manages recurring ones).
 
 >>> from celery import Celery
 >>> dq = DelayQ(Celery(broker="redis://127.0.0.1:6390/0"))
@@ -13,39 +14,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .config import DelayQConfig
 from .due import due_ms_from_eta, ms_to_datetime
-from .envelope import decode_envelope, loaded_form
+from .envelope import decode_envelope
 from .exceptions import InvalidSchedule
 from .keys import is_point_id
-from .scripts import SCRIPTS, ScriptCall, run_pipelined, run_replicated
-from .store import (
-    CANCEL_HELD,
-    CANCEL_WAITING,
-    REQUEUE_DONE,
-    REQUEUE_MISSING,
-    REQUEUE_NO_ENVELOPE,
-    RESCHEDULE_HELD,
-    RESCHEDULE_MOVED,
-    JobRecord,
-    Store,
-)
+from .store import CancelOutcome, JobRecord, RequeueOutcome, RescheduleOutcome, Store
 
-__all__ = ["DelayQ", "PendingJob", "get_store"]
+__all__ = ["DelayQ", "PendingJob"]
 
-#: What :meth:`DelayQ.cancel_outcome`, :meth:`DelayQ.reschedule_outcome` and
-#: :meth:`DelayQ.requeue_dead` report.
-CANCELLED, MOVED, REQUEUED = "cancelled", "moved", "requeued"
-DELIVERING, MISSING, STORED, NO_ENVELOPE = "delivering", "missing", "stored", "no-envelope"
-
-
-def get_store(app: Any) -> Store:
-    """The app's :class:`Store` (one per app and process; redis-py pools are fork-safe)."""
-    store = app.__dict__.get("_delayq_store")
-    if not isinstance(store, Store):
-        store = Store(DelayQConfig.from_app(app))
-        app.__dict__["_delayq_store"] = store
-    return store
+# The outcomes :meth:`DelayQ.cancel_outcome`, :meth:`DelayQ.reschedule_outcome` and
+# :meth:`DelayQ.requeue_dead` report, by the words they share: each is the store's ``str`` enum
+# member (``CANCELLED == "cancelled"``), typed ``str`` so that the outcomes of the three compare.
+CANCELLED: str = CancelOutcome.CANCELLED
+MOVED: str = RescheduleOutcome.MOVED
+REQUEUED: str = RequeueOutcome.REQUEUED
+DELIVERING: str = CancelOutcome.DELIVERING
+MISSING: str = CancelOutcome.MISSING
+STORED: str = RequeueOutcome.STORED
+NO_ENVELOPE: str = RequeueOutcome.NO_ENVELOPE
 
 
 @dataclass(frozen=True)
@@ -97,7 +83,7 @@ class DelayQ:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.store = get_store(app)
+        self.store = Store.for_app(app)
         self.config = self.store.config
 
     def get(self, job_id: str) -> PendingJob | None:
@@ -114,13 +100,12 @@ class DelayQ:
         """
         return self.cancel_outcome(job_id) == CANCELLED
 
-    def cancel_outcome(self, job_id: str) -> str:
+    def cancel_outcome(self, job_id: str) -> CancelOutcome:
         """:meth:`cancel`, saying what happened: ``"cancelled"`` (it was waiting: it will never
         run), ``"delivering"`` (removed while a beat held it: it may already be in the broker)
         or ``"missing"`` (no such job). A schedule's next point raises ``InvalidSchedule``."""
         self._refuse_schedule_point(job_id, "cancel")
-        code = self.store.cancel(job_id)
-        return CANCELLED if code == CANCEL_WAITING else DELIVERING if code == CANCEL_HELD else MISSING
+        return self.store.cancel(job_id)
 
     def reschedule(self, job_id: str, eta: Any) -> bool:
         """Move a waiting job to ``eta`` (as ``apply_at`` takes it).
@@ -129,14 +114,13 @@ class DelayQ:
         """
         return self.reschedule_outcome(job_id, eta) == MOVED
 
-    def reschedule_outcome(self, job_id: str, eta: Any) -> str:
+    def reschedule_outcome(self, job_id: str, eta: Any) -> RescheduleOutcome:
         """:meth:`reschedule`, saying what happened: ``"moved"``, ``"delivering"`` (refused: a
         beat holds the job now) or ``"missing"``. A schedule's next point raises
         ``InvalidSchedule``."""
         due_ms = due_ms_from_eta(eta, self.app)
         self._refuse_schedule_point(job_id, "reschedule")
-        code = self.store.reschedule(job_id, due_ms)
-        return MOVED if code == RESCHEDULE_MOVED else DELIVERING if code == RESCHEDULE_HELD else MISSING
+        return self.store.reschedule(job_id, due_ms)
 
     def is_schedule_point(self, job_id: str) -> str | None:
         """The name of the recurring schedule whose execution point ``job_id`` is, or None."""
@@ -193,36 +177,22 @@ class DelayQ:
         """Dead-lettered jobs: ``(id, record)`` with the reason and the stored envelope."""
         return self.store.dead()
 
-    def requeue_dead(self, job_id: str, eta: Any = None) -> str:
+    def requeue_dead(self, job_id: str, eta: Any = None) -> RequeueOutcome:
         """Put a dead-lettered job back as a waiting job due at ``eta`` (default: now, on the Redis
         server's clock), removing its dead letter, in one script. ``"requeued"``; ``"missing"`` (no
         dead letter with this id); ``"stored"`` (refused: a job with this id is stored, waiting or
         being delivered); ``"no-envelope"`` (refused: the record holds no message)."""
         due_ms = self.store.server_now_ms() if eta is None else due_ms_from_eta(eta, self.app)
-        code = self.store.requeue(job_id, due_ms)
-        if code == REQUEUE_DONE:
-            return REQUEUED
-        return MISSING if code == REQUEUE_MISSING else NO_ENVELOPE if code == REQUEUE_NO_ENVELOPE else STORED
+        return self.store.requeue(job_id, due_ms)
 
     def delete_dead(self, job_id: str) -> bool:
         """Forget a dead-lettered job; False when there was no dead letter with this id."""
-        return bool(self.store.client.hdel(self.store.keys.for_job(job_id).dead, job_id))
+        return self.store.delete_dead(job_id)
 
     def delete_all_dead(self, page: int = 1000) -> int:
         """Forget every dead letter of this prefix (``HSCAN`` and ``HDEL`` a page at a time);
         how many were removed."""
-        client = self.store.client
-        removed = 0
-        for shard in self.store.keys.all_shards():
-            batch: list[str] = []
-            for job_id, _ in client.hscan_iter(shard.dead, count=page):
-                batch.append(job_id)
-                if len(batch) >= page:
-                    removed += int(client.hdel(shard.dead, *batch))
-                    batch = []
-            if batch:
-                removed += int(client.hdel(shard.dead, *batch))
-        return removed
+        return self.store.delete_all_dead(page)
 
     def purge(self, task: str | None = None, page: int = 1000) -> dict[str, int]:
         """Remove every stored one-off job of this app's prefix (only those of ``task`` when
@@ -234,33 +204,30 @@ class DelayQ:
         ``{"cancelled": removed while waiting, "delivering": removed while a beat held them
         (they may already be in the broker), "kept_points": schedule points left}``.
         """
-        out = {CANCELLED: 0, DELIVERING: 0}
+        out = {CancelOutcome.CANCELLED.value: 0, CancelOutcome.DELIVERING.value: 0}
         points: set[str] = set()
-        client = self.store.client
-        for shard in self.store.keys.all_shards():
+        store = self.store
+        for shard in range(store.keys.shards):
             for _ in range(3):  # a job a beat acks meanwhile shifts the ranks: look again
                 kept = 0  # members left in place so far: the next page starts after them
                 while True:
-                    ids = client.zrange(shard.due, kept, kept + page - 1)
+                    ids = store.due_ids(shard, kept, kept + page - 1)
                     if not ids:
                         break
-                    kept += len(ids) - self._purge_batch(shard.core, ids, task, out, points)
+                    kept += len(ids) - self._purge_batch(shard, ids, task, out, points)
                     if len(ids) < page:
                         break
-                if int(client.zcard(shard.due)) <= kept:
+                if store.due_count(shard) <= kept:
                     break
         return {**out, "kept_points": len(points)}
 
     def _purge_batch(
-        self, core: list[str], ids: list[str], task: str | None, out: dict[str, int], points: set[str]
+        self, shard: int, ids: list[str], task: str | None, out: dict[str, int], points: set[str]
     ) -> int:
         """Cancel the ids of one page that ``purge`` removes; how many it removed."""
-        jobs_key = core[1]
         maybe_point = [i for i in ids if is_point_id(i)]
         wanted = ids if task is not None else maybe_point
-        envelopes: dict[str, str | None] = {}
-        if wanted:
-            envelopes = dict(zip(wanted, self.store.client.hmget(jobs_key, wanted), strict=True))
+        envelopes = dict(zip(wanted, self.store.envelopes(shard, wanted), strict=True))
         chosen: list[str] = []
         for job_id in ids:
             if job_id in envelopes:
@@ -268,7 +235,7 @@ class DelayQ:
                 if stored is None:
                     continue  # gone since the scan
                 try:
-                    envelope = decode_envelope(loaded_form(job_id, stored))
+                    envelope = decode_envelope(stored)
                 except ValueError:
                     envelope = None
                 if task is not None and (envelope is None or envelope.task != task):
@@ -279,17 +246,9 @@ class DelayQ:
             chosen.append(job_id)
         if not chosen:
             return 0
-        calls = [ScriptCall(SCRIPTS["cancel"], core, [job_id]) for job_id in chosen]
-        replicas = self.config.wait_replicas
-        if replicas:
-            results = run_replicated(self.store.client, calls, replicas)
-        else:
-            results = run_pipelined(self.store.client, calls)
         removed = 0
-        for code in results:
-            if int(code) == CANCEL_WAITING:
-                out[CANCELLED] += 1
-            elif int(code) == CANCEL_HELD:
-                out[DELIVERING] += 1
-            removed += int(code) in (CANCEL_WAITING, CANCEL_HELD)
+        for outcome in self.store.cancel_many(shard, chosen):
+            if outcome is not CancelOutcome.MISSING:
+                out[outcome.value] += 1
+                removed += 1
         return removed
