@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from . import lateness
 from .due import due_ms_from_eta, ms_to_datetime
 from .envelope import decode_envelope
 from .exceptions import InvalidSchedule
 from .keys import is_point_id
+from .lateness import Snapshot
 from .store import CancelOutcome, JobRecord, RequeueOutcome, RescheduleOutcome, Store
 
 __all__ = ["DelayQ", "PendingJob"]
@@ -172,6 +174,12 @@ class DelayQ:
     def count(self) -> int:
         """Jobs stored (waiting or being delivered), over all shards."""
         return self.store.count()
+
+    def lateness(self, kind: str) -> Snapshot:
+        """The ``"publish"`` (due -> in the broker, recorded by the beats) or ``"start"`` (due ->
+        a worker started it, with ``delayq_record_lateness``) histogram as it is in Redis now.
+        See docs/operations.md, "Lateness histograms"."""
+        return lateness.read(self.store, self.config.prefix, kind)
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Dead-lettered jobs: ``(id, record)`` with the reason and the stored envelope."""

@@ -200,3 +200,23 @@ def test_count_and_dead(app: Celery) -> None:
     assert [(job_id, json.dumps(rec)) for job_id, rec in dq.dead()] == [
         (past.id, json.dumps({"reason": "x", "envelope": "e"}))
     ]
+
+
+def test_lateness_reads_the_histograms_the_beat_and_workers_write(app: Celery, r: redis.Redis) -> None:
+    from celery_delayq.dispatch import Dispatcher
+
+    q = DelayQ(app)
+    assert q.lateness("publish").count == 0
+    app.tasks["t.add"].apply_in(0, (1, 2))
+    dispatcher = Dispatcher(app)
+    try:
+        assert dispatcher.run_once() >= 0 and q.count() == 0
+        dispatcher.chores(force=True)  # flushes the publish histogram
+    finally:
+        dispatcher.stop()
+    assert q.lateness("publish").count == 1
+    r.hset("delayq:lateness:start", mapping={"le:10": 2, "count": 2, "sum_ms": 7})
+    start = q.lateness("start")
+    assert (start.count, start.mean_ms, start.quantile(0.99)) == (2, 3.5, 10)
+    with pytest.raises(ValueError, match="publish"):
+        q.lateness("finish")
