@@ -154,7 +154,15 @@ def node_client(node: Any) -> redis.Redis:
 class ClusterWake(test_scripts.Wake):
     """``test_scripts.Wake`` on a cluster: a script's PUBLISH reaches the subscriber's node over
     the cluster bus from the node that ran it, so the sentinel that ends a drain is published
-    on every primary, and the drain waits for all of them (each link keeps its order)."""
+    on every primary, and the drain waits for all of them (each link keeps its order).
+
+    A message an earlier test's script published can still be on its way over the bus when
+    this subscription starts (CI once saw one arrive in the next test's first drain), so the
+    subscription starts with a drain that throws such messages away."""
+
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        super().__init__(client, channel)
+        self.drain()
 
     def drain(self) -> list[str]:
         nodes = self.client.get_primaries()  # type: ignore[attr-defined]
