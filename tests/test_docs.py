@@ -158,3 +158,22 @@ def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
     assert build.returncode == 0, f"mkdocs build --strict failed:\n{build.stdout}{build.stderr}"
     missing = [page for page in pages if not (site / _html_of(page)).is_file()]
     assert not missing, f"nav pages without a built page: {missing}"
+
+
+def test_the_module_map_names_every_module_once() -> None:
+    """docs/how-it-works.md's module map has one row per module of the package (a subpackage's
+    row names its modules), and no row for a module that is gone."""
+    import pkgutil
+
+    import celery_delayq
+
+    text = (ROOT / "docs" / "how-it-works.md").read_text()
+    section = text.split("## The module map", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([\w.]+)` \| (.*) \|$", section, flags=re.M))
+    top = {info.name for info in pkgutil.iter_modules(celery_delayq.__path__)} | {"__init__"}
+    assert set(rows) == top
+    for info in pkgutil.iter_modules(celery_delayq.__path__):
+        if info.ispkg:
+            package = __import__(f"celery_delayq.{info.name}", fromlist=["_"])
+            for sub in pkgutil.iter_modules(package.__path__):
+                assert f"`{sub.name}`" in rows[info.name], f"{info.name}.{sub.name} is not in the map"
