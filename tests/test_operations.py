@@ -330,10 +330,10 @@ def test_metrics_keep_answering_when_the_store_cannot_be_read(
     server = serve_metrics(dispatcher, free_port())
     dispatcher.run_once()
 
-    def broken() -> Any:
+    def broken(*args: Any) -> Any:
         raise redis.ConnectionError("gone")
 
-    monkeypatch.setattr(server.collector, "_read_redis", broken)
+    monkeypatch.setattr(dispatcher.store, "overview", broken)  # what a scrape reads the store with
     try:
         page = scrape(f"http://127.0.0.1:{server.port}/metrics")
     finally:

@@ -626,8 +626,9 @@ def test_intercept_setting_is_read_once_per_app(app_factory: AppFactory, r: redi
     app.conf.delayq_intercept_eta = True
     app.tasks["t.add"].apply_async((1, 2), countdown=30)
     assert len(broker_lists(r)["celery"]) == 1
-    app.__dict__.pop("_delayq_config")
-    app.tasks["t.add"].apply_async((1, 2), countdown=30)
+    assert DelayQ(app).count() == 1
+    fresh = app_factory(delayq_intercept_eta=True)  # a new app reads the setting
+    fresh.tasks["t.add"].apply_async((1, 2), countdown=30)
     assert len(broker_lists(r)["celery"]) == 1
     assert DelayQ(app).count() == 2
 
