@@ -23,6 +23,9 @@ pytest_plugins = [
     "tests.support.processes",
     "tests.support.cluster",
     "tests.support.spark",
+    "tests.support.store",
+    "tests.support.stack",
+    "tests.support.wake",
 ]
 
 

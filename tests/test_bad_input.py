@@ -30,7 +30,7 @@ from celery_delayq import (
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.options import MAX_TASK_ID_LENGTH
 from celery_delayq.store import get_store
-from tests.test_dispatch import store_raw_job
+from tests.support.store import store_raw_job
 
 ETA = 4_000_000_000.0  # 2096: never due during a test
 

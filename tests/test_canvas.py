@@ -30,7 +30,7 @@ from celery_delayq import (
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.envelope import decode_envelope
 from celery_delayq.store import get_store
-from tests.support.apps import make_app
+from tests.support.apps import forget_subscriptions, make_app
 
 
 @pytest.fixture
@@ -50,20 +50,6 @@ def capp(redis_url: str) -> Iterator[Celery]:
     forget_subscriptions(application)
     get_store(application).close()
     application.close()
-
-
-def forget_subscriptions(app: Celery) -> None:
-    """Drop the result subscriptions a group's results made (``res.then(barrier)``), before the
-    session's Redis stops.
-
-    A result collected later would retry its unsubscribe against the stopped server, from a
-    finalizer that may run in the middle of a later compile, and that breaks CPython 3.11's AST
-    recursion counter ("SystemError: AST constructor recursion depth mismatch").
-    """
-    consumer = getattr(app.backend, "result_consumer", None)
-    if consumer is not None:
-        consumer.stop()
-        consumer.subscribed_to.clear()
 
 
 def stored(app: Celery) -> dict[str, Any]:

@@ -31,10 +31,9 @@ import celery_delayq
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.store import get_store
-from tests.support.apps import make_app
+from tests.support.apps import forget_subscriptions, make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.test_canvas import forget_subscriptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

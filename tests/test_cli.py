@@ -36,9 +36,10 @@ from celery_delayq.exceptions import (
 )
 from celery_delayq.lateness import Histogram, key_for
 from celery_delayq.store import Store, get_store, stored_form
+from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.processes import ROOT, subprocess_env
-from tests.support.store import ids_on_shard, server_ms
+from tests.support.store import bury, ids_on_shard, server_ms
 
 Run = Callable[..., Result]
 HOUR_MS = 3_600_000
@@ -77,23 +78,6 @@ def lease(app: Celery, job_id: str, token: str = "beat-test") -> None:
     store = store_of(app)
     [claimed] = store.claim([store.keys.shard_of(job_id)], token)
     assert job_id in [j.id for j in claimed.jobs]
-
-
-def bury(app: Celery, job_id: str, reason: str = "publish failed: boom", dead_at: int | None = None) -> None:
-    """Dead-letter a due job the way a beat does (claim, then bury with the beat's record)."""
-    store = store_of(app)
-    [claimed] = store.claim([store.keys.shard_of(job_id)], "beat-bury")
-    [job] = [j for j in claimed.jobs if j.id == job_id]
-    record = {
-        "reason": reason,
-        "task": "t.add",
-        "due": job.due_ms,
-        "tries": job.tries,
-        "dead_at": dead_at or int(time.time() * 1000),
-        "beat": "beat-bury",
-        "envelope": job.envelope,
-    }
-    assert store.bury("beat-bury", job_id, record)
 
 
 # -- registration ---------------------------------------------------------------------------------
@@ -796,8 +780,6 @@ def test_every_command_works_with_the_documented_acl_user(
     app: Celery, r: redis.Redis, redis_url: str, run: Run
 ) -> None:
     """The CLI needs no command beyond docs/security.md's rule (run as that user on a db)."""
-    from tests.test_security import documented_rule, server_kind
-
     user, password = "delayq-cli-test", "cli-secret"
     r.execute_command("ACL", "SETUSER", *documented_rule(user, password, server_kind(r)))
     r.execute_command("ACL", "LOG", "RESET")

@@ -247,7 +247,7 @@ def test_now_on_the_command_line_and_in_requeue_is_the_servers(
 
     from celery_delayq import DelayQ
     from celery_delayq.cli import delayq
-    from tests.test_cli import bury
+    from tests.support.store import bury
 
     app = app_factory()
     runner = CliRunner()

@@ -34,6 +34,7 @@ from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, ids_on_shard, make_store, server_ms
+from tests.support.wake import Wake
 
 pytestmark = pytest.mark.cluster
 
@@ -151,7 +152,7 @@ def node_client(node: Any) -> redis.Redis:
     return redis.Redis(host=node.host, port=node.port, decode_responses=True)
 
 
-class ClusterWake(test_scripts.Wake):
+class ClusterWake(Wake):
     """``test_scripts.Wake`` on a cluster: a script's PUBLISH reaches the subscriber's node over
     the cluster bus from the node that ran it, so the sentinel that ends a drain is published
     on every primary, and the drain waits for all of them (each link keeps its order).

@@ -25,7 +25,7 @@ from celery_delayq.store import REDIS_ERRORS
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.test_e2e import (
+from tests.support.stack import (
     MAX_LATE,
     Producer,
     assert_alive,
@@ -43,19 +43,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 def cluster_env(broker: str, cluster: str, **conf: Any) -> dict[str, str]:
     settings = {"delayq_cluster": True, **conf}
     return subprocess_env(broker, cluster, DELAYQ_TEST_RECORD=broker, DELAYQ_TEST_CONF=json.dumps(settings))
-
-
-@pytest.fixture
-def producers() -> Iterator[Callable[..., Producer]]:
-    made: list[Producer] = []
-
-    def make(broker: str, store: str, **conf: Any) -> Producer:
-        made.append(Producer(broker, store, **conf))
-        return made[-1]
-
-    yield make
-    for producer in made:
-        producer.close()
 
 
 @pytest.fixture

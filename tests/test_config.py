@@ -57,8 +57,8 @@ def test_config_is_cached_per_app() -> None:
     first = DelayQConfig.from_app(app)
     app.conf.delayq_prefix = "changed"
     assert DelayQConfig.from_app(app) is first
-    app.__dict__.pop("_delayq_config")
-    assert DelayQConfig.from_app(app).prefix == "changed"
+    assert first.prefix != "changed"
+    assert DelayQConfig.from_app(new_app(delayq_prefix="changed")).prefix == "changed"
 
 
 def test_django_style_namespace(redis_url: str) -> None:

@@ -27,10 +27,10 @@ from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import Store, get_store, redis_error_kind
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
+from tests.support.server_kinds import redis_server
 from tests.support.store import server_ms
-from tests.test_scripts import redis_server, store
 
-__all__ = ["redis_server", "store"]  # fixtures, used by name
+__all__ = ["redis_server"]  # a fixture, used by name
 
 # -- the bounded decode ----------------------------------------------------------------------
 
@@ -140,7 +140,8 @@ def test_the_producer_refuses_what_the_beat_would_refuse(redis_url: str) -> None
 # -- the scripts, on every server kind -------------------------------------------------------
 
 
-# redis_server (each server kind in turn) and store (30 s leases): test_scripts.py's fixtures.
+# redis_server (each server kind in turn, tests/support/server_kinds.py) and store (30 s leases,
+# tests/support/store.py).
 
 
 BAD_LEASES = ["garbage", "17|", "", "|||", "abc|1|tok", "1.5|2|tok"]

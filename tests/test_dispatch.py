@@ -19,23 +19,11 @@ from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.store import get_store
 from tests.support.polling import wait_for
-from tests.support.store import broker_lists, server_ms
+from tests.support.store import broker_lists, published_ids, server_ms, store_raw_job
 
 HOUR = 3600.0
 
 AppFactory = Callable[..., Celery]
-
-
-def published_ids(r: redis.Redis, queue: str = "celery") -> list[str]:
-    return [m["headers"]["id"] for m in broker_lists(r).get(queue, [])]
-
-
-def store_raw_job(app: Celery, job_id: str, due_ms: int, envelope: str) -> None:
-    """Write a job straight into its shard's keys (no script, no validation)."""
-    keys = get_store(app).keys.for_job(job_id)
-    client = get_store(app).client
-    client.zadd(keys.due, {job_id: due_ms})
-    client.hset(keys.jobs, job_id, envelope)
 
 
 def test_run_once_publishes_due_jobs_and_acks_them(
@@ -403,7 +391,6 @@ def test_seconds_until_due_reflects_the_next_due(
 
     # A fresh dispatcher that has not looked yet says "now".
     assert dispatchers(app).seconds_until_due() == 0
-
 
 
 @pytest.mark.slow

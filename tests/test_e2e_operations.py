@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,11 +18,11 @@ import redis
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_delayq import DelayedTask, lateness
+from celery_delayq import lateness
 from celery_delayq.devtools.embedded import free_port
-from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
+from tests.support.stack import Producer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -31,19 +31,9 @@ STARTUP = 90.0
 
 
 @pytest.fixture
-def producer(redis_url: str) -> Iterator[Celery]:
-    app = make_app(redis_url, redis_url, task_ignore_result=True)
-
-    @app.task(base=DelayedTask, bind=True, name="e2e.record", shared=False)
-    def record(self: Any, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    @app.task(base=DelayedTask, bind=True, name="e2e.flaky", max_retries=3, shared=False)
-    def flaky(self: Any, fail_times: int = 1, countdown: float = 1.0) -> None:
-        return None
-
-    yield app
-    app.close()
+def producer(producers: Callable[..., Producer], redis_url: str) -> Celery:
+    """The app of a :class:`Producer` (the e2e app's task names and signatures)."""
+    return producers(redis_url, redis_url).app
 
 
 def stored_lateness(r: redis.Redis, kind: str = "start") -> lateness.Snapshot:

@@ -1,6 +1,6 @@
 """End to end: recurring schedules stored in Redis, delivered by several real ``celery beat``.
 
-The worker and the beats run ``tests/apps/e2e_app.py`` (see ``tests/test_e2e.py``);
+The worker and the beats run ``tests/apps/e2e_app.py`` (see ``tests/support/stack.py``);
 the test process creates and manages the schedules through :class:`Schedules`.
 Every execution point is published with the task id ``{<name>}@<UTC time ms>``, so
 the worker's run records (``e2e:runs``) say exactly which points ran and how often.
@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -31,11 +30,12 @@ from celery_delayq.schedules import Schedules
 from celery_delayq.store import get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.test_e2e import (
+from tests.support.stack import (
     CLOCK_TOL,
     STARTUP,
     Producer,
     lateness_line,
+    leases_of,
     log_of,
     start_stack,
     starts,
@@ -135,21 +135,6 @@ def check_point_records(r: redis.Redis, names: set[str]) -> list[float]:
 
 def consecutive(points: list[int], step_ms: int) -> bool:
     return all(b - a == step_ms for a, b in itertools.pairwise(points))
-
-
-def leases_of(r: redis.Redis, lease_keys: list[str], pid: int) -> set[str]:
-    """Ids of the jobs in ``lease_keys`` leased to the beat of process ``pid``."""
-    prefix = f"{socket.gethostname()}:{pid}:".replace("|", "_")
-    with r.pipeline(transaction=False) as pipe:
-        for key in lease_keys:
-            pipe.hgetall(key)
-        found = pipe.execute()
-    return {
-        job_id
-        for leases in found
-        for job_id, lease in leases.items()
-        if lease.split("|", 2)[2].startswith(prefix)
-    }
 
 
 def kill_holding_a_point(

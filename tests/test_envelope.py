@@ -42,8 +42,8 @@ from celery_delayq.store import (
     get_store,
 )
 from tests.support.apps import make_app
+from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import server_ms
-from tests.test_producer import OPTION_SETS, dispatch, normalized, pop_broker_messages
 
 DUE = 1_900_000_000_000
 

@@ -38,7 +38,7 @@ from celery.events.state import State
 from celery_delayq import lateness
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.test_e2e import CLOCK_TOL, MAX_LATE, STARTUP, Producer, log_of
+from tests.support.stack import CLOCK_TOL, MAX_LATE, STARTUP, Producer, log_of
 
 pytestmark = pytest.mark.e2e
 

@@ -33,23 +33,23 @@ from celery_delayq.dispatch import FENCE_FRACTION, Dispatcher
 from celery_delayq.scheduler import serve_metrics
 from celery_delayq.schedules import Schedules
 from celery_delayq.store import get_store
-from tests import test_e2e
+from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
 from tests.support.processes import Procs
-from tests.test_dispatch import published_ids
-from tests.test_e2e import (
+from tests.support.stack import (
     Producer,
-    _delete_queue,
+    broker_backlog,
+    env_for,
     log_of,
     rabbitmq_or_skip,
     runs,
     start_stack,
     warm_up,
 )
-from tests.test_operations import scrape, value
-from tests.test_reliability import broker_backlog, env_for
-
-producers = test_e2e.producers  # the fixture
+from tests.support.stack import (
+    delete_queue as _delete_queue,
+)
+from tests.support.store import published_ids
 
 #: Jobs due at once: one pass of beat A claims them all (batch 500 x 16 shards).
 JOBS = 2000

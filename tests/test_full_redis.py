@@ -35,8 +35,8 @@ from celery_delayq.store import (
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
+from tests.support.stack import delete_queue, rabbitmq_or_skip
 from tests.support.store import make_store, server_ms
-from tests.test_e2e import _delete_queue, rabbitmq_or_skip
 
 
 @pytest.fixture
@@ -324,7 +324,7 @@ def test_a_beat_drains_a_full_store(
     finally:
         procs.stop_all()
         if conf:
-            _delete_queue(broker, conf["task_default_queue"])
+            delete_queue(broker, conf["task_default_queue"])
         client.close()
         record.close()
         get_store(app).close()

@@ -1,4 +1,5 @@
-"""The layers of the package: only the store talks to Redis.
+"""The layers of the package: only the store talks to Redis, no module imports itself through
+others, and no test module imports another.
 
 An AST walk over every module of ``celery_delayq`` (imports inside functions included) fails
 when a module other than the store (``store``, ``connection``) and the script loader
@@ -6,6 +7,10 @@ when a module other than the store (``store``, ``connection``) and the script lo
 ``run_pipelined``, ``run_replicated``, or the ``scripts`` module itself), reads the ``.client``
 of a store, or takes a raw client as a parameter named ``client``. Everything above the store
 goes through :class:`celery_delayq.store.Store`'s methods.
+
+The same walk builds the package's import graph and fails on any cycle in it, lazy imports
+included; a walk over ``tests`` fails when a test module imports another test module (shared
+helpers and fixtures belong in ``tests/support``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,17 @@ DEVTOOLS = "celery_delayq.devtools."
 SCRIPT_TABLE = {"SCRIPTS", "ScriptCall", "run_pipelined", "run_replicated"}
 
 
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module ``from <module> import ...`` names, a relative one
+    resolved against ``package`` (the package of the importing module)."""
+    name = node.module or ""
+    if not node.level:
+        return name
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, name] if name else base)
+
+
 def violations(source: str, module: str) -> list[str]:
     """Each way ``source`` (the text of ``module``) reaches Redis other than through the store,
     as ``"line N: what"``."""
@@ -45,11 +61,7 @@ def violations(source: str, module: str) -> list[str]:
                 if alias.name == "celery_delayq.scripts":
                     found.append(f"line {node.lineno}: import {alias.name}")
         elif isinstance(node, ast.ImportFrom):
-            name = node.module or ""
-            if node.level:  # relative: resolve against this module's package
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                name = ".".join([*base, name] if name else base)
+            name = imported_from(node, package)
             if name == "redis" or name.startswith("redis."):
                 found.append(f"line {node.lineno}: from {name} import ...")
             elif name == "celery_delayq.scripts":
@@ -125,3 +137,181 @@ def test_the_check_finds_each_way_in() -> None:
         "line 9: a raw client parameter",
     }
     assert violations(GOOD_EXAMPLE, "celery_delayq.example") == []
+
+
+# -- no import cycles -------------------------------------------------------------------------
+
+
+def module_name(key: str) -> str:
+    """``celery_delayq.cli.__init__`` -> ``celery_delayq.cli``; other names unchanged."""
+    return key.removesuffix(".__init__")
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Which modules of ``sources`` each one imports (imports inside functions included).
+
+    ``sources`` maps a module (a package's own module named ``<package>.__init__``, as in
+    :data:`MODULES`) to its text. ``from . import x`` and ``from pkg import x`` lead to the
+    submodule ``pkg.x`` when there is one, else to ``pkg``; imports of modules outside
+    ``sources`` are left out."""
+    known = {module_name(key) for key in sources}
+    graph: dict[str, set[str]] = {module_name(key): set() for key in sources}
+    for key, source in sources.items():
+        module = module_name(key)
+        package = key.rsplit(".", 1)[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                name = imported_from(node, package)
+                for alias in node.names:
+                    submodule = f"{name}.{alias.name}"
+                    targets.add(submodule if submodule in known else name)
+        graph[module] = {target for target in targets if target in known and target != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component: set[str] = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_cycles() -> None:
+    """No two modules of ``celery_delayq`` import each other, directly or through others, not
+    even from inside a function (a lazy import that dodges a cycle is still a cycle)."""
+    graph = import_graph({key: path.read_text() for key, path in MODULES.items()})
+    assert len(graph) == len(MODULES)
+    found = cycles(graph)
+    edges = [sorted(f"{a} -> {b}" for a in sorted(c) for b in sorted(graph[a] & c)) for c in found]
+    assert not found, f"import cycles: {edges}"
+
+
+CYCLE_EXAMPLE = {
+    "pkg.__init__": "from .a import thing\n",
+    "pkg.a": "from . import b\nthing = 1\n",
+    "pkg.b": "def later():\n    from .c import other\n    return other\n",
+    "pkg.c": "import os\nimport pkg.a\nother = 2\n",
+    "pkg.d": "from pkg import a, b\nfrom .sub import leaf\n",
+    "pkg.sub.__init__": "from ..d import nothing\n",
+    "pkg.sub.leaf": "from .. import d\n",
+}
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    """The check itself: a lazy import closes a cycle a -> b -> c -> a; ``from . import b``
+    leads to the submodule ``pkg.b``, not to the package (else ``pkg`` <-> ``pkg.a`` would be
+    a cycle too); ``pkg.sub.leaf`` -> ``pkg.d`` -> ``pkg.sub.leaf`` is the other cycle."""
+    graph = import_graph(CYCLE_EXAMPLE)
+    assert graph == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.c"},
+        "pkg.c": {"pkg.a"},
+        "pkg.d": {"pkg.a", "pkg.b", "pkg.sub.leaf"},
+        "pkg.sub": {"pkg.d"},
+        "pkg.sub.leaf": {"pkg.d"},
+    }
+    assert sorted(map(sorted, cycles(graph))) == [
+        ["pkg.a", "pkg.b", "pkg.c"],
+        ["pkg.d", "pkg.sub.leaf"],
+    ]
+    del graph["pkg.c"]
+    graph["pkg.b"] = set()
+    graph["pkg.sub.leaf"] = set()
+    assert cycles(graph) == []
+
+
+# -- test modules import helpers from tests/support, never from each other -----------------------
+
+TESTS = Path(__file__).resolve().parent
+
+#: Test modules that import another test module on purpose, with why: ``test_cluster.py`` runs
+#: the store and API tests of these two modules again, unchanged, with its own fixtures pointed
+#: at a Redis Cluster (it takes their test functions, not helpers).
+REUSED_TESTS = {("tests.test_cluster", "tests.test_api"), ("tests.test_cluster", "tests.test_scripts")}
+
+
+def imported_test_modules(source: str, module: str) -> list[tuple[int, str]]:
+    """``(line, test module)`` for each import of a test module (``tests.test_*``) in ``source``,
+    the text of ``module`` (``tests.x`` or ``tests.support.x``)."""
+    package = module.rsplit(".", 1)[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            name = imported_from(node, package)
+            names = [name, *(f"{name}.{alias.name}" for alias in node.names)]
+        for name in names:
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[0] == "tests" and parts[1].startswith("test_"):
+                found.append((node.lineno, ".".join(parts[:2])))
+    return sorted(set(found))
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers and fixtures live in ``tests/support``; a test module importing another
+    would run (and collect) the other's module code and tie the two together."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        module = ".".join(("tests", *path.relative_to(TESTS).with_suffix("").parts))
+        for line, imported in imported_test_modules(path.read_text(), module):
+            if (module, imported) not in REUSED_TESTS:
+                found.append(f"{path.relative_to(TESTS.parent)}:{line}: imports {imported}")
+    assert not found, "\n".join(found)
+
+
+IMPORTING_EXAMPLE = '''from tests.test_e2e import Producer
+import tests.test_dispatch
+from tests import test_api, support
+from . import test_scripts
+from .test_model import thing
+from tests.support.stack import start_stack
+import tests.support.apps
+
+def later():
+    from tests.test_cli import bury
+'''
+
+
+def test_the_check_finds_each_test_module_import() -> None:
+    assert imported_test_modules(IMPORTING_EXAMPLE, "tests.test_example") == [
+        (1, "tests.test_e2e"),
+        (2, "tests.test_dispatch"),
+        (3, "tests.test_api"),
+        (4, "tests.test_scripts"),
+        (5, "tests.test_model"),
+        (10, "tests.test_cli"),
+    ]

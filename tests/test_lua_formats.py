@@ -12,10 +12,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.keys import KeySpace
 from celery_delayq.lua_formats import lease_entry, lease_holds, parse_lease, parse_wake, wake_message
 from celery_delayq.scripts import script_from_text
+from tests.support.server_kinds import redis_server
+
+__all__ = ["redis_server"]  # a fixture, used by name
 
 KEYS = KeySpace("probe", 1).shard(0).core
 
@@ -78,12 +80,6 @@ WAKE = """--[[ probe: wake ]]
 wake(ARGV[1], ARGV[2], tonumber(ARGV[3]))
 return redis.call('GET', KEYS[4])
 """
-
-
-@pytest.fixture(scope="module")
-def redis_server(each_server: EmbeddedRedis) -> EmbeddedRedis:
-    """This module's server (``redis_url``, ``r``): each supported kind in turn."""
-    return each_server
 
 
 def run(client: redis.Redis, text: str, args: list[object]) -> list[object]:

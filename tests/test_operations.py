@@ -17,7 +17,6 @@ import pytest
 import redis
 from celery import Celery
 from celery.signals import task_prerun
-from prometheus_client.parser import text_string_to_metric_families
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig, lateness, worker
 from celery_delayq import dispatch as dispatch_module
@@ -26,6 +25,7 @@ from celery_delayq.dispatch import BEAT_FORGET_MS, Dispatcher
 from celery_delayq.lateness import BOUNDS, Histogram
 from celery_delayq.scheduler import serve_metrics
 from celery_delayq.store import get_store
+from tests.support.metrics import scrape, value
 from tests.support.store import broker_lists, server_ms
 
 HOUR = 3600.0
@@ -244,22 +244,6 @@ def test_a_heartbeat_error_does_not_break_the_pass(
 # -- the metrics endpoint -----------------------------------------------------------------------
 
 
-def scrape(url: str) -> dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
-    """``{family: {(sample name, labels): value}}`` of a /metrics page."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    out: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for family in text_string_to_metric_families(text):
-        samples = out.setdefault(family.name, {})
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
-
-
-def value(page: dict[str, Any], family: str, sample: str | None = None, **labels: str) -> float:
-    return float(page[family][(sample or family, tuple(sorted(labels.items())))])
-
-
 @pytest.mark.slow
 def test_metrics_endpoint_serves_counters_gauges_and_histograms(
     app_factory: Callable[..., Celery], r: redis.Redis, dispatchers: Callable[..., Dispatcher]
@@ -346,10 +330,10 @@ def test_metrics_keep_answering_when_the_store_cannot_be_read(
     server = serve_metrics(dispatcher, free_port())
     dispatcher.run_once()
 
-    def broken() -> Any:
+    def broken(*args: Any) -> Any:
         raise redis.ConnectionError("gone")
 
-    monkeypatch.setattr(server.collector, "_read_redis", broken)
+    monkeypatch.setattr(dispatcher.store, "overview", broken)  # what a scrape reads the store with
     try:
         page = scrape(f"http://127.0.0.1:{server.port}/metrics")
     finally:

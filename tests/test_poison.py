@@ -29,11 +29,9 @@ from celery_delayq import Schedules
 from celery_delayq.store import get_store, loaded_form
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.test_e2e import Producer, assert_alive, log_of, producers, start_stack, warm_up
+from tests.support.stack import Producer, assert_alive, log_of, start_stack, warm_up
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["producers"]  # the fixture, used by name
 
 #: Normal jobs due while the poison is in the store.
 NORMAL = 300

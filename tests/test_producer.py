@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from celery_delayq.envelope import decode_envelope
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import get_store
 from tests.support.apps import make_app
+from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import broker_lists, command_calls, snapshot
 
 HOUR = 3600.0
@@ -71,21 +71,6 @@ def stored_envelope(app: Celery, job_id: str) -> dict[str, Any]:
     envelope = decode_envelope(record.envelope)
     return {"task": envelope.task, "headers": envelope.headers, "props": envelope.props,
             "route": envelope.route, "expires": envelope.expires_ms}
-
-
-def dispatch(app: Celery) -> None:
-    dispatcher = Dispatcher(app)
-    try:
-        dispatcher.run_once()
-    finally:
-        dispatcher.close()
-
-
-def pop_broker_messages(r: redis.Redis) -> dict[str, list[dict[str, Any]]]:
-    found = broker_lists(r)
-    for key in found:
-        r.delete(key)
-    return found
 
 
 # -- due times --------------------------------------------------------------------------------
@@ -373,32 +358,6 @@ def test_task_id_can_be_reused_once_delivered(app: Celery, r: redis.Redis) -> No
 # -- options, compared with apply_async -------------------------------------------------------
 
 
-def normalized(message: dict[str, Any], task_id: str) -> dict[str, Any]:
-    message = json.loads(json.dumps(message).replace(task_id, "<id>"))
-    message["properties"].pop("delivery_tag")
-    message["headers"].pop("delayq_due", None)
-    return message
-
-
-OPTION_SETS: list[dict[str, Any]] = [
-    {},
-    {"queue": "q1"},
-    {"queue": "q1", "priority": 3},
-    {"priority": 9},
-    {"queue": "q1", "routing_key": "q1"},
-    {"headers": {"h": 1, "nested": {"a": [1, 2]}}},
-    {"ignore_result": True},
-    {"time_limit": 30, "soft_time_limit": 20},
-    {"shadow": "nice-name"},
-    {"retries": 2},
-    {"group_id": "g1", "group_index": 4},
-    {"root_id": "root-1", "parent_id": "parent-1"},
-    {"serializer": "pickle"},
-    {"compression": "zlib"},
-    {"reply_to": "somewhere"},
-]
-
-
 @pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(o) or "none")
 def test_dispatched_message_is_what_apply_async_publishes(
     app: Celery, r: redis.Redis, options: dict[str, Any]
@@ -667,8 +626,9 @@ def test_intercept_setting_is_read_once_per_app(app_factory: AppFactory, r: redi
     app.conf.delayq_intercept_eta = True
     app.tasks["t.add"].apply_async((1, 2), countdown=30)
     assert len(broker_lists(r)["celery"]) == 1
-    app.__dict__.pop("_delayq_config")
-    app.tasks["t.add"].apply_async((1, 2), countdown=30)
+    assert DelayQ(app).count() == 1
+    fresh = app_factory(delayq_intercept_eta=True)  # a new app reads the setting
+    fresh.tasks["t.add"].apply_async((1, 2), countdown=30)
     assert len(broker_lists(r)["celery"]) == 1
     assert DelayQ(app).count() == 2
 

@@ -1,5 +1,5 @@
 """Reliability under failure (issue 5, items 1-3), with real ``celery worker``/``celery beat``
-processes of ``tests/apps/e2e_app.py`` (see ``tests/test_e2e.py``):
+processes of ``tests/apps/e2e_app.py`` (see ``tests/support/stack.py``):
 
 1. **Crash soak.** Jobs due over a minute while three beats and two workers run, and one
    beat (or one worker) is SIGKILLed and restarted every 5-10 s. Beat kills lose nothing;
@@ -34,7 +34,6 @@ The RabbitMQ worker-kill soak is smaller (5,000 jobs over 45 s); ``DELAYQ_SOAK_R
 from __future__ import annotations
 
 import bisect
-import json
 import os
 import random
 import re
@@ -48,18 +47,20 @@ from typing import Any
 
 import pytest
 import redis
-from kombu import Connection
 
 from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.store import Store, get_store
 from tests.support.polling import wait_for
-from tests.support.processes import Procs, subprocess_env
-from tests.test_e2e import (
+from tests.support.processes import Procs
+from tests.support.stack import (
     CLOCK_TOL,
     Producer,
-    _delete_queue,
+    broker_backlog,
+    delete_queue,
+    env_for,
     lateness_line,
+    leases_of,
     log_of,
     rabbitmq_or_skip,
     runs,
@@ -68,7 +69,6 @@ from tests.test_e2e import (
     starts,
     warm_up,
 )
-from tests.test_e2e_schedules import leases_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -138,20 +138,6 @@ RABBITMQ_CLUMP = 100
 
 
 @pytest.fixture
-def producers() -> Iterator[Callable[..., Producer]]:
-    made: list[Producer] = []
-
-    def make(broker: str, store: str, **conf: Any) -> Producer:
-        producer = Producer(broker, store, **conf)
-        made.append(producer)
-        return producer
-
-    yield make
-    for producer in made:
-        producer.close()
-
-
-@pytest.fixture
 def servers() -> Iterator[Callable[[], EmbeddedRedis]]:
     """Starts persistent Redis servers (AOF, fsync every second) on free loopback ports."""
     made: list[EmbeddedRedis] = []
@@ -164,13 +150,6 @@ def servers() -> Iterator[Callable[[], EmbeddedRedis]]:
     yield make
     for server in made:
         server.stop()
-
-
-def env_for(broker: str, store: str, conf: dict[str, Any], record: str | None = None) -> dict[str, str]:
-    extra = {"DELAYQ_TEST_CONF": json.dumps(conf)}
-    if record is not None:
-        extra["DELAYQ_TEST_RECORD"] = record
-    return subprocess_env(broker, store, **extra)
 
 
 def indexes(procs: Procs, kind: str) -> list[int]:
@@ -215,24 +194,6 @@ def lease_tries(store: Store) -> dict[str, int]:
             pipe.hgetall(store.keys.shard(shard).leases)
         found = pipe.execute()
     return {job_id: int(lease.split("|", 2)[1]) for leases in found for job_id, lease in leases.items()}
-
-
-def broker_backlog(url: str, queue: str = "celery") -> tuple[int, int]:
-    """``(messages waiting in the queue, messages unacked)`` on a Redis broker.
-
-    On RabbitMQ (``amqp://``): the ready count of a passive ``queue.declare``, and 0 for
-    unacked, which AMQP does not tell; RabbitMQ puts a dead consumer's unacked messages
-    back in the queue as soon as its connection closes, and a live worker runs its own.
-    """
-    if url.startswith(("amqp://", "pyamqp://")):
-        with Connection(url, connect_timeout=5) as conn:
-            _, ready, _ = conn.default_channel.queue_declare(queue=queue, passive=True)
-        return int(ready), 0
-    client = redis.Redis.from_url(url)
-    try:
-        return int(client.llen(queue)), int(client.hlen("unacked"))
-    finally:
-        client.close()
 
 
 def clumped(n: int, start: float, seconds: float, clump: int = 50) -> list[tuple[float, tuple[int], None]]:
@@ -679,7 +640,7 @@ def test_soak_worker_kills_acks_late_rabbitmq_no_loss(
         assert count_in_logs(procs, "beat", "the broker is the store's Redis") == 0
     finally:
         procs.stop_all()
-        _delete_queue(broker, queue)
+        delete_queue(broker, queue)
 
 
 # -- 2. Redis restart ------------------------------------------------------------------------

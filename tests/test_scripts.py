@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -24,73 +23,18 @@ from celery_delayq.store import (
     Store,
 )
 from tests.support.polling import wait_for
+from tests.support.server_kinds import redis_server
 from tests.support.store import command_calls, ids_on_shard, make_store, server_ms
+from tests.support.wake import Wake
+
+__all__ = ["redis_server"]  # a fixture, used by name
 
 FAR_FUTURE = "9999999999999999"
-
-
-@pytest.fixture(scope="module")
-def redis_server(each_server: EmbeddedRedis) -> EmbeddedRedis:
-    """This module's server (``redis_url``, ``r``): each supported kind in turn."""
-    return each_server
-
-
-@pytest.fixture
-def store(redis_url: str) -> Iterator[Store]:
-    """Leases last 30 s: they never expire during a test."""
-    s = make_store(redis_url, reclaim_ttl=30.0)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def fast_store(redis_url: str) -> Iterator[Store]:
-    """Leases last 0.2 s, so expiry can be tested quickly."""
-    s = make_store(redis_url, reclaim_ttl=0.2)
-    yield s
-    s.close()
 
 
 def claim_one(store: Store, shard: int, token: str, batch: int | None = None) -> Any:
     [result] = store.claim([shard], token, batch)
     return result
-
-
-class Wake:
-    """A subscription to the wake channel that reads messages up to a sentinel."""
-
-    def __init__(self, client: redis.Redis, channel: str) -> None:
-        self.client = client
-        self.channel = channel
-        self.pubsub = client.pubsub()
-        self.pubsub.subscribe(channel)
-        # Wait for the subscription to be active before anything is published.
-        confirm = self.pubsub.get_message(timeout=5.0)
-        assert confirm is not None and confirm["type"] == "subscribe"
-
-    def drain(self) -> list[str]:
-        """Every message published since the last drain (in order)."""
-        self.client.publish(self.channel, "sentinel")
-        got: list[str] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            message = self.pubsub.get_message(timeout=1.0)
-            if message is None or message["type"] != "message":
-                continue
-            if message["data"] == "sentinel":
-                return got
-            got.append(message["data"])
-        raise AssertionError(f"sentinel never arrived; got {got}")
-
-    def close(self) -> None:
-        self.pubsub.close()
-
-
-@pytest.fixture
-def wake(store: Store, r: redis.Redis) -> Iterator[Wake]:
-    w = Wake(r, store.keys.wake_channel)
-    yield w
-    w.close()
 
 
 # -- enqueue ----------------------------------------------------------------------------------

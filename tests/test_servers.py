@@ -20,16 +20,12 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.dispatch import Dispatcher
 from tests.support.processes import ROOT, Procs, subprocess_env
-from tests.test_e2e import MAX_LATE, Producer, check_exactly_once, spread, start_stack, warm_up
+from tests.support.server_kinds import redis_server
+from tests.support.stack import MAX_LATE, Producer, check_exactly_once, spread, start_stack, warm_up
 
-
-@pytest.fixture(scope="module")
-def redis_server(each_server: EmbeddedRedis) -> EmbeddedRedis:
-    """This module's server (``redis_url``): each supported kind in turn."""
-    return each_server
+__all__ = ["redis_server"]  # a fixture, used by name
 
 
 def test_full_cycle_on_each_server(server_binary: tuple[str, str], redis_url: str) -> None:

@@ -1,13 +1,24 @@
 """Fixtures and helpers shared by the test modules, which import them from here explicitly.
 
-* ``apps``: in-process Celery apps (``make_app``, ``app``, ``app_factory``, ``dispatchers``);
+* ``apps``: in-process Celery apps (``make_app``, ``app``, ``app_factory``, ``dispatchers``,
+  ``forget_subscriptions``);
 * ``servers``: the session's Redis server and one of each supported kind (``redis_url``, ``r``);
-* ``store``: a ``Store`` on a URL and what tests read from Redis (server clock, snapshots...);
+* ``server_kinds``: ``redis_server`` to import into a module that runs on every server kind;
+* ``store``: a ``Store`` on a URL (``make_store``, the ``store`` and ``fast_store`` fixtures)
+  and what tests read from or write to Redis (server clock, snapshots, broker lists, ``bury``...);
+* ``wake``: the wake channel seen from a test (``Wake``, the ``wake`` fixture);
+* ``stack``: the end-to-end worker/beat stack and its producer (``start_stack``, ``Producer``,
+  the ``producers`` fixture, ``check_exactly_once``, ``env_for``, ``rabbitmq_or_skip``...);
+* ``messages``: dispatched messages against ``apply_async``'s (``OPTION_SETS``, ``normalized``);
+* ``metrics``: reading a /metrics page (``scrape``, ``value``);
+* ``acl``: the ACL rule of docs/security.md (``documented_rule``, ``server_kind``);
+* ``cron``: cron expressions and their expected firing times;
 * ``processes``: real celery worker/beat processes (``ROOT``, ``subprocess_env``, ``Procs``);
 * ``polling``: ``wait_for``;
 * ``cluster``: a local Redis Cluster (``LocalCluster``, ``redis_cluster``, ``cluster_url``);
 * ``spark``: one local Spark session.
 
 ``tests/conftest.py`` registers the fixture modules (``pytest_plugins``) so that fixtures
-used by name keep working without an import.
+used by name keep working without an import. No test module imports another test module
+(``tests/test_layers.py`` checks it).
 """

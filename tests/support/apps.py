@@ -1,5 +1,6 @@
 """In-process Celery apps for tests: :func:`make_app`, the ``app``, ``app_factory`` and
-``dispatchers`` fixtures, and the autouse fixture that forgets shared tasks after each test."""
+``dispatchers`` fixtures, the autouse fixture that forgets shared tasks after each test, and
+:func:`forget_subscriptions` for an app whose results subscribed to the backend."""
 
 from __future__ import annotations
 
@@ -91,3 +92,17 @@ def dispatchers() -> Iterator[Callable[..., Any]]:
     yield factory
     for dispatcher in made:
         dispatcher.stop()
+
+
+def forget_subscriptions(app: Celery) -> None:
+    """Drop the result subscriptions a group's results made (``res.then(barrier)``), before the
+    session's Redis stops.
+
+    A result collected later would retry its unsubscribe against the stopped server, from a
+    finalizer that may run in the middle of a later compile, and that breaks CPython 3.11's AST
+    recursion counter ("SystemError: AST constructor recursion depth mismatch").
+    """
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.stop()
+        consumer.subscribed_to.clear()

@@ -1,16 +1,22 @@
-"""What tests need of a store and of Redis itself: a :class:`Store` on a URL, the server's clock,
-ids on one shard, snapshots of the database, the broker's lists and command statistics."""
+"""What tests need of a store and of Redis itself: a :class:`Store` on a URL and the ``store`` and
+``fast_store`` fixtures (in ``pytest_plugins``), the server's clock, ids on one shard, snapshots
+of the database, the broker's lists and the ids published there, command statistics, and jobs
+written raw or buried the way a beat does."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import redis
+from celery import Celery
 
 from celery_delayq.config import DelayQConfig
 from celery_delayq.keys import KeySpace
-from celery_delayq.store import Store
+from celery_delayq.store import Store, get_store
 
 
 def make_store(url: str, **settings: Any) -> Store:
@@ -60,3 +66,48 @@ def command_calls(client: Any, command: str) -> tuple[int, int]:
     """``(calls, failed_calls)`` of ``command`` from ``INFO commandstats`` (Lua calls count too)."""
     stats = client.info("commandstats").get(f"cmdstat_{command}", {})
     return int(stats.get("calls", 0)), int(stats.get("failed_calls", 0))
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[Store]:
+    """Leases last 30 s: they never expire during a test."""
+    s = make_store(redis_url, reclaim_ttl=30.0)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def fast_store(redis_url: str) -> Iterator[Store]:
+    """Leases last 0.2 s, so expiry can be tested quickly."""
+    s = make_store(redis_url, reclaim_ttl=0.2)
+    yield s
+    s.close()
+
+
+def published_ids(r: redis.Redis, queue: str = "celery") -> list[str]:
+    return [m["headers"]["id"] for m in broker_lists(r).get(queue, [])]
+
+
+def store_raw_job(app: Celery, job_id: str, due_ms: int, envelope: str) -> None:
+    """Write a job straight into its shard's keys (no script, no validation)."""
+    keys = get_store(app).keys.for_job(job_id)
+    client = get_store(app).client
+    client.zadd(keys.due, {job_id: due_ms})
+    client.hset(keys.jobs, job_id, envelope)
+
+
+def bury(app: Celery, job_id: str, reason: str = "publish failed: boom", dead_at: int | None = None) -> None:
+    """Dead-letter a due job the way a beat does (claim, then bury with the beat's record)."""
+    store = get_store(app)
+    [claimed] = store.claim([store.keys.shard_of(job_id)], "beat-bury")
+    [job] = [j for j in claimed.jobs if j.id == job_id]
+    record = {
+        "reason": reason,
+        "task": "t.add",
+        "due": job.due_ms,
+        "tries": job.tries,
+        "dead_at": dead_at or int(time.time() * 1000),
+        "beat": "beat-bury",
+        "envelope": job.envelope,
+    }
+    assert store.bury("beat-bury", job_id, record)
