@@ -6,28 +6,44 @@ point strictly after a moment, in ms since the epoch (None when there is none).
 Daylight saving time, for cron rules in a timezone that has it (the rule cron
 users know from Vixie cron):
 
-* **Spring forward** (a local hour does not exist): a job with a fixed hour
-  whose time falls in the missing hour runs once, at the first valid moment
-  after it (02:30 on a day when 02:00 jumps to 03:00 runs at 03:00). Never zero
-  times. A job whose hour field is ``*`` has no run in the missing hour (that
-  hour never happened): ``30 * * * *`` runs at 01:30, then 03:30.
+* **Spring forward** (a local hour does not exist): a job whose time falls in
+  the missing hour runs once, at the first valid moment after it: the instant
+  the clocks jump. 02:30 on a day when 02:00 jumps to 03:00 runs at 03:00:00,
+  and so does 02:30:19 (a seconds field): the missing wall time is not kept,
+  to the minute or to the second. However many of its times the missing hour
+  held, never zero times and never more than once; a real point just after the
+  jump (03:00:19 for ``19`` seconds and hours ``2,3``) still runs as well.
+  A job whose hour field covers every hour (``*``, ``*/1``, ``0-23``) has no run
+  in the missing hour (that hour never happened): ``30 * * * *`` runs at 01:30,
+  then 03:30. A step over some of the hours is a fixed hour here:
+  ``30 */2 * * *`` runs at 00:30, at 03:00 (its 02:30) and at 04:30.
 * **Fall back** (a local hour happens twice): a job with a fixed hour runs once,
-  in the first occurrence (02:30 daily runs at 02:30 summer time only). A job
-  whose hour field is ``*`` (or a step over every hour, e.g. ``*/2``) runs in both
-  occurrences, since each is a real hour that passed. Never twice for the same
-  wall-clock point of a fixed-hour job.
+  in the first occurrence (02:30 daily runs at 02:30 summer time only), however
+  many points the hour holds. A job whose hour field is ``*`` (or a step over
+  the hours, e.g. ``*/2``) runs in both occurrences, since each is a real hour
+  that passed. Never twice for the same wall-clock point of a fixed-hour job.
+  "Fixed" means any hour field other than ``*`` and ``*/n`` (``2``, ``1-3``,
+  ``0-23``).
 
 >>> from datetime import datetime
 >>> from zoneinfo import ZoneInfo
 >>> paris = ZoneInfo("Europe/Paris")
->>> rule = CronRule("30 2 * * *", "Europe/Paris")
->>> start = int(datetime(2026, 10, 24, 12, 0, tzinfo=paris).timestamp() * 1000)
->>> [datetime.fromtimestamp(t / 1000, paris).isoformat() for t in rule.points_after(start, 3)]
+>>> def runs(expr, start, count=3):
+...     after = int(start.replace(tzinfo=paris).timestamp() * 1000)
+...     points = CronRule(expr, "Europe/Paris").points_after(after, count)
+...     return [datetime.fromtimestamp(t / 1000, paris).isoformat() for t in points]
+>>> runs("30 2 * * *", datetime(2026, 10, 24, 12))
 ['2026-10-25T02:30:00+02:00', '2026-10-26T02:30:00+01:00', '2026-10-27T02:30:00+01:00']
+>>> runs("30 2 * * * 19", datetime(2026, 3, 28, 12), 2)
+['2026-03-29T03:00:00+02:00', '2026-03-30T02:30:19+02:00']
+>>> runs("30 */2 * * *", datetime(2026, 3, 29, 0))
+['2026-03-29T00:30:00+01:00', '2026-03-29T03:00:00+02:00', '2026-03-29T04:30:00+02:00']
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -85,6 +101,13 @@ def _fixed_hour(expr: str) -> bool:
     return not (hour == "*" or hour.startswith("*/"))
 
 
+@functools.lru_cache(maxsize=1024)
+def _every_hour(expr: str) -> bool:
+    """Whether croniter reads the hour field as every hour (``*``, ``*/1``, ``0-23``): such a job
+    has no run for a missing hour (spring). Falling back goes by :func:`_fixed_hour` instead."""
+    return bool(croniter(expr).expanded[1][0] == "*")
+
+
 @dataclass(frozen=True)
 class CronRule(Rule):
     """A cron expression (5 fields, or 6 with seconds last, as croniter reads it) in a timezone."""
@@ -107,9 +130,10 @@ class CronRule(Rule):
 
     def next_after(self, after_ms: int) -> int | None:
         tz = zone(self.tz)
-        start = datetime.fromtimestamp(after_ms / 1000.0, tz)
-        it = croniter(self.expr, start)
         fixed = _fixed_hour(self.expr)
+        it = croniter(self.expr, datetime.fromtimestamp(after_ms / 1000.0, tz))
+        # Each turn returns, or skips a point croniter gives at or before the start (it can,
+        # around a change of offset), or jumps past a whole repeated hour.
         for _ in range(1000):
             try:
                 point: datetime = it.get_next(datetime)
@@ -119,7 +143,14 @@ class CronRule(Rule):
             if point_ms <= after_ms:
                 continue
             if fixed and _second_occurrence(point, tz):
+                # Every point up to the end of the repeated hour's second occurrence is skipped:
+                # go on from its last second, whatever the number of points in between.
+                it = croniter(self.expr, datetime.fromtimestamp(_fold_end(point, tz) - 1, tz))
                 continue
+            if not _every_hour(self.expr):
+                gap = _gap_before(point, after_ms, tz)
+                if gap is not None and _matches_between(self.expr, *gap[1:]):
+                    return gap[0] * 1000  # the missing time's run, at the first valid moment
             return int(point_ms)
         return None  # pragma: no cover - croniter always advances
 
@@ -138,6 +169,52 @@ def _second_occurrence(point: datetime, tz: ZoneInfo) -> bool:
     if first == second:
         return False
     return point.astimezone(tz).utcoffset() == second
+
+
+def _offset(t: int, tz: ZoneInfo) -> timedelta:
+    offset = datetime.fromtimestamp(t, tz).utcoffset()
+    assert offset is not None  # a ZoneInfo always has one
+    return offset
+
+
+def _change_after(lo: int, hi: int, tz: ZoneInfo) -> int:
+    """The first second in ``(lo, hi]`` whose UTC offset is not ``lo``'s (``hi``'s differs).
+
+    The zone's transitions fall on whole seconds; a bisection finds one in a few steps."""
+    before = _offset(lo, tz)
+    seconds = range(lo + 1, hi + 1)
+    return seconds[bisect.bisect_left(seconds, True, key=lambda t: _offset(t, tz) != before)]
+
+
+def _fold_end(point: datetime, tz: ZoneInfo) -> int:
+    """The first second (since the epoch) after the repeated hour whose second occurrence
+    holds ``point``: the clocks went back at ``change``, and the wall times of the
+    ``back`` seconds after it already happened once."""
+    t = math.floor(point.timestamp())
+    wall = point.astimezone(tz).replace(tzinfo=None)
+    first, second = (wall.replace(tzinfo=tz, fold=fold).utcoffset() for fold in (0, 1))
+    assert first is not None and second is not None
+    back = int((first - second).total_seconds())
+    change = _change_after(t - back, t, tz)  # the first occurrence of this wall time is t - back
+    return change + back
+
+
+def _gap_before(point: datetime, after_ms: int, tz: ZoneInfo) -> tuple[int, datetime, datetime] | None:
+    """When the clocks jumped forward less than a minute before ``point`` (and after
+    ``after_ms``): the jump's second and the wall times it skipped, ``[start, end)``."""
+    t = math.floor(point.timestamp())
+    lo = max(after_ms // 1000, t - 60)
+    if _offset(lo, tz) >= _offset(t, tz):
+        return None
+    jump = _change_after(lo, t, tz)
+    skipped_from = datetime.fromtimestamp(jump - 1, tz).replace(tzinfo=None) + timedelta(seconds=1)
+    return jump, skipped_from, datetime.fromtimestamp(jump, tz).replace(tzinfo=None)
+
+
+def _matches_between(expr: str, start: datetime, end: datetime) -> bool:
+    """Whether ``expr`` names a wall time in ``[start, end)`` (naive: no zone, no DST)."""
+    following: datetime = croniter(expr, start - timedelta(seconds=1)).get_next(datetime)
+    return following < end
 
 
 @dataclass(frozen=True)

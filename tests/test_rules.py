@@ -26,7 +26,7 @@ from celery.schedules import crontab, schedule
 from celery_delayq import CronRule, IntervalRule, InvalidSchedule, OnceRule, Schedules
 from celery_delayq.exceptions import ScheduleError
 from celery_delayq.rules import parse_rule, rule_from_json, zone
-from tests.support.cron import CronFields, offset_changes, reference_next
+from tests.support.cron import offset_changes, reference_next
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -453,29 +453,6 @@ def random_cron(rng: random.Random) -> str:
     return " ".join(fields)
 
 
-def _croniter_keeps_the_seconds(expr: str, tz: ZoneInfo, got: int | None, expected: int | None) -> bool:
-    """Whether ``got`` is ``expected`` (the first moment after a spring-forward gap) with the
-    skipped time's second kept: for a job with a seconds field whose time falls in the gap,
-    ``CronRule`` (croniter) runs at 03:00:19 where the reference runs at 03:00:00. Still once,
-    never zero times; the docstring's "first valid moment" is read to the minute."""
-    if got is None or expected is None or len(expr.split()) != 6 or not 0 < got - expected < 60_000:
-        return False
-    jump_s = expected // 1000
-    offsets = {datetime.fromtimestamp(t, tz).utcoffset() for t in (jump_s - 1, jump_s)}
-    changed = len(offsets) == 2
-    return changed and datetime.fromtimestamp(got / 1000, tz).second in CronFields.parse(expr).seconds
-
-
-def _gives_up_in_the_repeated_hour(expr: str, tz: ZoneInfo, after: int, got: int | None) -> bool:
-    """The known fault pinned by
-    :func:`test_fixed_hour_seconds_job_started_in_the_repeated_hour_runs_the_next_day`:
-    ``CronRule.next_after`` skips the second occurrence's points one by one, at most 1000 of
-    them, and a fixed-hour job with a seconds field can have more: it gets no next point."""
-    wall = datetime.fromtimestamp(after / 1000, tz).replace(tzinfo=None)
-    repeated = wall.replace(tzinfo=tz, fold=0).utcoffset() != wall.replace(tzinfo=tz, fold=1).utcoffset()
-    return got is None and repeated and len(expr.split()) == 6 and CronFields.parse(expr).fixed_hour
-
-
 @pytest.mark.slow
 def test_ten_thousand_random_schedules_match_the_reference(
     app: Celery, capsys: pytest.CaptureFixture[str]
@@ -488,7 +465,7 @@ def test_ten_thousand_random_schedules_match_the_reference(
     cases = [(f"r{i}", random_cron(rng), rng.choice(zones)) for i in range(n)]
     assert len({expr for _, expr, _ in cases}) > 9000  # really random
     assert sum(len(expr.split()) == 6 for _, expr, _ in cases) > 3000
-    compared = window = seconds_kept = never = 0
+    compared = window = never = 0
     started = time.monotonic()
     for start in range(0, n, 1000):
         batch = cases[start : start + 1000]
@@ -517,10 +494,7 @@ def test_ten_thousand_random_schedules_match_the_reference(
             if got == expected or reference_next(expr, tz, after) == expected:
                 # (the answer from just before the call is the answer for the whole call
                 # unless a point fell inside it; then ours, computed later, is later)
-                if _croniter_keeps_the_seconds(expr, tz, got, expected):
-                    seconds_kept += 1
-                else:
-                    assert got == expected, (expr, tz_name, iso(got, tz), expected and iso(expected, tz))
+                assert got == expected, (expr, tz_name, iso(got, tz), expected and iso(expected, tz))
                 compared += 1
             else:
                 # A point fell inside the add() call itself (second-level rules): the answer
@@ -535,8 +509,7 @@ def test_ten_thousand_random_schedules_match_the_reference(
     with capsys.disabled():
         print(
             f"\n[test_rules] random cron schedules: {n} generated, {compared} compared exactly with "
-            f"the reference ({seconds_kept} of them a second-level run after a spring-forward gap), "
-            f"{window} with a point inside the add() call, {never} refused as never matching; "
+            f"the reference, {window} with a point inside the add() call, {never} refused as never matching; "
             f"{elapsed:.1f} s"
         )
 
@@ -586,7 +559,7 @@ def test_random_schedules_around_dst_changes_match_the_reference(
 ) -> None:
     """``CronRule.next_after`` started just before a DST change, in every zone that has one."""
     rng = random.Random(20261124 + n)
-    same = seconds_kept = gave_up = 0
+    same = 0
     wrong: list[tuple[str, str, str, str | None, str | None]] = []
     for expr, name, after in dst_cases(rng, n):
         tz = ZoneInfo(name)
@@ -597,29 +570,16 @@ def test_random_schedules_around_dst_changes_match_the_reference(
         expected = reference_next(expr, tz, after)
         if got == expected:
             same += 1
-        elif _croniter_keeps_the_seconds(expr, tz, got, expected):
-            seconds_kept += 1
-        elif _gives_up_in_the_repeated_hour(expr, tz, after, got):
-            gave_up += 1
         else:
             wrong.append((expr, name, iso(after, tz), got and iso(got, tz), expected and iso(expected, tz)))
     assert not wrong, wrong[:10]
-    assert same > 0.97 * n
     if n > 1000:
         with capsys.disabled():
             print(
-                f"\n[test_rules] {n} random cron schedules around DST changes: {same} equal to the "
-                f"reference, {seconds_kept} a second-level run after a gap, {gave_up} given up in "
-                f"the repeated hour (the known fault)"
+                f"\n[test_rules] {n} random cron schedules around DST changes: {same} equal to the reference"
             )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CronRule.next_after skips the second occurrence's points one at a time, at most 1000; "
-    "a fixed-hour job with a seconds field has more there (36 minutes x 30 seconds), and gets no "
-    "next point at all",
-)
 def test_fixed_hour_seconds_job_started_in_the_repeated_hour_runs_the_next_day() -> None:
     tz = ZoneInfo("America/New_York")
     # After the last point of the first occurrence (01:45:33 EDT): all 1080 points of the
@@ -628,3 +588,22 @@ def test_fixed_hour_seconds_job_started_in_the_repeated_hour_runs_the_next_day()
     expected = ms(local(tz, date(2026, 11, 2), 1, 10, 4))
     assert reference_next("10-45 1 * * * 4-33", tz, after) == expected
     assert CronRule("10-45 1 * * * 4-33", "America/New_York").next_after(after) == expected
+
+
+@pytest.mark.parametrize(("name", "spring", "gap_hour", "fall", "dup_hour"), DST_ZONES, ids=DST_IDS)
+@pytest.mark.parametrize("expr", ["0 {h} * * * 19", "10-45 {h} * * * 4-33", "30 {h},{h1} * * * 19"])
+def test_spring_forward_job_with_seconds_in_the_gap_runs_once_at_the_jump(
+    name: str, spring: date, gap_hour: int, fall: date, dup_hour: int, expr: str
+) -> None:
+    """The skipped time's run is at the first valid moment, 03:00:00, not 03:00:19 (its seconds
+    kept); a real point of the hour after the gap still runs, once."""
+    tz = ZoneInfo(name)
+    rule = CronRule(expr.format(h=gap_hour, h1=gap_hour + 1), name)
+    jump = ms(local(tz, spring, gap_hour + 1, 0))
+    before = ms(local(tz, spring, gap_hour - 1, 0))
+    assert rule.next_after(before) == reference_next(rule.expr, tz, before) == jump
+    real = ms(local(tz, spring, gap_hour + 1, 30, 19))  # the hour after the gap's own point
+    next_day = ms(local(tz, spring + timedelta(days=1), 0))
+    following = rule.next_after(jump)
+    assert following is not None
+    assert following == real if "," in expr else following > next_day

@@ -8,11 +8,11 @@ forward over real instants (whole seconds, UTC), reading each one's local wall t
 ``zoneinfo``, and skipping ahead a field at a time where nothing can match. The DST rule is
 applied as the docstring states it:
 
-* a wall time that never happens (spring forward) runs nothing for a job whose hour field is
-  ``*`` (any field croniter reads as every hour: ``*``, ``*/1``, ``0-23``): that hour never
-  happened. Any other job runs once, at the first real instant after the missing range.
-  (The docstring names ``*`` only; ``*/2`` counts as a fixed hour here, as it does in
-  ``CronRule``.)
+* a wall time that never happens (spring forward) runs nothing for a job whose hour field
+  covers every hour (as croniter reads it: ``*``, ``*/1``, ``0-23``): that hour never
+  happened. Any other job (``*/2`` included) runs once, at the first real instant after the
+  missing range: the instant of the jump, to the second (03:00:00, whatever the missing
+  time's minute and second).
 * a wall time that happens twice (fall back) runs twice for an hour field that is ``*`` or a
   step over every hour (``*/n``), as written: each is a real moment, and walking instants
   sees both. It runs once, in the first occurrence (``fold == 0``), for any other
