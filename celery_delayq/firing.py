@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any
 
 from .bounded import MAX_SMALL, load_json
@@ -21,21 +20,11 @@ from .publish import Outcome, Publisher, Publishing
 from .rules import rule_from_json
 from .schedules import Schedules, plan_point
 from .stats import DispatchStats
-from .store import ClaimedJob, Store
+from .store import ClaimedJob, FireOutcome, Store
 
-__all__ = ["FireCall", "FireResult", "ScheduleFiring"]
+__all__ = ["FireCall", "ScheduleFiring"]
 
 logger = logging.getLogger("celery_delayq.dispatch")
-
-
-class FireResult(IntEnum):
-    """What ``lua/fire.lua`` answered."""
-
-    #: the point was no longer leased to this beat: nothing done
-    STALE = 0
-    FIRED = 1
-    #: the schedule's run state (history) did not read and was reset
-    HISTORY_RESET = 3
 
 
 @dataclass(frozen=True)
@@ -162,9 +151,9 @@ class ScheduleFiring:
             return
         results = self.store.fire(self.token, [(call.shard, call.args()) for call in calls])
         for call, result in zip(calls, results, strict=True):
-            if result == FireResult.STALE:
+            if result is FireOutcome.STALE:
                 self.stats.stale_acks += 1
-            elif result == FireResult.HISTORY_RESET:
+            elif result is FireOutcome.HISTORY_RESET:
                 self.stats.corrupt["history"] += 1
                 logger.error(
                     "delayq: schedule %r had a run state (history) that does not read; it was "

@@ -35,7 +35,7 @@ from .envelope import Envelope, decode_envelope
 from .fence import Fence, LeaseLost
 from .routing import can_publish_direct, direct_args, send_task, transport_batches
 from .stats import DispatchStats
-from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, Store
+from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, DeliverOutcome, Store
 from .wire import WireTemplates, wire_message
 
 __all__ = [
@@ -416,28 +416,29 @@ class AtomicPublisher:
         stale = full = 0
         for jobs in wired.values():
             for job, task, key, _ in jobs:
-                result = results[job.id]
-                if result == 1:
+                delivery = results[job.id]
+                error = delivery.error  # set when REFUSED
+                if delivery.outcome is DeliverOutcome.PUSHED:
                     delivered.append(job.due_ms)
-                elif result == 0:
+                elif delivery.outcome is DeliverOutcome.STALE:
                     stale += 1
-                elif isinstance(result, str) and OOM_REPLY in result:
+                elif OOM_REPLY in error:
                     full += 1  # (6.2: "@user_script: 1: -OOM command not allowed ...")
-                elif str(result).startswith(SERVER_BUSY_REPLIES):
+                elif error.startswith(SERVER_BUSY_REPLIES):
                     p.stats.publish_errors += 1
                     logger.error(
                         "delayq: the broker refused %s (%s): %s; it stays stored and is retried after "
                         "its lease (%.0f s)",
                         job.id,
                         task,
-                        result,
+                        error,
                         p.config.reclaim_ttl,
                     )
-                elif str(result).startswith("WRONGTYPE"):
-                    reason = f"publish failed: queue key {key!r} is not a list: {result}"
+                elif error.startswith("WRONGTYPE"):
+                    reason = f"publish failed: queue key {key!r} is not a list: {error}"
                     p.bury(job, reason, _decoded(job))
                 else:
-                    p.failed(job, _decoded(job), f"LPUSH {key!r}: {result}")
+                    p.failed(job, _decoded(job), f"LPUSH {key!r}: {error}")
         p.stats.acked += len(delivered)
         if full:
             p.stats.publish_errors += full

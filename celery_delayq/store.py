@@ -8,7 +8,9 @@ milliseconds since the epoch; "now" inside a claim is the server's ``TIME``.
 No other module of the package holds a Redis client or runs a script (``tests/test_layers.py``
 checks it): each script has one typed method here, and a script's integer reply becomes an
 ``enum`` outcome (:class:`EnqueueOutcome`, :class:`CancelOutcome`, :class:`RescheduleOutcome`,
-:class:`RequeueOutcome`) before it leaves this module. That is why this module is longer than
+:class:`RequeueOutcome`, :class:`FireOutcome`, :class:`DeliverOutcome` in a :class:`Delivery`)
+or a bool (held or not) before it leaves this module; a reply that is none of a script's codes
+raises :class:`~celery_delayq.exceptions.StoreError`. That is why this module is longer than
 the others: it is the whole of the Redis side, one method per script and per read. Building a
 client and classifying Redis errors live in :mod:`celery_delayq.connection`.
 """
@@ -24,7 +26,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -42,7 +44,7 @@ from .connection import (
     version_problem,
 )
 from .envelope import id_opening, loaded_form, stored_form
-from .exceptions import CorruptData, ReservedTaskId, StoreFull, UnsupportedServer
+from .exceptions import CorruptData, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
 from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
@@ -53,7 +55,10 @@ __all__ = [
     "CancelOutcome",
     "ClaimResult",
     "ClaimedJob",
+    "DeliverOutcome",
+    "Delivery",
     "EnqueueOutcome",
+    "FireOutcome",
     "JobRecord",
     "RequeueOutcome",
     "RescheduleOutcome",
@@ -105,11 +110,63 @@ class RequeueOutcome(enum.StrEnum):
     NO_ENVELOPE = "no-envelope"  # refused: the record holds no message
 
 
+class FireOutcome(enum.StrEnum):
+    """What acking a schedule's point did (``lua/fire.lua``)."""
+
+    STALE = "stale"  # the point was no longer leased to this beat: nothing done
+    FIRED = "fired"  # acked, and the schedule moved to its next point
+    STOPPED = "stopped"  # acked, not advanced: the schedule was deleted, paused or replaced
+    HISTORY_RESET = "history-reset"  # fired, but the run state did not read and was reset
+
+
+class DeliverOutcome(enum.StrEnum):
+    """What pushing one job's message did (``lua/deliver.lua``)."""
+
+    STALE = "stale"  # the job was no longer leased to this beat: nothing done
+    PUSHED = "pushed"  # in its queue list, and gone from the store
+    REFUSED = "refused"  # the broker refused the push (see the error): the job keeps its lease
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One job's answer from :meth:`Store.deliver`."""
+
+    outcome: DeliverOutcome
+    error: str = ""  # the refused LPUSH's error text (``REFUSED`` only)
+
+
+_PUSHED = Delivery(DeliverOutcome.PUSHED)
+_NOT_HELD = Delivery(DeliverOutcome.STALE)
+
 # The scripts' integer replies, by code (see each script's header).
 _ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held
 _CANCEL = (CancelOutcome.MISSING, CancelOutcome.CANCELLED, CancelOutcome.DELIVERING)
 _RESCHEDULE = (RescheduleOutcome.MISSING, RescheduleOutcome.MOVED, RescheduleOutcome.DELIVERING)
 _REQUEUE = tuple(RequeueOutcome)  # 0 missing, 1 requeued, 2 stored, 3 no-envelope
+_FIRE = (FireOutcome.STALE, FireOutcome.FIRED, FireOutcome.STOPPED, FireOutcome.HISTORY_RESET)
+_DELIVER = (_NOT_HELD, _PUSHED)  # an error text stands for REFUSED
+_DONE = (False, True)  # 0 nothing done, 1 done (bury, sched_del)
+_PUT = (False, True, False)  # sched_put: 0 refused (exists), 1 stored, 2 not stalled
+
+_Code = TypeVar("_Code")
+
+
+def _decode(script: str, table: Sequence[_Code], code: Any) -> _Code:
+    """What ``table`` lists for ``code``, an integer reply of ``lua/<script>.lua``.
+
+    A reply that is none of the script's codes (a script out of step with this module) raises
+    :class:`StoreError` rather than being taken for another answer.
+
+    >>> _decode("cancel", _CANCEL, 2)
+    <CancelOutcome.DELIVERING: 'delivering'>
+    >>> _decode("cancel", _CANCEL, -1)
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.StoreError: delayq cancel: unexpected reply -1 (its codes are 0 to 2)
+    """
+    if type(code) is int and 0 <= code < len(table):
+        return table[code]
+    raise StoreError(f"delayq {script}: unexpected reply {code!r} (its codes are 0 to {len(table) - 1})")
 
 logger = logging.getLogger("celery_delayq.store")
 
@@ -271,6 +328,12 @@ class Store:
             return run_replicated(self.client, [ScriptCall(script, keys, args)], self.config.wait_replicas)[0]
         return script(self.client, keys, args)
 
+    def _write_outcome(
+        self, script: str, table: Sequence[_Code], keys: Sequence[str], args: Sequence[Any]
+    ) -> _Code:
+        """:meth:`_write` of ``lua/<script>.lua``, its reply decoded by ``table`` (:func:`_decode`)."""
+        return _decode(script, table, self._write(SCRIPTS[script], keys, args))
+
     # -- producers -------------------------------------------------------------------------
 
     def enqueue(
@@ -303,7 +366,7 @@ class Store:
             self._saw_server_time(int(now))
             if not relative:
                 self._check_past(int(now), [(job_id, int(due_ms))])
-            return [(_ENQUEUE[int(status)], int(due))]
+            return [(_decode("enqueue", _ENQUEUE, status), int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
         for position, (job_id, _, _) in enumerate(jobs):
@@ -337,7 +400,7 @@ class Store:
             now = int(result[0])
             pairs = iter(result[1:])
             for p, status, due in zip(chunk, pairs, pairs, strict=True):
-                out[p] = (_ENQUEUE[int(status)], int(due))
+                out[p] = (_decode("enqueue", _ENQUEUE, status), int(due))
         if calls:
             self._saw_server_time(now)
             if not relative:
@@ -467,12 +530,12 @@ class Store:
 
     def deliver(
         self, token: str, items_by_shard: dict[int, list[tuple[str, str, str]]]
-    ) -> dict[str, int | str]:
+    ) -> dict[str, Delivery]:
         """Push ``(id, list key, message)`` into broker lists and remove the jobs, each only
         while ``token`` holds its lease (``lua/deliver.lua``; the broker must be this server).
 
-        Returns ``{id: 1}`` pushed and removed, ``0`` not held (nothing done), or the error
-        text of a refused push.
+        Returns ``{id: Delivery}``: pushed and removed, not held (nothing done), or refused
+        with the error text of the push.
         """
         calls: list[ScriptCall] = []
         owners: list[list[str]] = []
@@ -484,21 +547,25 @@ class Store:
                     args.extend(item)
                 calls.append(ScriptCall(SCRIPTS["deliver"], self.keys.shard(shard).core, args))
                 owners.append([job_id for job_id, _, _ in chunk])
-        out: dict[str, int | str] = {}
+        out: dict[str, Delivery] = {}
         for chunk_ids, result in zip(owners, run_pipelined(self.client, calls), strict=True):
-            out.update(zip(chunk_ids, result, strict=True))
+            for job_id, reply in zip(chunk_ids, result, strict=True):
+                if isinstance(reply, str):
+                    out[job_id] = Delivery(DeliverOutcome.REFUSED, reply)
+                else:
+                    out[job_id] = _decode("deliver", _DELIVER, reply)
         return out
 
     def bury(self, token: str, job_id: str, record: dict[str, Any]) -> bool:
         """Move a job this ``token`` holds to the dead-letter hash with ``record``."""
         keys = self.keys.for_job(job_id).core
-        return bool(SCRIPTS["bury"](self.client, keys, [token, job_id, json.dumps(record)]))
+        return _decode("bury", _DONE, SCRIPTS["bury"](self.client, keys, [token, job_id, json.dumps(record)]))
 
     # -- by id -------------------------------------------------------------------------------
 
     def cancel(self, job_id: str) -> CancelOutcome:
         """Remove a job (``lua/cancel.lua``)."""
-        return _CANCEL[int(self._write(SCRIPTS["cancel"], self.keys.for_job(job_id).core, [job_id]))]
+        return self._write_outcome("cancel", _CANCEL, self.keys.for_job(job_id).core, [job_id])
 
     def cancel_many(self, shard: int, job_ids: Sequence[str]) -> list[CancelOutcome]:
         """Remove jobs of one shard, one ``lua/cancel.lua`` call each, in one pipeline (with
@@ -510,13 +577,13 @@ class Store:
             results = run_replicated(self.client, calls, replicas)
         else:
             results = run_pipelined(self.client, calls)
-        return [_CANCEL[int(code)] for code in results]
+        return [_decode("cancel", _CANCEL, code) for code in results]
 
     def reschedule(self, job_id: str, due_ms: int) -> RescheduleOutcome:
         """Move a waiting job (``lua/reschedule.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), self.keys.wake_channel, shard]
-        return _RESCHEDULE[int(self._write(SCRIPTS["reschedule"], self.keys.shard(shard).core, args))]
+        return self._write_outcome("reschedule", _RESCHEDULE, self.keys.shard(shard).core, args)
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job (or dead letter) with this id, or None."""
@@ -691,7 +758,7 @@ class Store:
         letter, atomically (``lua/requeue.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), id_opening(job_id), self.keys.wake_channel, shard]
-        return _REQUEUE[int(self._write(SCRIPTS["requeue"], self.keys.shard(shard).core, args))]
+        return self._write_outcome("requeue", _REQUEUE, self.keys.shard(shard).core, args)
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every dead-lettered job: ``(id, record)``."""
@@ -819,13 +886,13 @@ class Store:
         args: list[Any] = [name, mode, definition, *point, self.keys.wake_channel, shard]
         if stalled:
             args.append(stalled)
-        return int(self._write(SCRIPTS["sched_put"], self.keys.shard(shard).core, args)) == 1
+        return self._write_outcome("sched_put", _PUT, self.keys.shard(shard).core, args)
 
     def delete_schedule(self, name: str) -> bool:
         """Delete a schedule and its waiting point (``lua/sched_del.lua``); False when there
         was none."""
         shard = self.keys.shard_of("{" + name + "}")
-        return bool(self._write(SCRIPTS["sched_del"], self.keys.shard(shard).core, [name]))
+        return self._write_outcome("sched_del", _DONE, self.keys.shard(shard).core, [name])
 
     def schedule(self, name: str) -> tuple[str | None, str | None]:
         """A schedule's definition and run state as stored (JSON), each None when absent."""
@@ -956,17 +1023,17 @@ class Store:
                 pipe.hget(self.keys.shard(shard).schedules, name)
             return list(pipe.execute())
 
-    def fire(self, token: str, calls: Sequence[tuple[int, Sequence[Any]]]) -> list[int]:
+    def fire(self, token: str, calls: Sequence[tuple[int, Sequence[Any]]]) -> list[FireOutcome]:
         """Run ``lua/fire.lua`` for each ``(shard, args after the token)`` (args: id, name,
-        at_ms, published id, next id, next due, next envelope) in one pipeline; its answers:
-        0 the point was no longer leased with ``token``, 3 the run state was reset, else 1."""
+        at_ms, published id, next id, next due, next envelope) in one pipeline; its answers
+        in order."""
         script_calls = [
             ScriptCall(
                 SCRIPTS["fire"], self.keys.shard(shard).core, [token, *args, self.keys.wake_channel, shard]
             )
             for shard, args in calls
         ]
-        return [int(result) for result in run_pipelined(self.client, script_calls)]
+        return [_decode("fire", _FIRE, result) for result in run_pipelined(self.client, script_calls)]
 
     def write_heartbeat(self, token: str, entry: Mapping[str, Any], read_all: bool) -> dict[str, str] | None:
         """Set ``token``'s entry of ``<prefix>:beats``; with ``read_all``, return the whole hash

@@ -23,8 +23,7 @@ from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
 from celery_delayq.schedules import point_id
-from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import Store, get_store, redis_error_kind
+from celery_delayq.store import DeliverOutcome, Delivery, FireOutcome, Store, get_store, redis_error_kind
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
@@ -193,7 +192,9 @@ def test_the_other_scripts_tolerate_a_malformed_lease(store: Store, r: redis.Red
     # ack, bury, deliver: "garbage" is no beat's lease, so nothing is done
     assert store.ack("beat-1", {store.keys.shard_of("x"): ["x"]}) == {"x": False}
     assert store.bury("beat-1", "x", {"reason": "r"}) is False
-    assert store.deliver("beat-1", {store.keys.shard_of("x"): [("x", "q", "m")]}) == {"x": 0}
+    assert store.deliver("beat-1", {store.keys.shard_of("x"): [("x", "q", "m")]}) == {
+        "x": Delivery(DeliverOutcome.STALE)
+    }
     # get: a held job of unknown history
     record = store.get("x")
     assert record is not None and (record.state, record.due_ms, record.tries) == ("leased", due, 0)
@@ -236,19 +237,8 @@ def test_fire_resets_a_run_state_that_does_not_read(
     at = schedule[1]
     definition = load_json(r.hget(keys.schedules, "h"), "definition")
     next_id, envelope = schedules.envelope_for(definition, at + 1000)
-    args = [
-        "beat-1",
-        point.id,
-        "h",
-        at,
-        point.id,
-        next_id,
-        at + 1000,
-        envelope,
-        store.keys.wake_channel,
-        store.keys.shard_of("{h}"),
-    ]
-    assert SCRIPTS["fire"](r, keys.core, args) == 3
+    args = [point.id, "h", at, point.id, next_id, at + 1000, envelope]
+    assert store.fire("beat-1", [(store.keys.shard_of("{h}"), args)]) == [FireOutcome.HISTORY_RESET]
     after = schedules.get("h")
     assert after is not None and after.run_count == 1 and after.last_task_id == point.id
     assert after.next_run is not None and int(after.next_run.timestamp() * 1000) == at + 1000

@@ -26,6 +26,8 @@ from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
 from celery_delayq.store import (
     OOM_REPLY,
     CancelOutcome,
+    DeliverOutcome,
+    Delivery,
     EnqueueOutcome,
     Store,
     evicts_jobs,
@@ -125,10 +127,10 @@ def test_the_freeing_scripts_run_when_redis_is_full(
         }
         make_full(client)
         pushed = store.deliver("beat-1", delivered)  # refused: a full broker gets no messages
-        assert all(isinstance(v, str) and OOM_REPLY in v for v in pushed.values())
+        assert all(v.outcome is DeliverOutcome.REFUSED and OOM_REPLY in v.error for v in pushed.values())
         assert client.llen("celery") == 0 and store.count() == len(jobs) + 1
         client.config_set("maxmemory", 0)
-        assert set(store.deliver("beat-1", delivered).values()) == {1}
+        assert set(store.deliver("beat-1", delivered).values()) == {Delivery(DeliverOutcome.PUSHED)}
         acked = {s: v[third[s] : 2 * third[s]] for s, v in by_shard.items()}
         make_full(client)
         held, _ = store.renew("beat-1", acked)  # the fence renews the leases of a slow pass

@@ -47,6 +47,7 @@ from celery_delayq.lua_formats import lease_entry
 from celery_delayq.store import (
     OOM_REPLY,
     CancelOutcome,
+    DeliverOutcome,
     EnqueueOutcome,
     JobRecord,
     RescheduleOutcome,
@@ -323,12 +324,12 @@ class StoreMachine(RuleBasedStateMachine):
         for job_id, queue in items:
             message = json.dumps({"id": job_id, "n": self._next()})
             by_shard[shard(job_id)].append((job_id, queue, message))
-        expected: dict[str, int | str] = {}
+        expected: dict[str, DeliverOutcome | str] = {}  # a str: a refused push's error
         for group in by_shard.values():  # the order the script calls run in
             for job_id, queue, message in group:
                 job = self.jobs.get(job_id)
                 if job is None or job.token != token:
-                    expected[job_id] = 0
+                    expected[job_id] = DeliverOutcome.STALE
                     self._count("deliver:refused")
                 elif self.full:
                     expected[job_id] = OOM_TEXT  # push refused: the job keeps its lease
@@ -339,17 +340,19 @@ class StoreMachine(RuleBasedStateMachine):
                 else:
                     self.lists[queue].insert(0, message)  # LPUSH
                     del self.jobs[job_id]
-                    expected[job_id] = 1
+                    expected[job_id] = DeliverOutcome.PUSHED
                     self._count("deliver:pushed")
         got = self.long.deliver(token, dict(by_shard))
         assert set(got) == set(expected)
         for job_id, want in expected.items():
+            if isinstance(want, DeliverOutcome):
+                assert got[job_id].outcome is want and not got[job_id].error, (job_id, got)
+                continue
+            assert got[job_id].outcome is DeliverOutcome.REFUSED, (job_id, got)
             if want == OOM_TEXT:
-                assert isinstance(got[job_id], str) and OOM_REPLY in str(got[job_id]), got
-            elif isinstance(want, str):
-                assert isinstance(got[job_id], str) and str(got[job_id]).startswith(want), got
+                assert OOM_REPLY in got[job_id].error, got
             else:
-                assert got[job_id] == want, (job_id, got)
+                assert got[job_id].error.startswith(want), got
 
     def _bury(self, token: str, job_id: str) -> None:
         job = self.jobs.get(job_id)

@@ -32,8 +32,7 @@ from celery_delayq import (
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.rules import parse_rule
 from celery_delayq.schedules import point_id
-from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import ClaimedJob, get_store
+from celery_delayq.store import ClaimedJob, FireOutcome, get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms, snapshot
@@ -508,16 +507,18 @@ def test_points_have_deterministic_ids_and_update_the_run_history(
 # -- fire.lua edges -------------------------------------------------------------------------------
 
 
-def _fire(app: Celery, token: str, name: str, at_ms: int, published: str, next_ms: int | None) -> int:
+def _fire(
+    app: Celery, token: str, name: str, at_ms: int, published: str, next_ms: int | None
+) -> FireOutcome:
     schedules = Schedules(app)
     store = get_store(app)
     keys = store.keys
     shard = keys.shard_of("{" + name + "}")
     definition = json.loads(raw_state(store.client, app, name)[0] or "{}")
     next_id, envelope = schedules.envelope_for(definition, next_ms) if next_ms else ("", "")
-    args = [token, point_id(name, at_ms), name, at_ms, published, next_id, next_ms or 0, envelope,
-            keys.wake_channel, shard]
-    return int(SCRIPTS["fire"](store.client, keys.shard(shard).core, args))
+    args = [point_id(name, at_ms), name, at_ms, published, next_id, next_ms or 0, envelope]
+    [outcome] = store.fire(token, [(shard, args)])
+    return outcome
 
 
 def _due_point(app: Celery, r: redis.Redis, name: str) -> int:
@@ -544,19 +545,35 @@ def test_a_stale_holder_cannot_advance_the_schedule(app_factory: AppFactory, r: 
     assert [(j.id, j.tries) for j in second.jobs] == [(pid, 2)]
     before = raw_state(r, app, "st")
 
-    assert _fire(app, "beat-A", "st", at, pid, at + 1000) == 0  # A no longer holds it
+    assert _fire(app, "beat-A", "st", at, pid, at + 1000) is FireOutcome.STALE  # A no longer holds it
     assert raw_state(r, app, "st") == before
     job = DelayQ(app).get(pid)
     assert job is not None and job.state == "leased"
     assert stored_ids(app, "st") == [pid]
 
-    assert _fire(app, "beat-B", "st", at, pid, at + 1000) == 1
+    assert _fire(app, "beat-B", "st", at, pid, at + 1000) is FireOutcome.FIRED
     after = schedules.get("st")
     assert after is not None
     assert (after.run_count, after.last_task_id) == (1, pid)
     assert after.next_run is not None and ms_of(after.next_run) == at + 1000
     assert stored_ids(app, "st") == [point_id("st", at + 1000)]
-    assert _fire(app, "beat-B", "st", at, pid, at + 1000) == 0  # acked: nothing to do twice
+    assert _fire(app, "beat-B", "st", at, pid, at + 1000) is FireOutcome.STALE  # acked: nothing to do twice
+
+
+def test_a_point_held_while_its_schedule_is_deleted_is_acked_without_advancing(
+    app_factory: AppFactory, r: redis.Redis
+) -> None:
+    app = app_factory()
+    schedules = Schedules(app)
+    store = get_store(app)
+    schedules.add("gone", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    at = _due_point(app, r, "gone")
+    pid = point_id("gone", at)
+    [claimed] = store.claim([store.keys.shard_of(pid)], "beat-A")
+    assert [j.id for j in claimed.jobs] == [pid]
+    assert schedules.delete("gone") is True  # the held point is left to its beat
+    assert _fire(app, "beat-A", "gone", at, pid, None) is FireOutcome.STOPPED
+    assert DelayQ(app).get(pid) is None and store.count() == 0
 
 
 @pytest.mark.parametrize("change", ["delete", "pause", "update"])

@@ -14,6 +14,7 @@ import redis
 from redis.crc import key_slot
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.exceptions import StoreError
 from celery_delayq.keys import KeySpace
 from celery_delayq.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
 from celery_delayq.store import (
@@ -468,6 +469,22 @@ def test_bury_a_waiting_job_is_refused(store: Store, r: redis.Redis) -> None:
 
 
 # -- NOSCRIPT ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", [-1, 4, None, b"1"])
+def test_a_reply_that_is_none_of_the_scripts_codes_raises(
+    store: Store, monkeypatch: pytest.MonkeyPatch, reply: Any
+) -> None:
+    """A reply out of step with the script's header is an error, never taken for another answer."""
+    monkeypatch.setattr(store, "_write", lambda *args: reply)
+    with pytest.raises(StoreError, match=r"^delayq cancel: unexpected reply .* \(its codes are 0 to 2\)$"):
+        store.cancel("a")
+    monkeypatch.setattr("celery_delayq.store.run_pipelined", lambda client, calls, **kw: [reply])
+    with pytest.raises(StoreError, match=r"^delayq fire: unexpected reply .* \(its codes are 0 to 3\)$"):
+        store.fire("beat-1", [(0, ["p", "s", 0, "", "", 0, ""])])
+    monkeypatch.setattr("celery_delayq.store.run_pipelined", lambda client, calls, **kw: [[reply]])
+    with pytest.raises(StoreError, match=r"^delayq deliver: unexpected reply"):
+        store.deliver("beat-1", {0: [("a", "celery", "{}")]})
 
 
 def test_script_flush_before_a_single_call(store: Store, r: redis.Redis) -> None:
