@@ -30,6 +30,7 @@ beat removes its heartbeat from ``<prefix>:beats``.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -94,9 +95,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         try:  # before Celery prints its banner (which shows self.info) or sets up anything
-            DelayQConfig.from_app(app)
+            config = DelayQConfig.from_app(app)
         except ConfigurationError as exc:
             raise BeatConfigurationError(f"delayq: {exc}") from None
+        if config.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
+            raise BeatConfigurationError(
+                f"delayq: {setting_name(app, 'delayq_metrics_port')} is set, which needs "
+                "prometheus-client: pip install 'celery-delayq[metrics]'"
+            )
         self._rule_entries = _rule_entries(app.conf.beat_schedule or {})
         for name, entry in self._rule_entries.items():
             try:

@@ -144,6 +144,25 @@ for command, args in ((delayq, ["status", "--json"]), (delayq, ["--help"]), (dem
     assert proc.stdout.splitlines()[1:] == [f"1 {hint}"] * 3, proc.stdout
 
 
+def test_a_beat_with_a_metrics_port_but_no_prometheus_client_says_so_in_one_line() -> None:
+    code = WITHOUT_EXTRAS + """
+from celery import Celery
+from celery_delayq import Scheduler
+app = Celery("t", broker="memory://", set_as_current=False)
+app.conf.update(delayq_url="redis://127.0.0.1:1/0", delayq_metrics_port=19999)
+try:
+    Scheduler(app)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", code, "celery_delayq.scheduler"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1:] == [
+        "BeatConfigurationError delayq: delayq_metrics_port is set, which needs prometheus-client: "
+        "pip install 'celery-delayq[metrics]'"
+    ], proc.stdout
+
 def test_errors_are_mapped_by_exception_class() -> None:
     url = "redis://:***@cache:6379/0"
     cases = [
