@@ -18,11 +18,11 @@ import redis
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_delayq import lateness
 from celery_delayq.devtools.embedded import free_port
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import Producer
+from tests.support.store import stored_lateness
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,11 +34,6 @@ STARTUP = 90.0
 def producer(producers: Callable[..., Producer], redis_url: str) -> Celery:
     """The app of a :class:`Producer` (the e2e app's task names and signatures)."""
     return producers(redis_url, redis_url).app
-
-
-def stored_lateness(r: redis.Redis, kind: str = "start") -> lateness.Snapshot:
-    """A lateness histogram (the workers' start one by default), read straight from Redis."""
-    return lateness.Snapshot.from_fields(r.hgetall(lateness.key_for("delayq", kind)))
 
 
 def scrape(port: int) -> tuple[str, dict[str, float]]:

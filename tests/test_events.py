@@ -35,10 +35,10 @@ import redis
 from celery import Celery
 from celery.events.state import State
 
-from celery_delayq import lateness
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import CLOCK_TOL, MAX_LATE, STARTUP, Producer, log_of
+from tests.support.store import stored_lateness
 
 pytestmark = pytest.mark.e2e
 
@@ -156,7 +156,7 @@ def test_with_publish_eta_flower_sees_the_due_time_and_the_worker_does_not_hold_
 
         assert wait_for(finished, STARTUP + AHEAD + RETRY_AFTER, 0.1), (received(events), procs.logs())
         # The workers' recorder flushes once a second: both jobs and both flaky runs.
-        histogram = lambda: lateness.read(r, "delayq", "start").count  # noqa: E731
+        histogram = lambda: stored_lateness(r).count  # noqa: E731
         assert wait_for(lambda: histogram() >= 4, 15, 0.1), histogram()
     got = received(events)
     starts = starts_by_id(r)
@@ -179,6 +179,6 @@ def test_with_publish_eta_flower_sees_the_due_time_and_the_worker_does_not_hold_
     assert abs(seconds(retry["eta"]) - retry["due"]) < 0.0005, retry
     assert abs(seconds(got[flaky.id][1]["eta"]) - retry["due"]) < 0.0005, got[flaky.id]
     assert retry["due"] - CLOCK_TOL <= retry["start"] < retry["due"] + MAX_LATE, retry
-    assert lateness.read(r, "delayq", "start").count == 4  # not Celery's own ETA task
+    assert stored_lateness(r).count == 4  # not Celery's own ETA task
     assert datetime.fromisoformat(got[celery_job.id][0]["eta"]) == celery_eta
     assert starts[celery_job.id][0]["due"] is None

@@ -14,6 +14,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_delayq import lateness
 from celery_delayq.config import DelayQConfig
 from celery_delayq.keys import KeySpace
 from celery_delayq.store import Store, get_store
@@ -111,3 +112,8 @@ def bury(app: Celery, job_id: str, reason: str = "publish failed: boom", dead_at
         "envelope": job.envelope,
     }
     assert store.bury("beat-bury", job_id, record)
+
+
+def stored_lateness(r: redis.Redis, kind: str = "start") -> lateness.Snapshot:
+    """A lateness histogram (the workers' start one by default), read straight from Redis."""
+    return lateness.Snapshot.from_fields(r.hgetall(lateness.key_for("delayq", kind)))
