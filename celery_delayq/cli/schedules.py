@@ -178,7 +178,7 @@ def _options_value(options_json: str | None, queue: str | None, base: dict[str, 
 @click.option("--replace", is_flag=True, help="Replace a schedule of that name (keeps its run history).")
 @json_option
 @click.pass_context
-def schedulesplain_row(
+def schedules_add(
     ctx: click.Context,
     name: str,
     task: str,
