@@ -11,10 +11,12 @@ from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq
 from .canvas import apply_at, apply_in
 from .config import DelayQConfig
 from .exceptions import (
+    BatchExists,
     ConfigurationError,
     CorruptData,
     DelayQError,
     InvalidArguments,
+    InvalidBatch,
     InvalidDueTime,
     InvalidOptions,
     InvalidSchedule,
@@ -39,6 +41,7 @@ from .task import DelayedTask, DelayQTaskMixin, delayed_task
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchExists",
     "ConfigurationError",
     "CorruptData",
     "CronRule",
@@ -49,6 +52,7 @@ __all__ = [
     "DelayedTask",
     "IntervalRule",
     "InvalidArguments",
+    "InvalidBatch",
     "InvalidDueTime",
     "InvalidOptions",
     "InvalidSchedule",

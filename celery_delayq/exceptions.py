@@ -15,7 +15,9 @@ The tree::
     │   ├── InvalidSchedule          malformed cron, unknown timezone, bad rule, args or policy
     │   │   └── ScheduleNotFound     no schedule has that name (also LookupError)
     │   ├── UnknownTask              a schedule names a task the app does not have
-    │   └── ScheduleExists           Schedules.add() of a name that is taken
+    │   ├── ScheduleExists           Schedules.add() of a name that is taken
+    │   ├── InvalidBatch             DelayQ.batch() with no members or a non-signature
+    │   └── BatchExists              DelayQ.batch() with the batch_id of a stored batch
     └── StoreError                   Redis answered in a way the store cannot use
         ├── UnsupportedServer        Redis older than 6.2 (scripts need it)
         ├── CorruptData              a stored entry that does not read (also ValueError)
@@ -37,10 +39,12 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "BatchExists",
     "ConfigurationError",
     "CorruptData",
     "DelayQError",
     "InvalidArguments",
+    "InvalidBatch",
     "InvalidDueTime",
     "InvalidOptions",
     "InvalidSchedule",
@@ -175,3 +179,15 @@ class ScheduleExists(ScheduleError, KeyError):
 
 class ScheduleNotFound(InvalidSchedule, LookupError):
     """No schedule has that name."""
+
+
+class InvalidBatch(ScheduleError, ValueError):
+    """``DelayQ.batch`` was given no members, a member that is not a signature, or an
+    ``on_complete`` that is not a signature (or cannot be sent as JSON)."""
+
+
+class BatchExists(ScheduleError, KeyError):
+    """``DelayQ.batch`` was given the ``batch_id`` of a batch that is stored already."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
