@@ -755,3 +755,41 @@ def test_the_gate_scripts_run_on_a_redis_cluster(cluster_url: str) -> None:
     finally:
         r.close()
         store.close()
+
+
+def test_corrupt_gate_data_is_read_as_absent(store: Store, r: redis.Redis) -> None:
+    """An override, a rate time or batch counts that do not read (written by hand) change no
+    answer into an error: the override is ignored (the job's own limit counts), the rate
+    starts again, the counts read as 0; a lease entry held by the token that does not read is
+    gated with due now and tries 1."""
+    keys = store.keys.for_key("k")
+    r.hset(keys.gate_limits, "k", "lots")
+    r.hset(keys.gate_rates, "k", "soon")
+    ids = ids_of("k", 2)
+    put(store, r, ids)
+    gates = {j: Gate("k", 1, parse_rate("1/h")) for j in ids}
+    assert decisions(claim_and_gate(store, "beat-a", gates)) == {ids[0]: RELEASED, ids[1]: PARKED}
+    assert store.key_state("k") == KeyState("k", 1, "lots", 1, 1, False)
+    assert float(r.hget(keys.gate_rates, "k")) > server_ms(r) + 3_500_000  # a new arrival time
+    [odd] = ids_of("odd", 1)
+    put(store, r, [odd])
+    store.claim([store.keys.shard_of(odd)], "beat-a")
+    r.hset(store.keys.for_job(odd).leases, odd, "garbage|beat-a")
+    before = server_ms(r)
+    assert decisions(store.gate("beat-a", {store.keys.shard_of(odd): [(odd, Gate("odd", 1))]}, SLOT_MS)) == {
+        odd: RELEASED
+    }
+    assert hold(store, "beat-a", [(odd, "odd")]) == {odd: True}
+    entry = lease(store, r, odd) or ""
+    assert entry.endswith("|1|run") and before <= int(entry.split("|")[0]) <= server_ms(r)
+    open_batch(store, "b1", 1)
+    bkeys = store.keys.for_key(batch_key("b1"))
+    r.hset(bkeys.batch("b1"), mapping={"succeeded": "many", "failed": "x"})
+    assert store.batch_state("b1") == BatchState("b1", 1, 0, 0, 0, 0, 1, False, _created(store, r, "b1"))
+    [member] = batch_members(store, r, "b1", 1)[0]
+    claim_and_gate(store, "beat-a", {member: Gate(batch_key("b1"), None, batch="b1")})
+    assert store.release(member, batch_key("b1"), "succeeded", "b1") == ReleaseResult(True, 0, True)
+
+
+def _created(store: Store, r: redis.Redis, bid: str) -> int:
+    return int(r.hget(store.keys.for_key(batch_key(bid)).batch(bid), "created"))
