@@ -445,6 +445,21 @@ def test_an_expired_slot_of_a_cancelled_job_is_purged_by_the_next_gate(store: St
     assert wait_ids(store, r, "k") == [fresh]
 
 
+def test_an_operator_frees_a_slot_a_cancelled_jobs_dead_worker_kept(store: Store, r: redis.Redis) -> None:
+    """No new job of the key comes to be gated: its parked jobs wait for the dead slot. Any
+    admin op (here a resume of a key that was not paused) purges it and promotes one."""
+    [job] = start(store, r, "k", 1, 1)
+    [parked] = ids_of("k", 1, "parked")
+    put(store, r, [parked])
+    assert decisions(claim_and_gate(store, "beat-a", {parked: Gate("k", 1)})) == {parked: PARKED}
+    store.cancel(job)
+    assert store.resume("k") == 0  # the slot has not expired: the worker may still run
+    store.renew_slots([(job, "k")], SHORT_SLOT_MS)
+    wait_for(lambda: server_ms(r) > r.zscore(store.keys.for_key("k").running("k"), job) + 5, timeout=5)
+    assert store.resume("k") == 1
+    assert run_ids(store, r, "k") == [] and (score(store, r, parked) or PARK_MS) <= server_ms(r)
+
+
 def test_an_expired_slot_whose_job_is_stored_is_kept(store: Store, r: redis.Redis) -> None:
     """A dead worker's job is stored (its score passed too): its slot stays for its
     redelivery, and a new job is parked."""

@@ -89,13 +89,7 @@ for i = 5, #ARGV, 6 do
     out[#out + 1] = {'not-held', 0}
   else
     local rkey = run_key(key)
-    local expired = redis.call('ZRANGE', rkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, 10)
-    local purged = 0
-    for _, old in ipairs(expired) do
-      if redis.call('HEXISTS', KEYS[2], old) == 0 then
-        purged = purged + redis.call('ZREM', rkey, old)
-      end
-    end
+    local purged = purge(key, now)
     local due, tries = lease_read(entry)
     if due == nil then
       due, tries = now, 1

@@ -14,7 +14,9 @@ ARGV[2] gate key, ARGV[3] value (the limit; "" otherwise)
 ARGV[4] wake channel, ARGV[5] shard index
 
 The key is recorded in gate:keys (with "" when it was not there) so it is listed. Every op
-then promotes the key's parked jobs into its free slots (none while it is paused). A lowered
+then purges the key's expired slots whose job is gone and promotes its parked jobs into its
+free slots (none while it is paused): an operator's resume or limit frees a key whose slots a
+cancelled job's dead worker kept. A lowered
 limit takes effect for the next jobs gated: running ones finish.
 Returns how many parked jobs were promoted.
 No allow-oom flag: a full Redis refuses it before anything is written.

@@ -62,11 +62,24 @@ local function server_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- promote(key, channel, shard, now): unless key is paused, move as many parked jobs of it as
--- it has free slots (all, with no cap) from wait_key to due now - priority (claimed first by
--- priority), and wake the beats. A member whose job is gone or no longer parked (stored
+-- purge(key, now): remove up to 10 expired slots of the key whose job is gone (cancelled
+-- while it ran, and its worker died: no release comes); how many were removed.
+local function purge(key, now)
+  local rkey = run_key(key)
+  local purged = 0
+  for _, old in ipairs(redis.call('ZRANGE', rkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, 10)) do
+    if redis.call('HEXISTS', KEYS[2], old) == 0 then
+      purged = purged + redis.call('ZREM', rkey, old)
+    end
+  end
+  return purged
+end
+-- promote(key, channel, shard, now): purge the key's expired slots (above), then, unless it
+-- is paused, move as many parked jobs of it as it has free slots (all, with no cap) from
+-- wait_key to due now - priority (claimed first by priority), and wake the beats. A member whose job is gone or no longer parked (stored
 -- again meanwhile) is dropped from the list without counting. Returns how many were moved.
 local function promote(key, channel, shard, now)
+  purge(key, now)
   if redis.call('SISMEMBER', G_PAUSED, key) == 1 then
     return 0
   end
