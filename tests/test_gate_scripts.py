@@ -808,3 +808,18 @@ def test_corrupt_gate_data_is_read_as_absent(store: Store, r: redis.Redis) -> No
 
 def _created(store: Store, r: redis.Redis, bid: str) -> int:
     return int(r.hget(store.keys.for_key(batch_key(bid)).batch(bid), "created"))
+
+
+def test_a_gate_call_of_many_jobs_slices_its_writes(store: Store, r: redis.Redis) -> None:
+    """4500 jobs in one call (9000 values for the HSET of gate:keys, more than one Lua unpack
+    takes): every one is answered, every key recorded; through the store, 2500 jobs go in
+    chunks of GATE_CHUNK."""
+    keys = store.keys.shard(0)
+    args: list[Any] = ["beat-a", SLOT_MS, store.keys.wake_channel, 0]
+    for i in range(4500):
+        args += [f"{{k{i}}}j", f"k{i}", 1, "", "", 0]
+    assert SCRIPTS["gate"](r, keys.core, args) == [["not-held", 0]] * 4500
+    assert r.hlen(keys.gate_keys) == 4500
+    jobs = [(f"{{m}}j{i}", Gate("m", 1)) for i in range(2500)]
+    result = store.gate("beat-a", {store.keys.shard_of("m"): jobs}, SLOT_MS)
+    assert len(result) == 2500 and {g.decision for g in result.values()} == {NOT_HELD}
