@@ -161,6 +161,26 @@ def test_a_retry_of_a_gated_job_stays_gated(app: Celery, r: redis.Redis) -> None
     assert DelayQ(app).count() == 1
 
 
+def test_gated_jobs_share_a_kept_route_that_does_not_follow_the_callers_headers(app: Celery) -> None:
+    """A gated job's options hold a dict (its headers), and the route made for them is kept
+    like any other (else each apply_at would make it again): kept from a copy, so a plan made
+    later from it (another thread: another reply_to) has the headers as they were given."""
+    add = app.tasks["t.add"]
+    cap = {"concurrency_key": "k", "concurrency_limit": 1}
+    given = {"note": {"a": 1}}
+    first = add.apply_at(ETA, (1, 2), headers=given, **cap)
+    given["note"]["a"] = 2  # the caller's dict changes after the call
+    later: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: later.append(add.apply_at(ETA, (1, 2), headers={"note": {"a": 1}}, **cap))
+    )
+    thread.start()
+    thread.join()
+    assert message(app, first.id)[0]["note"] == {"a": 1}
+    assert message(app, later[0].id)[0]["note"] == {"a": 1}
+    assert message(app, add.apply_at(ETA, (1, 2), headers=given, **cap).id)[0]["note"] == {"a": 2}
+
+
 def test_eager_mode_checks_the_gate_options_and_runs_at_once(app: Celery) -> None:
     app.conf.task_always_eager = True
     add = app.tasks["t.add"]
