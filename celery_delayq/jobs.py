@@ -193,7 +193,11 @@ class DelayQ:
         * ``batch_id``: the batch's id (default: a new uuid); ``BatchExists`` when taken.
 
         Every message is built and checked first: a bad member raises (naming it) and
-        nothing is stored. Members are stored as ``{batch:<id>}:<n>`` in one pipeline.
+        nothing is stored. Then the batch is opened (its counters, and ``on_complete`` stored
+        parked) and the members are stored as ``{batch:<id>}:<n>``, in one pipeline: two
+        round trips for any number of members (all on the batch's shard). When Redis is full
+        then (``StoreFull``, with the members not stored), the batch is open with fewer
+        members than its total and does not complete: cancel it and make it again.
         """
         return store_batch(
             self.app,
