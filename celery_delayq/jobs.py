@@ -197,7 +197,8 @@ class DelayQ:
         parked) and the members are stored as ``{batch:<id>}:<n>``, in one pipeline: two
         round trips for any number of members (all on the batch's shard). When Redis is full
         then (``StoreFull``, with the members not stored), the batch is open with fewer
-        members than its total and does not complete: cancel it and make it again.
+        members than its total and never completes: cancel it (removes the members stored)
+        and make it again under another id.
         """
         return store_batch(
             self.app,
