@@ -28,7 +28,7 @@ from .build import app_state, build_envelopes, frozen_options
 from .config import DelayQConfig
 from .due import due_ms_from_eta
 from .envelope import decode_envelope
-from .exceptions import BatchExists, DelayQError, InvalidBatch, UnknownTask
+from .exceptions import BatchExists, DelayQError, InvalidBatch, InvalidOptions, UnknownTask
 from .gate import (
     BATCH_DONE_HEADER,
     BATCH_PREFIX,
@@ -261,7 +261,10 @@ def store_batch(
         if prio is not None and options.get("priority") is None:
             options["priority"] = prio
         own = options.get("priority")
-        gate = Gate(batch_key(bid), limit, None, 0 if own is None else check_priority(own), bid)
+        try:
+            gate = Gate(batch_key(bid), limit, None, 0 if own is None else check_priority(own), bid)
+        except InvalidOptions as exc:
+            raise _member_error(exc, f"batch member {indices[0]} ({task.name!r})") from exc
         headers = options.get("headers")
         if headers is None or isinstance(headers, Mapping):
             options["headers"] = {**(headers or {}), GATE_HEADER: gate.header()}

@@ -164,6 +164,8 @@ def test_members_that_are_not_a_list_of_signatures(app: Celery, untouched: None)
         dq.batch([add.s(1, 2).set(concurrency_key="k")])
     with pytest.raises(InvalidBatch, match=r"batch member 0 sets task_id='x': the ids of a batch's jobs"):
         dq.batch([add.s(1, 2).set(task_id="x")])
+    with pytest.raises(InvalidOptions, match=r"batch member 1 \('t.add'\): priority=300: a priority is"):
+        dq.batch([add.s(1, 2), add.s(1, 2).set(priority=300)], priority=3)
     with pytest.raises(UnknownTask, match="batch member 1: task 'nope' is not registered"):
         dq.batch([add.s(1, 2), app.signature("nope")])
 
