@@ -180,3 +180,33 @@ def test_a_slot_is_renewed_while_its_task_runs_and_given_back_once(
     assert store.get(job) is None and store.key_state("k2").running == 0
     assert keeper.renew() == 0  # nothing runs any more
     keeper.stop()
+
+
+@pytest.mark.e2e
+def test_a_revoked_or_expired_gated_task_gives_its_slot_back_as_failed(
+    procs: Procs, redis_url: str, r: redis.Redis
+) -> None:
+    """Neither reaches task_prerun: the worker's main process gets task_revoked (with
+    ``expired`` for the second), whose request carries the header."""
+    app = producer(redis_url)
+    store = get_store(app)
+    start(procs, redis_url, "prefork -c 2")
+    bid = "rb"
+    assert store.open_batch(bid, 3, None, {})
+    member = Gate(batch_key(bid), limit=1, batch=bid)  # one at a time: the others wait parked
+    first = apply_gated(app, "e2e.record_late", member, member_id(bid, 0), hold=3)
+    assert wait_for(lambda: first in runs(r), STARTUP, 0.05), procs.logs()
+    task = app.tasks["e2e.record"]
+    header = {GATE_HEADER: member.header()}
+    expiring = task.apply_at(time.time(), task_id=member_id(bid, 1), headers=header, expires=1.0).id
+    revoked = task.apply_at(time.time(), task_id=member_id(bid, 2), headers=header).id
+    app.control.revoke(revoked)
+    done = lambda: (state := store.batch_state(bid)) is not None and state.done  # noqa: E731
+    assert wait_for(done, 60, 0.1), (store.batch_state(bid), procs.logs())
+    state = store.batch_state(bid)
+    assert state is not None and (state.succeeded, state.failed, state.running) == (1, 2, 0)
+    assert expiring not in runs(r) and revoked not in runs(r)
+    log = log_of(procs, 0)
+    assert f"Discarding revoked task: e2e.record[{expiring}]" in log
+    assert f"Discarding revoked task: e2e.record[{revoked}]" in log
+    assert wait_for(lambda: gone(store, [first, expiring, revoked]), 10, 0.1)
