@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import slots as _slots  # noqa: F401  (its task receivers: the slots of gated tasks)
 from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
+from .batch import BatchResult
 from .canvas import apply_at, apply_in
 from .config import DelayQConfig
 from .exceptions import (
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchExists",
+    "BatchResult",
     "ConfigurationError",
     "CorruptData",
     "CronRule",
