@@ -20,10 +20,10 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask
+from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import Dispatcher
-from celery_delayq.gate import GATE_HEADER, Gate, batch_key, gated_id, member_id
+from celery_delayq.gate import GATE_HEADER, Gate, batch_key, completion_id, gated_id, member_id
 from celery_delayq.slots import SlotKeeper
 from celery_delayq.store import Store, get_store
 from tests.support.apps import make_app
@@ -210,3 +210,29 @@ def test_a_revoked_or_expired_gated_task_gives_its_slot_back_as_failed(
     assert f"Discarding revoked task: e2e.record[{expiring}]" in log
     assert f"Discarding revoked task: e2e.record[{revoked}]" in log
     assert wait_for(lambda: gone(store, [first, expiring, revoked]), 10, 0.1)
+
+
+@pytest.mark.e2e
+def test_a_batch_through_the_producer_api_with_a_member_that_retries(
+    procs: Procs, redis_url: str, r: redis.Redis
+) -> None:
+    """DelayQ.batch, capped at one member at a time; a member retrying itself goes back
+    through delayq (its message carries the gate header) and is counted once, when it ends;
+    the completion job runs after the last member."""
+    app = producer(redis_url)
+    start(procs, redis_url, "prefork -c 2")
+    record, late, flaky = (app.tasks[n] for n in ("e2e.record", "e2e.record_late", "e2e.flaky"))
+    batch = DelayQ(app).batch(
+        [flaky.s(fail_times=1, countdown=0.5), record.s(), late.s(hold="not a number")],
+        concurrency_limit=1,
+        on_complete=record.si(),
+    )
+    progress = batch.join(timeout=60)
+    assert progress == {"total": 3, "waiting": 0, "running": 0, "succeeded": 2, "failed": 1,
+                        "cancelled": 0}, procs.logs()
+    assert wait_for(lambda: completion_id(batch.id) in runs(r), 30, 0.1), procs.logs()
+    members = [member_id(batch.id, i) for i in range(3)]
+    assert [runs(r).get(i) for i in members] == [2, 1, 1]
+    starts = sorted((s["start"], s["id"]) for s in map(json.loads, r.lrange("e2e:starts", 0, -1)))
+    assert [i for _, i in starts][-1] == completion_id(batch.id)
+    assert get_store(app).key_state(batch_key(batch.id)).running == 0
