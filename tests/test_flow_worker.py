@@ -20,7 +20,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ
+from celery_delayq import DelayedTask, DelayQ, slots
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.gate import GATE_HEADER, Gate, batch_key, completion_id, gated_id, member_id
@@ -236,3 +236,52 @@ def test_a_batch_through_the_producer_api_with_a_member_that_retries(
     starts = sorted((s["start"], s["id"]) for s in map(json.loads, r.lrange("e2e:starts", 0, -1)))
     assert [i for _, i in starts][-1] == completion_id(batch.id)
     assert get_store(app).key_state(batch_key(batch.id)).running == 0
+
+
+def test_a_retry_celery_sends_itself_keeps_the_slot_until_the_retried_run_ends(
+    app: Celery, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """A plain task's retry goes straight to the broker (outside the gate): its slot is kept
+    and renewed, and the retried run's end gives it back and counts the batch member once. A
+    DelayedTask's retry goes through delayq (gated again): its slot is given back at once."""
+
+    @app.task(name="t.plain", shared=False)
+    def plain() -> None:
+        return None
+
+    store = get_store(app)
+    assert store.open_batch("rt", 2, None, {})
+    gate = Gate(batch_key("rt"), batch="rt")
+    header = {GATE_HEADER: gate.header()}
+    ids = [member_id("rt", i) for i in range(2)]
+    for job_id in ids:
+        app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), task_id=job_id, headers=header)
+    dispatchers(app).run_once()
+    assert store.key_state(batch_key("rt")).running == 2
+
+    def run(task: Any, job_id: str, *states: str) -> None:
+        """What the worker's signals say of ``task`` running as ``job_id``, once per state."""
+        for state in states:
+            task.push_request(id=job_id, **header)
+            try:
+                slots._on_prerun(sender=task, task_id=job_id, task=task)
+                slots._on_postrun(sender=task, task_id=job_id, task=task, state=state)
+            finally:
+                task.pop_request()
+
+    try:
+        run(plain, ids[0], "RETRY")
+        keeper = slots.keeper_for(app)
+        assert keeper is not None and ids[0] in keeper.running
+        assert keeper.renew() == 1
+        assert store.key_state(batch_key("rt")).running == 2  # still held over the retry
+        run(app.tasks["t.add"], ids[1], "RETRY")  # a DelayedTask: given back as "retry"
+        assert store.key_state(batch_key("rt")).running == 1
+        run(plain, ids[0], "SUCCESS")  # the retried run
+        state = store.batch_state("rt")
+        assert state is not None and (state.succeeded, state.failed, state.running) == (1, 0, 0)
+        assert ids[0] not in keeper.running and store.get(ids[0]) is None
+    finally:
+        keeper = slots.keeper_for(app)
+        if keeper is not None:
+            keeper.stop()
