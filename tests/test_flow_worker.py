@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -285,3 +288,68 @@ def test_a_retry_celery_sends_itself_keeps_the_slot_until_the_retried_run_ends(
         keeper = slots.keeper_for(app)
         if keeper is not None:
             keeper.stop()
+
+
+#: Loaded by every Python process whose PYTHONPATH starts with its folder: a beat run with
+#: FLOW_STOP_BEFORE_HOLD stops itself (SIGSTOP) at its first hold, after it published.
+STOP_BEFORE_HOLD = '''
+import json, os
+if os.environ.get("FLOW_STOP_BEFORE_HOLD"):
+    import signal
+    import redis
+    from celery_delayq import dispatch
+    _hold = dispatch.Dispatcher._hold
+    _stopped = []
+    def _stop_then_hold(self, holds):
+        if not _stopped:
+            _stopped.append(True)
+            ids = [job_id for pairs in holds.values() for job_id, _ in pairs]
+            redis.Redis.from_url(os.environ["DELAYQ_TEST_STORE"]).set("e2e:stopped", json.dumps(ids))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return _hold(self, holds)
+    dispatch.Dispatcher._hold = _stop_then_hold
+'''
+
+
+@pytest.mark.e2e
+def test_a_beat_stopped_between_gate_and_hold_past_its_lease(
+    procs: Procs, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """Beat A releases and publishes a capped job, then is SIGSTOPped before its hold, past
+    its lease. Beat B claims the job, finds it among the key's running ones and releases it
+    again on the same slot (the key's count stays 1, the parked job stays parked) and
+    publishes it: it runs twice, as any job whose beat stalled between publish and ack. A,
+    resumed, finds the job no longer its own at the hold."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(STOP_BEFORE_HOLD)
+    conf = json.dumps({"delayq_reclaim_ttl": 2, "delayq_slot_ttl": 30, "delayq_max_sleep": 1})
+    env = subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=conf)
+    procs.start("worker", env)
+    beat_a = procs.start("beat", {**env, "FLOW_STOP_BEFORE_HOLD": "1",
+                                  "PYTHONPATH": f"{hooks}{os.pathsep}{env['PYTHONPATH']}"})
+    assert wait_for(lambda: "ready." in log_of(procs, 0) and "delayq: beat" in log_of(procs, 1), STARTUP)
+    app = producer(redis_url)
+    store = get_store(app)
+    gate = Gate("s", limit=1)
+    first = apply_gated(app, "e2e.record_late", gate, hold=6)
+    second = apply_gated(app, "e2e.record", gate)
+    try:
+        assert wait_for(lambda: r.get("e2e:stopped"), STARTUP, 0.05), procs.logs()
+        assert json.loads(r.get("e2e:stopped")) == [first]
+        procs.start("beat", env)  # beat B
+        counts = []
+        while runs(r).get(first, 0) < 2 and len(counts) < 600:
+            state = store.key_state("s")
+            counts.append((state.running, state.waiting))
+            time.sleep(0.05)
+        assert runs(r).get(first) == 2, procs.logs()  # A's publish and B's
+        assert all(running <= 1 for running, _ in counts), counts  # one slot, not two
+        assert (1, 1) in counts
+    finally:
+        os.kill(beat_a.pid, signal.SIGCONT)
+    assert wait_for(lambda: "no longer leased to this beat when held" in log_of(procs, 1), 30, 0.1), \
+        procs.logs()
+    assert wait_for(lambda: runs(r).get(second) == 1, 30, 0.1), procs.logs()
+    assert wait_for(lambda: gone(store, [first, second]), 30, 0.1), procs.logs()
+    assert store.key_state("s").running == 0
