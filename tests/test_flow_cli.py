@@ -4,23 +4,45 @@ open_batch), as a beat and a worker make it."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner, Result
 
+from celery_delayq.cli import delayq
 from celery_delayq.cli.errors import cli_error
 from celery_delayq.exceptions import BatchExists, InvalidBatch
 from celery_delayq.gate import Gate, member_id
 from celery_delayq.store import GateDecision, Store, get_store
-from tests import test_cli
 from tests.support.store import server_ms
-from tests.test_cli import as_json
 
 TOKEN = "beat-flow-test"
-#: test_cli's fixture: ``cli("keys", "--json")`` runs the ``delayq`` group as ``celery -A app`` does.
-cli = test_cli.run
+
+
+@pytest.fixture
+def cli(app: Celery) -> Callable[..., Result]:
+    """``cli("keys", "--json")``: the ``delayq`` group run as ``celery -A app`` runs it."""
+
+    def invoke(*args: str) -> Result:
+        obj = CLIContext(app=app, no_color=True, workdir=None)
+        result = CliRunner().invoke(delayq, list(args), obj=obj)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        assert "Traceback" not in result.output
+        return result
+
+    return invoke
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
 
 
 def gate_due(app: Celery, r: redis.Redis, key: str, n: int, limit: int | None) -> dict[str, GateDecision]:
