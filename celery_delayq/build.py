@@ -171,6 +171,7 @@ def _build_one(
     options: dict[str, Any],
     max_payload: int | None,
     schedule: tuple[str, int] | None,
+    appended: tuple[Any, ...] = (),
 ) -> str:
     """One envelope, every step as ``apply_async`` takes it (``options`` already cleaned)."""
     task_name = task if isinstance(task, str) else task.name
@@ -178,7 +179,7 @@ def _build_one(
     args = job_args(args, task_id, task_name)
     kwargs = job_kwargs(kwargs, task_id, task_name)
     if not isinstance(task, str):
-        check_signature(task, args, kwargs)
+        check_signature(task, (*args, *appended), kwargs)
     route = resolve_route(app, task, options, args, kwargs)
     assert route is not None  # (only a shared route may be refused)
     name = route.name
@@ -503,13 +504,16 @@ def build_envelopes(
     schedule: tuple[str, int] | None = None,
     *,
     state: _AppState | None = None,
+    appended: tuple[Any, ...] = (),
 ) -> list[str]:
     """The envelopes of ``jobs`` (``(task id, due ms, args, kwargs)``), all of ``task`` with ``options``.
 
     Each is exactly what :func:`build_envelope` returns for that job, and is
     checked the same way (in the same order: a bad job raises what
     ``build_envelope`` would raise for it). See :func:`build_envelope`.
-    ``state`` is :func:`app_state` of ``app`` when the caller just got it.
+    ``state`` is :func:`app_state` of ``app`` when the caller just got it. ``appended``:
+    arguments added to each job's when it is sent (a batch's completion job gets the batch id
+    and counts), checked against the task's signature with the others but not stored.
     """
     if not jobs:
         return []
@@ -522,10 +526,11 @@ def build_envelopes(
         jobs = [(first_id, first_due, first_args, first_kwargs), *jobs[1:]]
 
         def long_way(task_id: str, due_ms: int, args: Any, kwargs: Any) -> str:
-            return _build_one(app, task, task_id, due_ms, args, kwargs, options, max_payload, schedule)
+            return _build_one(app, task, task_id, due_ms, args, kwargs, options, max_payload, schedule,
+                              appended)
 
         if not isinstance(task, str):
-            check_signature(task, first_args, first_kwargs)
+            check_signature(task, (*first_args, *appended), first_kwargs)
         plan = _plan_for(app, task, options, first_args, first_kwargs, state)
         if plan is None:
             return [long_way(*job) for job in jobs]

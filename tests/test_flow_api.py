@@ -196,7 +196,7 @@ def test_eager_mode_checks_the_gate_options_and_runs_at_once(app: Celery) -> Non
 def test_a_batch_stores_its_members_with_ids_headers_and_priorities(app: Celery, r: redis.Redis) -> None:
     add, noop = app.tasks["t.add"], app.tasks["t.noop"]
     signatures = [add.s(i, i) for i in range(3)] + [noop.s(), add.s(9, 9).set(priority=9, queue="q2")]
-    result = DelayQ(app).batch(signatures, ETA, concurrency_limit=2, priority=5, on_complete=noop.si(),
+    result = DelayQ(app).batch(signatures, ETA, concurrency_limit=2, priority=5, on_complete=add.s(),
                                batch_id="b1")
     assert isinstance(result, BatchResult) and result.id == "b1"
     key = batch_key("b1")
@@ -290,8 +290,8 @@ def test_join_is_woken_by_the_completion_notification(app: Celery) -> None:
 
 
 def test_cancel_removes_the_waiting_members_and_completes_the_batch(app: Celery, r: redis.Redis) -> None:
-    add, noop = app.tasks["t.add"], app.tasks["t.noop"]
-    result = DelayQ(app).batch([add.s(i, i) for i in range(5)], batch_id="c", on_complete=noop.si())
+    add = app.tasks["t.add"]
+    result = DelayQ(app).batch([add.s(i, i) for i in range(5)], batch_id="c", on_complete=add.s())
     run_members(app, [member_id("c", 0)])
     assert result.cancel() == 4
     assert result.progress() == {"total": 5, "waiting": 0, "running": 1, "succeeded": 0, "failed": 0,

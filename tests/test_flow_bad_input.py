@@ -203,9 +203,14 @@ def test_on_complete_that_cannot_take_the_counts(app: Celery, untouched: None) -
     with pytest.raises(InvalidBatch, match=r"on_complete is a _chain .*give one task's signature"):
         dq.batch([add.s(1, 2)], on_complete=chain(noop.si(), noop.si()))
     with pytest.raises(InvalidBatch, match=r"sent as application/x-python-serialize: .*serializer='json'"):
-        dq.batch([add.s(1, 2)], on_complete=noop.si().set(serializer="pickle"))
+        dq.batch([add.s(1, 2)], on_complete=add.s().set(serializer="pickle"))
     with pytest.raises(InvalidBatch, match=r"on_complete sets task_id='x'"):
-        dq.batch([add.s(1, 2)], on_complete=noop.si().set(task_id="x"))
+        dq.batch([add.s(1, 2)], on_complete=add.s().set(task_id="x"))
+    # It is called with (*its args, batch id, counts): a task that cannot take them is refused.
+    with pytest.raises(TypeError, match=r"on_complete: noop\(\) takes 0 positional arguments but 2 were"):
+        dq.batch([add.s(1, 2)], on_complete=noop.si())
+    with pytest.raises(TypeError, match=r"on_complete: add\(\) takes 2 positional arguments but 3 were"):
+        dq.batch([add.s(1, 2)], on_complete=add.s(1))
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,9 @@ import click
 
 from ..connection import UNREACHABLE_ERRORS
 from ..exceptions import (
+    BatchExists,
     ConfigurationError,
+    InvalidBatch,
     ScheduleError,
     ScheduleExists,
     ScheduleNotFound,
@@ -107,6 +109,8 @@ _ANSWERED = ErrorRule(StoreProblem, lambda exc, url: f"Redis at {url} answered: 
 ERRORS: dict[type[BaseException], ErrorRule] = {
     ScheduleNotFound: ErrorRule(CliError, lambda exc, url: str(exc)),
     ScheduleExists: ErrorRule(CliError, _schedule_exists),
+    BatchExists: ErrorRule(CliError, lambda exc, url: str(exc)),
+    InvalidBatch: ErrorRule(UsageProblem, lambda exc, url: str(exc)),
     UnknownTask: ErrorRule(UsageProblem, _unknown_task),
     ScheduleError: ErrorRule(UsageProblem, lambda exc, url: str(exc)),
     ConfigurationError: ErrorRule(StoreProblem, lambda exc, url: f"configuration: {exc}", app_hint=True),

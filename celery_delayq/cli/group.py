@@ -12,6 +12,7 @@ from celery import current_app
 from .base import DelayqGroup, Session
 from .dead import dead_group
 from .demo import demo
+from .flow import batch_show, batches_ls, key_show, keys_ls, limit_key, pause_key, resume_key
 from .jobs import cancel_jobs, ls_jobs, purge_jobs, reschedule_job, run_now_job, show_job
 from .schedules import schedules_group
 from .status import status
@@ -22,7 +23,7 @@ __all__ = ["delayq", "iter_commands"]
 @click.group(cls=DelayqGroup)
 @click.pass_context
 def delayq(ctx: click.Context) -> None:
-    """Look at and manage delayq jobs, recurring schedules and dead letters.
+    """Look at and manage delayq jobs, recurring schedules, dead letters, gate keys and batches.
 
     Exit codes: 0 done, 1 not found / not done, 2 usage error, 3 Redis unreachable or a
     bad delayq_* setting.
@@ -40,6 +41,7 @@ def delayq(ctx: click.Context) -> None:
 for _command in (
     ls_jobs, show_job, cancel_jobs, reschedule_job, run_now_job, purge_jobs,
     status, schedules_group, dead_group, demo,
+    keys_ls, key_show, limit_key, pause_key, resume_key, batches_ls, batch_show,
 ):  # fmt: skip
     delayq.add_command(_command)
 
