@@ -8,6 +8,7 @@ when due and publish them into their tasks' normal queues.
 from __future__ import annotations
 
 from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
+from .batch import BatchResult
 from .canvas import apply_at, apply_in
 from .config import DelayQConfig
 from .exceptions import (
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchExists",
+    "BatchResult",
     "ConfigurationError",
     "CorruptData",
     "CronRule",

@@ -12,15 +12,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import lateness
+from .batch import BatchResult, store_batch
 from .due import due_ms_from_eta, ms_to_datetime
 from .envelope import decode_envelope
 from .exceptions import InvalidSchedule
+from .gate import batch_of, check_key, check_limit, completion_id
 from .keys import is_point_id
 from .lateness import Snapshot
 from .store import CancelOutcome, JobRecord, RequeueOutcome, RescheduleOutcome, Store
+
+if TYPE_CHECKING:
+    from .store import BatchState, KeyState
 
 __all__ = ["DelayQ", "PendingJob"]
 
@@ -43,7 +48,7 @@ class PendingJob:
     id: str
     task: str
     due: datetime
-    state: str  # "waiting", "leased" or "dead"
+    state: str  # "waiting", "leased", "gated", "running" or "dead"
     shard: int
     args: Any
     kwargs: Any
@@ -105,8 +110,18 @@ class DelayQ:
     def cancel_outcome(self, job_id: str) -> CancelOutcome:
         """:meth:`cancel`, saying what happened: ``"cancelled"`` (it was waiting: it will never
         run), ``"delivering"`` (removed while a beat held it: it may already be in the broker)
-        or ``"missing"`` (no such job). A schedule's next point raises ``InvalidSchedule``."""
+        or ``"missing"`` (no such job). A schedule's next point raises ``InvalidSchedule``.
+
+        A batch's member is cancelled through its batch (it counts as ``cancelled`` there):
+        ``"cancelled"`` when it was not released yet; a member being published or running is
+        not removed (``"delivering"``: it ends, and counts, as it runs).
+        """
         self._refuse_schedule_point(job_id, "cancel")
+        batch_id = batch_of(job_id)
+        if batch_id is not None and job_id != completion_id(batch_id):
+            if self.store.cancel_batch(batch_id, [job_id]):
+                return CancelOutcome.CANCELLED
+            return CancelOutcome.MISSING if self.store.get(job_id) is None else CancelOutcome.DELIVERING
         return self.store.cancel(job_id)
 
     def reschedule(self, job_id: str, eta: Any) -> bool:
@@ -146,6 +161,81 @@ class DelayQ:
                 f"{job_id!r} is the next run of schedule {name!r}: {what} it with "
                 f"Schedules(app).pause/update/delete({name!r}) instead"
             )
+
+    # -- flow control: batches and gate keys -------------------------------------------------
+
+    def batch(
+        self,
+        signatures: Any,
+        eta: Any = None,
+        *,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
+        on_complete: Any = None,
+        batch_id: str | None = None,
+    ) -> BatchResult:
+        """Store ``signatures`` (one task's signature each, of any tasks) as one batch due at
+        ``eta`` (what ``apply_at`` takes; None: now), and return its :class:`BatchResult`.
+
+        * ``concurrency_limit``: at most that many members run at once, over every worker
+          (None: no cap; ``set_limit("batch:<id>", n)`` changes it at run time).
+        * ``priority`` (0-255): each member's message priority, unless its signature sets
+          its own; of the members waiting for a slot, higher priority is released first.
+        * ``on_complete``: a signature applied once, after every member ended (succeeded,
+          failed or cancelled: it fires also when members failed), with two more arguments:
+          the batch id and the counts ``{"total", "succeeded", "failed", "cancelled"}``. It
+          is sent as JSON.
+        * ``batch_id``: the batch's id (default: a new uuid); ``BatchExists`` when taken.
+
+        Every message is built and checked first: a bad member raises (naming it) and
+        nothing is stored. Members are stored as ``{batch:<id>}:<n>`` in one pipeline.
+        """
+        return store_batch(
+            self.app,
+            signatures,
+            eta,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+            on_complete=on_complete,
+            batch_id=batch_id,
+        )
+
+    def batch_result(self, batch_id: str) -> BatchResult | None:
+        """The handle of the stored batch ``batch_id`` (from any process), or None."""
+        return BatchResult.restore(batch_id, self.app)
+
+    def batches(self) -> list[BatchState]:
+        """Every stored batch's counters."""
+        return self.store.batch_states()
+
+    def set_limit(self, key: str, limit: int | None) -> int:
+        """Set ``key``'s concurrency limit at run time: it wins over the limit its jobs carry.
+        ``None``: no cap. Jobs waiting for a slot that now fits are released at once; how many.
+        A lower limit lets the running jobs end: no new one starts until fewer run."""
+        check_key(key)
+        checked = None if limit is None else check_limit(limit)
+        return self.store.set_limit(key, checked)
+
+    def clear_limit(self, key: str) -> int:
+        """Drop ``key``'s run-time limit: each job's own ``concurrency_limit`` counts again.
+        How many waiting jobs were released."""
+        return self.store.clear_limit(check_key(key))
+
+    def pause(self, key: str) -> int:
+        """Release no more jobs of ``key`` (the running ones go on) until :meth:`resume`."""
+        return self.store.pause(check_key(key))
+
+    def resume(self, key: str) -> int:
+        """Release ``key``'s jobs again; how many waiting ones were released at once."""
+        return self.store.resume(check_key(key))
+
+    def key_state(self, key: str) -> KeyState:
+        """``key``'s limits, running and waiting jobs, and whether it is paused."""
+        return self.store.key_state(check_key(key))
+
+    def keys(self) -> list[KeyState]:
+        """:meth:`key_state` of every key a gated job has used."""
+        return self.store.key_states()
 
     def pending(
         self,

@@ -130,6 +130,52 @@ class ShardKeys:
         """Hash: schedule name -> run state (JSON: current point id, next run, last run, runs)."""
         return self._key("history")
 
+    # -- flow control (lua/includes/gate.lua builds these names from KEYS[1]: same form) --
+
+    @property
+    def base(self) -> str:
+        """What every key of the shard begins with, ``<prefix>:{<prefix>:<i>}:``: the gate
+        scripts build a gate key's names from it (``KEYS[1]`` minus ``due``)."""
+        return self._key("")
+
+    @property
+    def gate_keys(self) -> str:
+        """Hash: gate key -> the last limit a job of the key carried (``""``: none)."""
+        return self._key("gate:keys")
+
+    @property
+    def gate_limits(self) -> str:
+        """Hash: gate key -> run-time limit override: a whole number, or ``"none"`` (no cap)."""
+        return self._key("gate:limits")
+
+    @property
+    def gate_paused(self) -> str:
+        """Set: paused gate keys."""
+        return self._key("gate:paused")
+
+    @property
+    def gate_rates(self) -> str:
+        """Hash: gate key -> GCRA theoretical arrival time (ms): the next release it allows."""
+        return self._key("gate:rates")
+
+    def running(self, key: str) -> str:
+        """Sorted set: id of a released job of ``key`` whose task has not finished -> slot expiry ms."""
+        return self._key("gate:run:" + key)
+
+    def waiting(self, key: str) -> str:
+        """Sorted set: id of a parked job of ``key`` -> ``(255 - priority) * 1e13 + due ms``."""
+        return self._key("gate:wait:" + key)
+
+    @property
+    def batches(self) -> str:
+        """Set: the ids of the batches whose hash lives in this shard."""
+        return self._key("batches")
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch's counts (total, succeeded, failed, cancelled), created ms, done,
+        completion job id and meta (JSON)."""
+        return self._key("batch:" + batch_id)
+
     @property
     def core(self) -> list[str]:
         """KEYS for the scripts, in the order every script expects them."""
@@ -156,6 +202,10 @@ class KeySpace:
     def for_job(self, job_id: str) -> ShardKeys:
         return self._all[self.shard_of(job_id)]
 
+    def for_key(self, key: str) -> ShardKeys:
+        """The shard of gate key ``key``: that of its tag ``{<key>}``, where its jobs live."""
+        return self._all[shard_of(key, self.shards)]
+
     @cached_property
     def _all(self) -> tuple[ShardKeys, ...]:
         return tuple(ShardKeys(self.prefix, i) for i in range(self.shards))
@@ -177,3 +227,8 @@ class KeySpace:
     def wake_channel(self) -> str:
         """Pub/sub channel on which enqueue announces ``"<shard>:<due ms>"``."""
         return f"{self.prefix}:wake"
+
+    @cached_property
+    def batch_channel(self) -> str:
+        """Pub/sub channel on which a batch's completion is announced: ``"<bid>|<counts JSON>"``."""
+        return f"{self.prefix}:batch"

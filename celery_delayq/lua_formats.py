@@ -1,7 +1,8 @@
-"""The Python mirror of the two text formats the Lua helpers define: the lease entry and the
-wake message. Each is defined once in Lua (``lua/includes/lease.lua``, ``lua/includes/wake.lua``)
-and once here; ``tests/test_lua_formats.py`` runs the Lua helpers through the loader on a real
-server and checks that both sides agree, entry by entry.
+"""The Python mirror of the text formats the Lua helpers define: the lease entry, the wake
+message, and flow control's waiting order and batch message (``lua/includes/gate.lua``). Each is
+defined once in Lua (``lua/includes/lease.lua``, ``wake.lua``, ``gate.lua``) and once here;
+``tests/test_lua_formats.py`` runs the lease and wake helpers through the loader on a real server
+and checks that both sides agree, entry by entry (``tests/test_gate_scripts.py`` the gate's).
 
 Lease entry: the value of a job id in a shard's ``leases`` hash while a beat holds the job,
 ``"<due ms>|<tries>|<token>"``: the job's original due time (its score in ``due`` is then the
@@ -24,16 +25,41 @@ a shard due earlier than its wake marker (``enqueue``, ``reschedule``, ``requeue
 '3:1767225600000'
 >>> parse_wake("3:1767225600000"), parse_wake("sentinel")
 ((3, 1767225600000.0), None)
+
+Waiting order (``gate:wait:<key>``): a parked job's score, ``(255 - priority) * 1e13 + due ms``;
+the lowest goes first (higher priority, then earlier due). Batch message: published on the
+batch channel when a batch completes, ``"<batch id>|<counts JSON>"``.
+
+>>> wait_score(5, 1767225600000) < wait_score(0, 1767225600000) < wait_score(0, 1767225600001)
+True
+>>> batch_message("b1", {"total": 2, "succeeded": 1, "failed": 1, "cancelled": 0})
+'b1|{"total":2,"succeeded":1,"failed":1,"cancelled":0}'
+>>> parse_batch_message('b1|{"total":2,"succeeded":1,"failed":1,"cancelled":0}')
+('b1', {'total': 2, 'succeeded': 1, 'failed': 1, 'cancelled': 0})
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from .bounded import MAX_SMALL
 
-__all__ = ["lease_entry", "lease_holds", "parse_lease", "parse_wake", "wake_message"]
+__all__ = [
+    "BATCH_COUNTS",
+    "batch_message",
+    "lease_entry",
+    "lease_holds",
+    "parse_batch_message",
+    "parse_lease",
+    "parse_wake",
+    "wait_score",
+    "wake_message",
+]
+
+#: The counts of a batch message, in the order the script writes them.
+BATCH_COUNTS = ("total", "succeeded", "failed", "cancelled")
 
 # As lease.lua's pattern '^(-?%d+)|(%d+)|' (ASCII digits, as Lua's %d), with bounds Lua has
 # not: at most 17 digits of due time and 9 of tries. Nothing longer is ever written (due
@@ -75,3 +101,30 @@ def parse_wake(data: Any) -> tuple[int, float] | None:
         return int(shard), float(due)
     except ValueError:
         return None
+
+
+def wait_score(priority: int, due_ms: int) -> int:
+    """The score of a parked job in its key's waiting list (``includes/gate.lua`` wait_score)."""
+    return (255 - int(priority)) * 10**13 + int(due_ms)
+
+
+def batch_message(batch_id: str, counts: dict[str, int]) -> str:
+    """The batch channel's message for a completed batch (``includes/gate.lua`` batch_check)."""
+    body = ",".join(f'"{name}":{int(counts[name])}' for name in BATCH_COUNTS)
+    return f"{batch_id}|{{{body}}}"
+
+
+def parse_batch_message(data: Any) -> tuple[str, dict[str, int]] | None:
+    """``(batch id, counts)`` of a batch message, or None for anything else. The id is what
+    comes before the last ``"|{"`` (a batch id has no ``{``)."""
+    text = str(data)
+    cut = text.rfind("|{")
+    if cut < 0:
+        return None
+    try:
+        counts = json.loads(text[cut + 1 :])
+    except ValueError:
+        return None
+    if not isinstance(counts, dict) or any(type(counts.get(name)) is not int for name in BATCH_COUNTS):
+        return None
+    return text[:cut], {name: counts[name] for name in BATCH_COUNTS}

@@ -43,8 +43,9 @@ before every execute, one more round trip each time). On a Redis Cluster
 key's slot (every key of a call shares one hash tag), all nodes in one round
 trip, and ``SCRIPT LOAD`` loads a script on every primary.
 
->>> " ".join(sorted(SCRIPTS))
-'ack bury cancel claim deliver enqueue fire get renew requeue reschedule sched_del sched_put stats'
+>>> " ".join(sorted(SCRIPTS))  # doctest: +NORMALIZE_WHITESPACE
+'ack batch_cancel batch_open bury cancel claim deliver enqueue fire gate gate_admin get hold release renew
+requeue reschedule sched_del sched_put slot_renew stats'
 """
 
 from __future__ import annotations

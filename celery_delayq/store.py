@@ -45,6 +45,7 @@ from .connection import (
 )
 from .envelope import id_opening, loaded_form, stored_form
 from .exceptions import CorruptData, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
+from .gate import GATE_TOKEN, RUN_TOKEN, Gate, batch_key, member_id
 from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
@@ -52,6 +53,7 @@ from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicat
 __all__ = [
     "OOM_REPLY",
     "REDIS_ERRORS",
+    "BatchState",
     "CancelOutcome",
     "ClaimResult",
     "ClaimedJob",
@@ -59,7 +61,11 @@ __all__ = [
     "Delivery",
     "EnqueueOutcome",
     "FireOutcome",
+    "GateDecision",
+    "GateResult",
     "JobRecord",
+    "KeyState",
+    "ReleaseResult",
     "RequeueOutcome",
     "RescheduleOutcome",
     "ShardStats",
@@ -210,7 +216,7 @@ class JobRecord:
     shard: int
     due_ms: int
     envelope: str
-    state: str  # "waiting", "leased" or "dead"
+    state: str  # "waiting", "leased", "gated", "running" or "dead" (see _lease_state)
     tries: int = 0
     lease_until_ms: int | None = None
 
@@ -245,6 +251,98 @@ class ShardStats:
     @property
     def waiting(self) -> int:
         return self.stored - self.leased
+
+
+#: The state of a job by its lease token, for the tokens of flow control (:mod:`.gate`).
+_GATE_STATES = {GATE_TOKEN: "gated", RUN_TOKEN: "running"}
+
+
+def _lease_state(lease: str) -> str:
+    """A stored job's state by its (readable) lease entry: "gated" (held back by the gate:
+    parked or deferred), "running" (a released gated job whose task runs) or "leased" (a beat
+    holds it).
+
+    >>> _lease_state("17|1|gate"), _lease_state("17|2|run"), _lease_state("17|2|beat:1:ab")
+    ('gated', 'running', 'leased')
+    """
+    return _GATE_STATES.get(lease.rsplit("|", 1)[-1], "leased")
+
+
+# -- flow control: what the gate scripts answer (see celery_delayq/gate.py) -------------------
+
+
+class GateDecision(enum.StrEnum):
+    """What the gate did with one claimed gated job (``lua/gate.lua``)."""
+
+    RELEASED = "released"  # a slot is taken: publish it, then hold it (running)
+    PARKED = "parked"  # its key is full or paused: it waits in gate:wait:<key>
+    DEFERRED = "deferred"  # its key's rate is spent: due again at until_ms
+    NOT_HELD = "not-held"  # this beat no longer holds it, or Redis refused the call (full): skip it
+
+
+@dataclass(frozen=True)
+class GateResult:
+    job_id: str
+    decision: GateDecision
+    until_ms: int | None = None  # DEFERRED: when it is due again
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    released: bool  # False: the slot was given back already (a double release: nothing done)
+    promoted: int  # parked jobs of the key made due
+    batch_done: bool  # this release completed its batch
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One gate key as :meth:`Store.key_state` reads it."""
+
+    key: str
+    limit: int | None  # the limit in force: the override, else the last limit a job carried; None: no cap
+    override: str | None  # the run-time override as stored: "<n>", "none" (no cap), or None
+    running: int
+    waiting: int  # parked
+    paused: bool
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """One batch's counts (:meth:`Store.batch_state`)."""
+
+    batch_id: str
+    total: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    running: int
+    waiting: int  # total - running - succeeded - failed - cancelled
+    done: bool
+    created_ms: int
+
+    def progress(self) -> dict[str, int]:
+        return {
+            "total": self.total,
+            "waiting": self.waiting,
+            "running": self.running,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+        }
+
+
+_GATE_DECISIONS = {d.value: d for d in GateDecision}
+#: Jobs per gate/hold/slot_renew call (each call's ARGV holds a few short strings a job).
+GATE_CHUNK = 1000
+#: The outcomes :meth:`Store.release` takes.
+RELEASE_OUTCOMES = ("succeeded", "failed", "retry")
+
+
+def _int_or(raw: Any, default: int = 0) -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return default
 
 
 def refuse_point_id(job_id: str) -> None:
@@ -605,12 +703,16 @@ class Store:
                 int(record.get("tries", 0)),
             )
         lease_until = int(raw[4])
+        if lease_until < 0:
+            state = "waiting"
+        else:
+            state = _GATE_STATES.get(raw[5], "leased") if len(raw) > 5 else "leased"
         return JobRecord(
             job_id,
             shard,
             int(raw[2]),
             loaded_form(job_id, raw[1]),
-            "leased" if lease_until >= 0 else "waiting",
+            state,
             int(raw[3]),
             lease_until if lease_until >= 0 else None,
         )
@@ -671,7 +773,7 @@ class Store:
             parsed = None if lease is None else parse_lease(lease)
             if parsed is not None:
                 due, tries = parsed
-                yield JobRecord(job_id, index, due, envelope, "leased", tries, score)
+                yield JobRecord(job_id, index, due, envelope, _lease_state(lease or ""), tries, score)
             elif lease is not None:  # a lease entry that does not read: a claim replaces it
                 yield JobRecord(job_id, index, score, envelope, "leased", 0, score)
             else:
@@ -1063,6 +1165,256 @@ class Store:
     def lateness_fields(self, key: str) -> dict[str, Any]:
         """The hash ``key`` of a lateness histogram, as stored."""
         return dict(self.client.hgetall(key))
+
+    # -- flow control (lua/gate.lua and friends; the forms are celery_delayq/gate.py's) ------
+
+    def gate(
+        self, token: str, jobs_by_shard: dict[int, list[tuple[str, Gate]]], slot_ttl_ms: int
+    ) -> dict[str, GateResult]:
+        """Ask the gate (``lua/gate.lua``) about claimed gated jobs ``token`` holds, ``(id,
+        gate)`` by shard, in one pipeline; ``{id: GateResult}``.
+
+        A call Redis refuses because it is over ``maxmemory`` wrote nothing: its jobs are
+        answered ``NOT_HELD`` (skip them: they keep this beat's lease and are claimed and
+        gated again once it expires), and a warning is logged. Any other error is raised.
+        """
+        calls: list[ScriptCall] = []
+        owners: list[list[str]] = []
+        channel = self.keys.wake_channel
+        for shard, jobs in jobs_by_shard.items():
+            core = self.keys.shard(shard).core
+            for start in range(0, len(jobs), GATE_CHUNK):
+                chunk = jobs[start : start + GATE_CHUNK]
+                args: list[Any] = [token, int(slot_ttl_ms), channel, shard]
+                for job_id, gate in chunk:
+                    args.append(job_id)
+                    args.extend(gate.script_args())
+                calls.append(ScriptCall(SCRIPTS["gate"], core, args))
+                owners.append([job_id for job_id, _ in chunk])
+        out: dict[str, GateResult] = {}
+        results = run_pipelined(self.client, calls, raise_errors=False)
+        for chunk_ids, result in zip(owners, results, strict=True):
+            if isinstance(result, Exception):
+                if not is_oom(result):
+                    raise result
+                logger.warning(
+                    "delayq: Redis is over maxmemory and refused to gate %d job(s); they are "
+                    "gated again when their lease expires", len(chunk_ids)
+                )
+                out.update((job_id, GateResult(job_id, GateDecision.NOT_HELD)) for job_id in chunk_ids)
+                continue
+            for job_id, (code, ms) in zip(chunk_ids, result, strict=True):
+                decision = _GATE_DECISIONS.get(code)
+                if decision is None:
+                    raise StoreError(f"delayq gate: unexpected reply {code!r}")
+                until = int(ms) if decision is GateDecision.DEFERRED else None
+                out[job_id] = GateResult(job_id, decision, until)
+        return out
+
+    def _pairs_by_call(
+        self, script: str, head: Sequence[Any], pairs_by_shard: Mapping[int, Sequence[tuple[str, str]]]
+    ) -> dict[str, bool]:
+        """Run ``lua/<script>.lua`` (ARGV ``head`` then pairs id, key; one 0/1 per pair) for
+        ``(id, key)`` pairs by shard, in one pipeline; ``{id: bool}``."""
+        calls: list[ScriptCall] = []
+        owners: list[list[str]] = []
+        for shard, pairs in pairs_by_shard.items():
+            core = self.keys.shard(shard).core
+            for start in range(0, len(pairs), GATE_CHUNK):
+                chunk = pairs[start : start + GATE_CHUNK]
+                args: list[Any] = list(head)
+                for job_id, key in chunk:
+                    args.extend((job_id, key))
+                calls.append(ScriptCall(SCRIPTS[script], core, args))
+                owners.append([job_id for job_id, _ in chunk])
+        out: dict[str, bool] = {}
+        for chunk_ids, result in zip(owners, run_pipelined(self.client, calls), strict=True):
+            out.update((job_id, bool(r)) for job_id, r in zip(chunk_ids, result, strict=True))
+        return out
+
+    def hold(
+        self, token: str, jobs_by_shard: dict[int, list[tuple[str, str]]], slot_ttl_ms: int
+    ) -> dict[str, bool]:
+        """After publishing released gated jobs ``(id, key)``: mark those ``token`` still holds
+        running (``lua/hold.lua``; instead of :meth:`ack`); ``{id: held}``. One pipeline."""
+        return self._pairs_by_call("hold", [token, int(slot_ttl_ms)], jobs_by_shard)
+
+    def renew_slots(self, jobs: Sequence[tuple[str, str]], slot_ttl_ms: int) -> dict[str, bool]:
+        """Extend to now + ``slot_ttl_ms`` the slots of running gated jobs ``(id, key)``
+        (``lua/slot_renew.lua``, one pipeline); ``{id: still has its slot}``."""
+        by_shard: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for job_id, key in jobs:
+            by_shard[self.keys.shard_of(key)].append((job_id, key))
+        return self._pairs_by_call("slot_renew", [int(slot_ttl_ms)], by_shard)
+
+    def release(self, job_id: str, key: str, outcome: str, batch_id: str | None = None) -> ReleaseResult:
+        """A gated job's task ended with ``outcome`` (``"succeeded"``, ``"failed"``, or
+        ``"retry"``: it runs again, not counted): give its slot back, remove the job (unless it
+        was stored again meanwhile), count a batch member's outcome and promote parked jobs of
+        ``key`` (``lua/release.lua``). A second release of the same slot does nothing. The call
+        goes to ``key``'s shard, where a gated job's id (``gate.gated_id``) puts it."""
+        if outcome not in RELEASE_OUTCOMES:
+            raise ValueError(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
+        shard = self.keys.shard_of(key)
+        args = [
+            job_id, key, outcome, batch_id or "", self.keys.batch_channel, self.keys.wake_channel, shard
+        ]
+        released, promoted, done = SCRIPTS["release"](self.client, self.keys.shard(shard).core, args)
+        return ReleaseResult(bool(released), int(promoted), bool(done))
+
+    def _gate_admin(self, op: str, key: str, value: Any = "") -> int:
+        shard = self.keys.shard_of(key)
+        args = [op, key, value, self.keys.wake_channel, shard]
+        return int(self._write(SCRIPTS["gate_admin"], self.keys.shard(shard).core, args))
+
+    def set_limit(self, key: str, limit: int | None) -> int:
+        """Override ``key``'s limit at run time (None: no cap) and promote parked jobs into
+        the free slots; how many were promoted. A lower limit holds back the next jobs gated
+        (running ones finish)."""
+        if limit is None:
+            return self._gate_admin("unlimit", key)
+        return self._gate_admin("limit", key, int(limit))
+
+    def clear_limit(self, key: str) -> int:
+        """Drop ``key``'s override (each job's own limit counts again); promoted count."""
+        return self._gate_admin("clear", key)
+
+    def pause(self, key: str) -> int:
+        """Hold back every job of ``key`` gated from now on (running ones finish); 0."""
+        return self._gate_admin("pause", key)
+
+    def resume(self, key: str) -> int:
+        """Let ``key``'s jobs go again; how many parked jobs were promoted."""
+        return self._gate_admin("resume", key)
+
+    def key_limit(self, key: str) -> tuple[bool, int | None]:
+        """``(an override is set?, its number, or None for "none" / no override)``."""
+        raw = self.client.hget(self.keys.for_key(key).gate_limits, key)
+        if raw is None:
+            return False, None
+        return True, (None if raw == "none" else _int_or(raw))
+
+    def key_state(self, key: str) -> KeyState:
+        """``key``'s limit in force, override, running and parked counts, and paused flag."""
+        return self._key_states(self.keys.shard_of(key), [key])[0]
+
+    def _key_states(self, shard: int, keys: Sequence[str]) -> list[KeyState]:
+        names = self.keys.shard(shard)
+        with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hget(names.gate_keys, key)
+                pipe.hget(names.gate_limits, key)
+                pipe.sismember(names.gate_paused, key)
+                pipe.zcard(names.running(key))
+                pipe.zcard(names.waiting(key))
+            replies = iter(pipe.execute())
+        out: list[KeyState] = []
+        for key in keys:
+            own, override, paused, running, waiting = (next(replies) for _ in range(5))
+            if override == "none":
+                limit = None
+            elif override is not None:
+                limit = _int_or(override)
+            else:
+                limit = _int_or(own) if own else None
+            out.append(KeyState(key, limit, override, int(running), int(waiting), bool(paused)))
+        return out
+
+    def key_states(self) -> list[KeyState]:
+        """Every gate key of every shard (``gate:keys``), by name."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.hkeys(shard.gate_keys)
+            found = pipe.execute()
+        out: list[KeyState] = []
+        for index, keys in enumerate(found):
+            if keys:
+                out.extend(self._key_states(index, sorted(keys)))
+        return sorted(out, key=lambda state: state.key)
+
+    def open_batch(
+        self, batch_id: str, total: int, completion: tuple[str, str] | None, meta: Mapping[str, Any]
+    ) -> bool:
+        """Record batch ``batch_id`` of ``total`` members, with its completion job ``(id,
+        envelope)`` stored parked until the batch ends (``lua/batch_open.lua``). False when
+        a batch with this id exists (nothing written)."""
+        shard = self.keys.shard_of(batch_key(batch_id))
+        cid, envelope = completion if completion is not None else ("", "")
+        args = [
+            batch_id,
+            int(total),
+            cid,
+            stored_form(cid, envelope) if cid else "",
+            self.server_now_ms(),
+            json.dumps(dict(meta), separators=(",", ":")),
+        ]
+        return bool(self._write(SCRIPTS["batch_open"], self.keys.shard(shard).core, args))
+
+    def batch_state(self, batch_id: str) -> BatchState | None:
+        """A batch's counts, or None when there is no such batch."""
+        return self._batch_states(self.keys.shard_of(batch_key(batch_id)), [batch_id])[0]
+
+    def _batch_states(self, shard: int, batch_ids: Sequence[str]) -> list[BatchState | None]:
+        names = self.keys.shard(shard)
+        with self.client.pipeline(transaction=False) as pipe:
+            for batch_id in batch_ids:
+                pipe.hgetall(names.batch(batch_id))
+                pipe.zcard(names.running(batch_key(batch_id)))
+            replies = iter(pipe.execute())
+        out: list[BatchState | None] = []
+        for batch_id in batch_ids:
+            fields, running = next(replies), int(next(replies))
+            if not fields:
+                out.append(None)
+                continue
+            total, succeeded, failed, cancelled = (
+                _int_or(fields.get(name)) for name in ("total", "succeeded", "failed", "cancelled")
+            )
+            waiting = max(total - running - succeeded - failed - cancelled, 0)
+            out.append(
+                BatchState(
+                    batch_id, total, succeeded, failed, cancelled, running, waiting,
+                    fields.get("done") == "1", _int_or(fields.get("created")),
+                )
+            )
+        return out
+
+    def batch_states(self) -> list[BatchState]:
+        """Every batch of every shard (``batches``), by id."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.smembers(shard.batches)
+            found = pipe.execute()
+        out: list[BatchState] = []
+        for index, ids in enumerate(found):
+            if ids:
+                out.extend(state for state in self._batch_states(index, sorted(ids)) if state is not None)
+        return sorted(out, key=lambda state: state.batch_id)
+
+    def cancel_batch(self, batch_id: str, job_ids: Sequence[str] | None = None) -> int:
+        """Remove the batch's members that were not released (waiting, parked or deferred) and
+        count them cancelled (``lua/batch_cancel.lua``; the batch completes when that was the
+        rest of it); how many were removed. ``job_ids`` None: every member, ``0..total-1``,
+        in calls of ``ACK_CHUNK`` ids."""
+        key = batch_key(batch_id)
+        shard = self.keys.shard_of(key)
+        if job_ids is None:
+            total = _int_or(self.client.hget(self.keys.shard(shard).batch(batch_id), "total"))
+            job_ids = [member_id(batch_id, i) for i in range(total)]
+        head = [batch_id, key, self.keys.batch_channel, self.keys.wake_channel, shard]
+        core = self.keys.shard(shard).core
+        calls = [
+            ScriptCall(SCRIPTS["batch_cancel"], core, [*head, *job_ids[start : start + ACK_CHUNK]])
+            for start in range(0, max(len(job_ids), 1), ACK_CHUNK)
+        ]
+        return sum(int(result[0]) for result in run_pipelined(self.client, calls))
+
+    def batch_subscription(self) -> Any:
+        """A pub/sub connection subscribed to the batch channel (``"<bid>|<counts JSON>"`` when a
+        batch completes; ``get_message``, ``close``)."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(self.keys.batch_channel)
+        return pubsub
 
 def get_store(app: Any) -> Store:
     """The app's :class:`Store`: :meth:`Store.for_app`."""

@@ -10,7 +10,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from celery import Task, shared_task
@@ -19,12 +19,22 @@ from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
 from .due import celery_expires, celery_naive_as_utc, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
 from .exceptions import InvalidOptions
+from .gate import GATE_HEADER, GATE_OPTIONS, Gate, check_key, gated_id, key_tag, pop_gate
 from .keys import is_point_id
 from .options import TRANSPORT_OPTIONS, due_item
 from .result import ScheduledResult
 from .store import EnqueueOutcome, Store
 
-__all__ = ["DelayQTaskMixin", "DelayedTask", "delayed_task", "retry_store_id", "scheduled_results"]
+__all__ = [
+    "DelayQTaskMixin",
+    "DelayedTask",
+    "carried_gate",
+    "delayed_task",
+    "gate_ids",
+    "retry_store_id",
+    "scheduled_results",
+    "take_gate",
+]
 
 
 def scheduled_results(
@@ -59,6 +69,55 @@ def retry_store_id(task_id: Any, options: dict[str, Any]) -> str | None:
     return None
 
 
+def take_gate(app: Any, options: MutableMapping[str, Any], *, ask_store: bool = True) -> Gate | None:
+    """Take the gate options (``concurrency_key``, ``concurrency_limit``, ``rate_limit_key``,
+    ``rate_limit``) out of ``options`` and check them (:func:`~.gate.pop_gate`); None when the
+    job is not gated.
+
+    A ``concurrency_key`` without a ``concurrency_limit`` counts against the limit set for the
+    key at run time (``DelayQ.set_limit``): the store is asked whether one is set (an explicit
+    "no cap", ``set_limit(key, None)``, counts as set), and a key with none is refused.
+    Everything else is checked first, so a bad option raises before any round trip.
+    ``ask_store=False`` (eager mode) skips that question.
+    """
+    if all(options.get(name) is None for name in GATE_OPTIONS):
+        for name in GATE_OPTIONS:
+            options.pop(name, None)
+        return None
+    has_limit = None
+    key = options.get("concurrency_key")
+    if ask_store and key is not None and options.get("concurrency_limit") is None:
+        pop_gate(dict(options))  # every other check, before the round trip
+        has_limit, _ = Store.for_app(app).key_limit(check_key(key))
+    return pop_gate(options, has_limit=has_limit)
+
+
+def carried_gate(options: Mapping[str, Any]) -> Gate | None:
+    """The gate of a message header passed on in ``options["headers"]``: a retry
+    (``self.retry``) passes its request's headers on, gate header included, so the retry of a
+    gated job stays gated (and a batch member's retry counts in its batch once, when it
+    ends). None when there is none, or it does not read."""
+    headers = options.get("headers")
+    if not isinstance(headers, Mapping) or GATE_HEADER not in headers:
+        return None
+    return Gate.from_header(headers[GATE_HEADER])
+
+
+def gate_ids(gate: Gate, given_id: Any, count: int, options: dict[str, Any]) -> list[str]:
+    """The ids of ``count`` jobs of ``gate`` (its key's tag, then a new uuid; a ``given_id``
+    must begin with the tag: :func:`~.gate.gated_id`), and its header added to ``options``'
+    ``headers`` (a header value that is not a mapping is left for the option check to refuse)."""
+    if given_id is not None:
+        ids = [gated_id(gate.key, given_id)] * count
+    else:
+        tag = key_tag(gate.key)
+        ids = [tag + job_id for job_id in new_task_ids(count)]
+    headers = options.get("headers")
+    if headers is None or isinstance(headers, Mapping):
+        options["headers"] = {**(headers or {}), GATE_HEADER: gate.header()}
+    return ids
+
+
 class DelayQTaskMixin:
     """The scheduling methods; mix into your own Task base: ``class Base(DelayQTaskMixin, MyTask)``."""
 
@@ -71,7 +130,11 @@ class DelayQTaskMixin:
         """Schedule the task to run at ``eta``: an aware datetime or a UNIX timestamp in seconds.
 
         ``options`` are ``apply_async``'s (queue, routing_key, priority, headers,
-        expires, task_id, ...). The message is built and serialized now, so bad
+        expires, task_id, ...), and the gate's: ``concurrency_key`` with
+        ``concurrency_limit`` (at most that many jobs of the key run at once, over every
+        worker), ``rate_limit_key`` with ``rate_limit`` (``"100/s"``: releases of the key
+        spaced over every beat); see docs/flow-control.md. A gated job's id begins with
+        its key's tag, ``{<key>}``. The message is built and serialized now, so bad
         arguments or options raise here and nothing is stored. An ``eta`` in the
         past is delivered at once. ``expires`` in seconds counts from ``eta``.
 
@@ -124,11 +187,15 @@ class DelayQTaskMixin:
         replace = bool(options.pop("replace", False))
         given_id = options.pop("task_id", None)
         state = app_state(app)
+        gate = take_gate(app, options, ask_store=not state.always_eager) or carried_gate(options)
         if state.always_eager:
             # Celery's eager mode runs tasks at once and ignores eta; do the same.
             return [self.apply_async(args, kwargs, task_id=given_id, **options) for _, args, kwargs in items]
         config = DelayQConfig.from_app(app)
-        ids = [given_id] * len(items) if given_id else new_task_ids(len(items))
+        if gate is not None:
+            ids = gate_ids(gate, given_id, len(items), options)
+        else:
+            ids = [given_id] * len(items) if given_id else new_task_ids(len(items))
         to_build = [(job_id, due, a, k) for job_id, (due, a, k) in zip(ids, items, strict=True)]
         envelopes = build_envelopes(app, self, to_build, options, max_payload=config.max_payload, state=state)
         shift = base or 0
@@ -147,40 +214,53 @@ class DelayQTaskMixin:
         Intercepted calls replace a waiting job with the same id (a retry
         reuses its task's id), and return a :class:`ScheduledResult`. A retry of a
         schedule's run is stored under an id of its own (:func:`retry_store_id`).
+
+        A call with gate options (``concurrency_key``, ``rate_limit_key``, ...: see
+        :meth:`apply_at`), or with a gated job's header (the retry of a gated job:
+        :func:`carried_gate`), always goes through delayq, whatever ``delayq_intercept_eta``
+        says (the gate is delayq's): without eta or countdown it is due at once.
         """
         eta = options.get("eta")
         countdown = options.get("countdown")
         app = self._delayq_app()
-        if (eta is not None or countdown) and not app.conf.task_always_eager:
-            config = DelayQConfig.from_app(app)
-            if config.intercept_eta:
-                options.pop("eta", None)
-                options.pop("countdown", None)
-                expires = options.get("expires")
-                if expires is not None:  # seconds count from the call: the server's now
-                    now = ms_to_datetime(Store.for_app(app).server_now_ms())
-                    options["expires"] = celery_expires(expires, now=now)
-                # As in Celery (as_task_v2), a non-zero countdown wins over eta, and a countdown
-                # <= 0 (or an eta in the past) means "run at once". (Clamp with a comparison, not
-                # max(): max(0.0, nan) is 0.0, and NaN must be refused.)
-                base = None
-                if countdown:  # counted from the server's now (by the enqueue script)
-                    seconds = float(countdown)
-                    base = Store.for_app(app).server_now_ms()
-                    due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds, now_ms=base)
-                else:
-                    # A naive eta is UTC, as Celery's worker reads it.
-                    due_ms = due_ms_from_eta(celery_naive_as_utc(eta), app)
-                # Celery's canvas (group, chord) passes its own producer to every member: the
-                # job is published later by the beat's, so transport objects are dropped here.
-                # (apply_at still refuses them: there the caller passed them on purpose.)
-                for name in TRANSPORT_OPTIONS:
-                    options.pop(name, None)
-                options["replace"] = True
-                options["task_id"] = task_id
-                store_id = retry_store_id(task_id, options)
-                return self._delayq_schedule([(due_ms, args, kwargs)], options, base, store_id)[0]
+        if app.conf.task_always_eager:
+            take_gate(app, options, ask_store=False)  # checked, then dropped: eager runs at once
+        else:
+            gated = any(options.get(name) is not None for name in GATE_OPTIONS) or carried_gate(options)
+            timed = eta is not None or bool(countdown)
+            if gated or (timed and DelayQConfig.from_app(app).intercept_eta):
+                return self._delayq_intercept(args, kwargs, task_id, options)
         return super().apply_async(args, kwargs, task_id=task_id, **options)  # type: ignore[misc]
+
+    def _delayq_intercept(self, args: Any, kwargs: Any, task_id: str | None, options: dict[str, Any]) -> Any:
+        """Store what ``apply_async`` was given (:meth:`apply_async`)."""
+        app = self._delayq_app()
+        eta = options.pop("eta", None)
+        countdown = options.pop("countdown", None)
+        expires = options.get("expires")
+        if expires is not None:  # seconds count from the call: the server's now
+            now = ms_to_datetime(Store.for_app(app).server_now_ms())
+            options["expires"] = celery_expires(expires, now=now)
+        # As in Celery (as_task_v2), a non-zero countdown wins over eta, and a countdown
+        # <= 0 (or an eta in the past) means "run at once". (Clamp with a comparison, not
+        # max(): max(0.0, nan) is 0.0, and NaN must be refused.) Neither: at once (gated).
+        base = None
+        if countdown or eta is None:  # counted from the server's now (by the enqueue script)
+            seconds = float(countdown or 0.0)
+            base = Store.for_app(app).server_now_ms()
+            due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds, now_ms=base)
+        else:
+            # A naive eta is UTC, as Celery's worker reads it.
+            due_ms = due_ms_from_eta(celery_naive_as_utc(eta), app)
+        # Celery's canvas (group, chord) passes its own producer to every member: the
+        # job is published later by the beat's, so transport objects are dropped here.
+        # (apply_at still refuses them: there the caller passed them on purpose.)
+        for name in TRANSPORT_OPTIONS:
+            options.pop(name, None)
+        options["replace"] = True
+        options["task_id"] = task_id
+        store_id = retry_store_id(task_id, options)
+        return self._delayq_schedule([(due_ms, args, kwargs)], options, base, store_id)[0]
 
 
 class DelayedTask(DelayQTaskMixin, Task):  # type: ignore[misc]

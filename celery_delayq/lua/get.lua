@@ -15,6 +15,9 @@ Returns
       lease until is -1 unless a beat holds it (lease until is then the ms at
       which the lease expires, and due ms is the original due time; for a lease
       entry that does not read, due ms is the score and tries 0)
+  {"job", envelope, due ms, tries, score, token}  a gated job: token "gate" (held
+      back by the gate: parked or deferred; score is PARK_MS or the deferral) or
+      "run" (its task runs; score is its slot expiry)
   {"dead", record}                               a dead-lettered job
 ]]
 --!include lease
@@ -26,6 +29,9 @@ if envelope then
   if lease then
     local d, n = lease_read(lease)
     if d then
+      if lease_holds(lease, 'gate') or lease_holds(lease, 'run') then
+        return {'job', envelope, d, n, score, string.match(lease, '([^|]*)$')}
+      end
       return {'job', envelope, d, n, score}
     end
     return {'job', envelope, score, 0, score}

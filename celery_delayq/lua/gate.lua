@@ -1,0 +1,141 @@
+--[[ gate: decide, for claimed gated jobs of one shard, which are released now.
+
+KEYS[1] due        a parked job's score becomes PARK_MS, a deferred one's the time its rate allows
+KEYS[2] jobs       read (is a slot's job still stored?)
+KEYS[3] leases     read (held by the caller?); a parked or deferred job's entry gets token "gate"
+KEYS[4] wake       lowered (with a wake message on ARGV[3]) to a deferred job's time, and when
+                   a purge of expired slots lets parked jobs through
+KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
+Not in KEYS (built from KEYS[1], same hash tag, so same cluster slot; see includes/gate.lua):
+gate:keys, gate:limits, gate:paused, gate:rates, gate:run:<key>, gate:wait:<key>.
+
+ARGV[1] token: the beat's lease token (no "|")
+ARGV[2] slot TTL ms: how long a released job's slot lasts unless its worker renews it
+ARGV[3] wake channel, ARGV[4] shard index
+ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate period ms ("" none),
+          priority (0-255)
+
+"now" is the server's TIME. For each job, in order:
+- not held by the token (re-claimed, cancelled, replaced) -> "not-held", nothing done for it.
+- up to 10 expired slots of gate:run:<key> whose job is gone (cancelled while running, its
+  worker dead) are removed; when some were, the key's parked jobs are promoted (as
+  release.lua does) after this job's decision.
+- its id is in gate:run:<key> (a redelivery: its worker died, the slot expired, a claim took
+  it again) -> "released", its one slot kept (expiry now + TTL).
+- the key is paused, or the limit in force (gate:limits override: a number, or "none" for no
+  cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
+  PARK_MS, lease entry (due, tries - 1, "gate"), listed in gate:wait:<key> by priority then due.
+- a rate is given and the key's arrival time (GCRA) is after now -> "deferred": score and ms
+  = that time, lease entry (due, tries - 1, "gate"), the wake marker lowered to it; claimed
+  again then. Else the arrival time
+  becomes max(it, now) + period / count.
+- else "released": ZADD gate:run:<key> now + TTL (the lease stays the beat's until hold.lua).
+Every key seen is written to gate:keys with the job's limit ("" none): promotion reads it.
+
+Returns one {code, ms} per job: code "released" | "parked" | "deferred" | "not-held"; ms is
+the time a deferred job is due again, else 0.
+Memory: no allow-oom flag: a full Redis refuses the script at its first write (the HSET of
+gate:keys, which may grow memory), before anything is written; each job keeps its beat lease
+and is claimed and gated again once that lease expires.
+Bad input (a token with "|", a TTL, shard, limit, rate or priority that is not a whole number
+in range, a key gate.check_key refuses, a count of arguments that is not 4 + 6n) is refused
+with an error before anything is written.
+]]
+--!include args
+--!include sliced
+--!include lease
+--!include wake
+--!include gate
+local token = ARGV[1]
+local ttl = int_arg(2)
+local channel = ARGV[3]
+local shard = int_arg(4)
+if token == nil or token == '' or string.find(token, '|', 1, true) then
+  return redis.error_reply('delayq gate: the token must be a non-empty string without "|"')
+end
+if ttl == nil or ttl < 1 or shard == nil or shard < 0 or (#ARGV - 4) % 6 ~= 0 then
+  return redis.error_reply('delayq gate: slot TTL, shard and 6 arguments a job expected')
+end
+local function optional(i, low, high)
+  if ARGV[i] == '' then
+    return true
+  end
+  local n = int_arg(i)
+  return n ~= nil and n >= low and n <= high
+end
+local seen = {}
+for i = 5, #ARGV, 6 do
+  local prio = int_arg(i + 5)
+  if ARGV[i] == '' or not gate_key_ok(ARGV[i + 1]) or not optional(i + 2, 1, 1e15)
+      or not optional(i + 3, 1, 1e15) or not optional(i + 4, 1, 1e15)
+      or (ARGV[i + 3] == '') ~= (ARGV[i + 4] == '') or prio == nil or prio < 0 or prio > 255 then
+    return redis.error_reply('delayq gate: job ' .. tostring((i - 5) / 6 + 1) .. ' has a bad id, key, limit, rate or priority')
+  end
+  seen[#seen + 1] = ARGV[i + 1]
+  seen[#seen + 1] = ARGV[i + 2]
+end
+if #seen == 0 then
+  return {}
+end
+call_sliced('HSET', G_KEYS, seen, 2)  -- the first write (see Memory above)
+local now = server_now()
+local expiry = now + ttl
+local out = {}
+for i = 5, #ARGV, 6 do
+  local id, key, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local entry = redis.call('HGET', KEYS[3], id)
+  if not (entry and lease_holds(entry, token)) then
+    out[#out + 1] = {'not-held', 0}
+  else
+    local rkey = run_key(key)
+    local expired = redis.call('ZRANGE', rkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, 10)
+    local purged = 0
+    for _, old in ipairs(expired) do
+      if redis.call('HEXISTS', KEYS[2], old) == 0 then
+        purged = purged + redis.call('ZREM', rkey, old)
+      end
+    end
+    local due, tries = lease_read(entry)
+    if due == nil then
+      due, tries = now, 1
+    end
+    local held_back = math.max(tries - 1, 0)
+    if redis.call('ZSCORE', rkey, id) then
+      redis.call('ZADD', rkey, expiry, id)
+      out[#out + 1] = {'released', 0}
+    else
+      local cap = limit_in_force(key, limit)
+      if redis.call('SISMEMBER', G_PAUSED, key) == 1 or (cap ~= nil and cap <= redis.call('ZCARD', rkey)) then
+        redis.call('ZADD', KEYS[1], PARK_TEXT, id)
+        redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, GATE_TOKEN))
+        redis.call('ZADD', wait_key(key), wait_score(int_arg(i + 5), due), id)
+        out[#out + 1] = {'parked', 0}
+      else
+        local deferred = nil
+        if ARGV[i + 3] ~= '' then
+          local tat = tonumber(redis.call('HGET', G_RATES, key)) or 0
+          if tat > now then
+            deferred = math.ceil(tat)
+          else
+            tat = math.max(tat, now) + int_arg(i + 4) / int_arg(i + 3)
+            redis.call('HSET', G_RATES, key, string.format('%.3f', tat))
+          end
+        end
+        if deferred then
+          redis.call('ZADD', KEYS[1], deferred, id)
+          redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, GATE_TOKEN))
+          wake(channel, shard, deferred)
+          out[#out + 1] = {'deferred', deferred}
+        else
+          redis.call('ZADD', rkey, expiry, id)
+          out[#out + 1] = {'released', 0}
+        end
+      end
+    end
+    if purged > 0 then
+      promote(key, channel, shard, now)
+    end
+  end
+end
+return out

@@ -1,0 +1,57 @@
+#!lua flags=allow-oom
+--[[ hold: after publishing released gated jobs, mark them running instead of acking them.
+
+KEYS[1] due        each held job's score becomes its slot expiry (now + TTL)
+KEYS[2] jobs       not used here (the envelope stays: the job is stored while it runs)
+KEYS[3] leases     read (held by the caller?), then the entry's token becomes "run"
+KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
+Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>.
+
+ARGV[1] token: the beat's lease token
+ARGV[2] slot TTL ms
+ARGV[3..] pairs: job id, gate key
+
+For each job that the token still holds and whose id has a slot in gate:run:<key> (gate.lua
+gave it one): lease entry (due, tries, "run"), due score and slot expiry now + TTL. A job
+whose worker dies is then claimed again when its slot expires (the score), and gate.lua
+releases it again into the slot it has.
+Returns one entry per pair: 1 held, 0 left alone (not held, or no slot: the worker may have
+released it already, in which case release.lua removed the job).
+Runs when Redis is over maxmemory: it rewrites entries of the same size. Its first write is
+an HDEL that deletes nothing (Redis 6.2 never refuses HDEL; see claim.lua).
+]]
+--!include args
+--!include lease
+--!include wake
+--!include gate
+local token = ARGV[1]
+local ttl = int_arg(2)
+if token == nil or token == '' or string.find(token, '|', 1, true) then
+  return redis.error_reply('delayq hold: the token must be a non-empty string without "|"')
+end
+if ttl == nil or ttl < 1 or (#ARGV - 2) % 2 ~= 0 then
+  return redis.error_reply('delayq hold: a slot TTL and pairs of id, key expected')
+end
+redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
+local now = server_now()
+local expiry = now + ttl
+local out = {}
+for i = 3, #ARGV, 2 do
+  local id, key = ARGV[i], ARGV[i + 1]
+  local entry = redis.call('HGET', KEYS[3], id)
+  local rkey = run_key(key)
+  if entry and lease_holds(entry, token) and redis.call('ZSCORE', rkey, id) then
+    local due, tries = lease_read(entry)
+    if due == nil then
+      due, tries = now, 1
+    end
+    redis.call('HSET', KEYS[3], id, lease_entry(due, tries, RUN_TOKEN))
+    redis.call('ZADD', KEYS[1], expiry, id)
+    redis.call('ZADD', rkey, expiry, id)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

@@ -1,0 +1,129 @@
+-- gate: the flow-control keys of a shard, the limit in force, promotion and batch completion.
+--
+-- Needs the includes lease and wake before it. The Python side is celery_delayq/gate.py
+-- (the names) and keys.py (ShardKeys: the same key names).
+--
+-- The gate's keys are not in KEYS: they share the shard's hash tag (so its cluster slot) and
+-- are built from KEYS[1] ("<prefix>:{<prefix>:<i>}:due") minus "due". GATE_BASE is that.
+local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
+-- G_KEYS hash key -> the last limit a job of it carried; G_LIMITS hash key -> override
+-- ("<n>" or "none"); G_PAUSED set of paused keys; G_RATES hash key -> GCRA arrival time ms;
+-- G_BATCHES set of the shard's batch ids.
+local G_KEYS = GATE_BASE .. 'gate:keys'
+local G_LIMITS = GATE_BASE .. 'gate:limits'
+local G_PAUSED = GATE_BASE .. 'gate:paused'
+local G_RATES = GATE_BASE .. 'gate:rates'
+local G_BATCHES = GATE_BASE .. 'batches'
+-- run_key(key): zset job id -> slot expiry ms; wait_key(key): zset job id -> order score;
+-- batch_hash(bid): the batch's hash.
+local function run_key(key)
+  return GATE_BASE .. 'gate:run:' .. key
+end
+local function wait_key(key)
+  return GATE_BASE .. 'gate:wait:' .. key
+end
+local function batch_hash(bid)
+  return GATE_BASE .. 'batch:' .. bid
+end
+-- PARK_MS: the due score of a parked job (gate.PARK_MS), never reached by a claim; PARK_TEXT
+-- the same as text (a number passed to redis.call is written with 14 digits only).
+-- GATE_TOKEN, RUN_TOKEN: the lease tokens of a gated and of a running job (gate.py).
+local PARK_MS = 9000000000000000
+local PARK_TEXT = '9000000000000000'
+local GATE_TOKEN = 'gate'
+local RUN_TOKEN = 'run'
+-- gate_key_ok(key): a key as gate.check_key takes it (1 to 200 characters, no { } |).
+local function gate_key_ok(key)
+  return key ~= nil and key ~= '' and #key <= 200 and not string.find(key, '[{}|]')
+end
+-- wait_score(priority, due): the order of a parked job in wait_key, lowest first: higher
+-- priority first, then earlier due (lua_formats.wait_score mirrors it). As text: Redis
+-- would write the number with 14 digits only, and the score has 16.
+local function wait_score(priority, due)
+  return string.format('%.0f', (255 - priority) * 1e13 + due)
+end
+-- limit_in_force(key, own): the override of G_LIMITS ("none": no cap, nil), else own (the
+-- job's limit as text, "" for none; nil), as a number or nil for no cap.
+local function limit_in_force(key, own)
+  local override = redis.call('HGET', G_LIMITS, key)
+  if override == 'none' then
+    return nil
+  end
+  if override and tonumber(override) then
+    return tonumber(override)
+  end
+  if own and own ~= '' then
+    return tonumber(own)
+  end
+  return nil
+end
+-- server_now(): the server's TIME in ms.
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- promote(key, channel, shard, now): unless key is paused, move as many parked jobs of it as
+-- it has free slots (all, with no cap) from wait_key to due now - priority (claimed first by
+-- priority), and wake the beats. A member whose job is gone or no longer parked (stored
+-- again meanwhile) is dropped from the list without counting. Returns how many were moved.
+local function promote(key, channel, shard, now)
+  if redis.call('SISMEMBER', G_PAUSED, key) == 1 then
+    return 0
+  end
+  local wkey = wait_key(key)
+  local free
+  local limit = limit_in_force(key, redis.call('HGET', G_KEYS, key))
+  if limit == nil then
+    free = redis.call('ZCARD', wkey)
+  else
+    free = limit - redis.call('ZCARD', run_key(key))
+  end
+  if free <= 0 then
+    return 0
+  end
+  local moved = 0
+  while moved < free do
+    local popped = redis.call('ZPOPMIN', wkey)
+    if popped[1] == nil then
+      break
+    end
+    local id = popped[1]
+    local score = tonumber(redis.call('ZSCORE', KEYS[1], id))
+    if score == PARK_MS and redis.call('HEXISTS', KEYS[2], id) == 1 then
+      local priority = 255 - math.floor(tonumber(popped[2]) / 1e13)
+      redis.call('ZADD', KEYS[1], now - priority, id)
+      moved = moved + 1
+    end
+  end
+  if moved > 0 then
+    wake(channel, shard, now - 255)
+  end
+  return moved
+end
+-- batch_check(bid, batch_channel, channel, shard, now): when the batch's succeeded + failed +
+-- cancelled reach its total and it was not done yet (HSETNX done), make its completion job
+-- (if any, still parked) due at now - 256, wake the beats, and publish
+-- "<bid>|{counts}" on batch_channel (lua_formats.batch_message mirrors it). Returns 1 when
+-- this call completed the batch, else 0.
+local function batch_check(bid, batch_channel, channel, shard, now)
+  local bkey = batch_hash(bid)
+  local h = redis.call('HMGET', bkey, 'total', 'succeeded', 'failed', 'cancelled', 'completion')
+  local total = tonumber(h[1])
+  if total == nil then
+    return 0
+  end
+  local s, f, c = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+  if s + f + c < total or redis.call('HSETNX', bkey, 'done', '1') == 0 then
+    return 0
+  end
+  local completion = h[5]
+  if completion and completion ~= '' and redis.call('HEXISTS', KEYS[2], completion) == 1 then
+    if tonumber(redis.call('ZSCORE', KEYS[1], completion)) == PARK_MS then
+      redis.call('ZADD', KEYS[1], now - 256, completion)
+      wake(channel, shard, now - 256)
+    end
+  end
+  local counts = string.format('{"total":%d,"succeeded":%d,"failed":%d,"cancelled":%d}', total, s, f, c)
+  redis.call('PUBLISH', batch_channel, bid .. '|' .. counts)
+  return 1
+end

@@ -1,0 +1,45 @@
+#!lua flags=allow-oom
+--[[ slot_renew: a worker keeps the slots of its running gated tasks.
+
+KEYS[1] due        a running job's score (its slot expiry) becomes now + TTL
+KEYS[3] leases     read (is the job running, token "run"?)
+KEYS[2] jobs, KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+(the shard's seven keys, with its hash tag, in the order every script takes them)
+Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>.
+
+ARGV[1] slot TTL ms
+ARGV[2..] pairs: job id, gate key
+
+For each job with a slot in gate:run:<key>: its slot expiry becomes now + TTL, and so does
+its due score when its lease entry's token is "run" (a job still leased by the beat that
+released it, before hold.lua, keeps the beat's lease expiry).
+Returns one entry per pair: 1 renewed, 0 no slot (released, or purged).
+Runs when Redis is over maxmemory (it only rewrites scores). Its first write is an HDEL that
+deletes nothing (Redis 6.2 never refuses HDEL; see claim.lua).
+]]
+--!include args
+--!include lease
+--!include wake
+--!include gate
+local ttl = int_arg(1)
+if ttl == nil or ttl < 1 or (#ARGV - 1) % 2 ~= 0 then
+  return redis.error_reply('delayq slot_renew: a slot TTL and pairs of id, key expected')
+end
+redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
+local expiry = server_now() + ttl
+local out = {}
+for i = 2, #ARGV, 2 do
+  local id, key = ARGV[i], ARGV[i + 1]
+  local rkey = run_key(key)
+  if redis.call('ZSCORE', rkey, id) then
+    redis.call('ZADD', rkey, expiry, id)
+    local entry = redis.call('HGET', KEYS[3], id)
+    if entry and lease_holds(entry, RUN_TOKEN) then
+      redis.call('ZADD', KEYS[1], expiry, id)
+    end
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

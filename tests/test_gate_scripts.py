@@ -1,0 +1,700 @@
+"""The flow-control scripts (``lua/gate.lua``, ``hold``, ``release``, ``slot_renew``,
+``gate_admin``, ``batch_open``, ``batch_cancel``) through :class:`Store`, on a real server: each
+test runs on every supported server in turn (Redis 6.2, Valkey, redis-server on PATH).
+
+A gated job goes as a beat takes it: enqueued due now, claimed with a beat's token, gated
+(:meth:`Store.gate`), and when released held (:meth:`Store.hold`) as a worker runs it, until
+its worker releases it (:meth:`Store.release`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import redis
+
+from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.gate import (
+    PARK_MS,
+    Gate,
+    batch_key,
+    completion_id,
+    member_id,
+    parse_rate,
+)
+from celery_delayq.lua_formats import batch_message, parse_batch_message, wait_score
+from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
+from celery_delayq.store import (
+    BatchState,
+    CancelOutcome,
+    EnqueueOutcome,
+    GateDecision,
+    GateResult,
+    KeyState,
+    ReleaseResult,
+    Store,
+    is_oom,
+)
+from tests.support.polling import wait_for
+from tests.support.server_kinds import redis_server
+from tests.support.store import make_store, server_ms, snapshot
+from tests.support.wake import Wake
+
+__all__ = ["redis_server"]  # a fixture, used by name
+
+RELEASED, PARKED, DEFERRED, NOT_HELD = (
+    GateDecision.RELEASED, GateDecision.PARKED, GateDecision.DEFERRED, GateDecision.NOT_HELD,
+)
+SLOT_MS = 60_000
+#: A slot short enough to expire within a test.
+SHORT_SLOT_MS = 150
+
+
+def ids_of(key: str, n: int, stem: str = "j") -> list[str]:
+    """``n`` ids of gate key ``key`` (``{key}<stem><i>``: on the key's shard)."""
+    return ["{" + key + "}" + f"{stem}{i}" for i in range(n)]
+
+
+def put(store: Store, r: redis.Redis, ids: Sequence[str], ago_ms: int = 1000) -> int:
+    """Store ``ids`` due ``ago_ms`` ago (1 ms apart, in order); the first one's due time."""
+    first = server_ms(r) - ago_ms
+    jobs = [(job_id, first + i, "env-" + job_id) for i, job_id in enumerate(ids)]
+    assert [status for status, _ in store.enqueue(jobs)] == [EnqueueOutcome.NEW] * len(ids)
+    return first
+
+
+def claim_and_gate(
+    store: Store, token: str, gates: dict[str, Gate], slot_ms: int = SLOT_MS, batch: int | None = None
+) -> dict[str, GateResult]:
+    """A beat's pass over the shards of ``gates``' jobs: claim (at most ``batch`` a shard) and
+    gate the claimed jobs that are in ``gates``."""
+    shards = sorted({store.keys.shard_of(job_id) for job_id in gates})
+    by_shard: dict[int, list[tuple[str, Gate]]] = {}
+    for result in store.claim(shards, token, batch):
+        mine = [(job.id, gates[job.id]) for job in result.jobs if job.id in gates]
+        if mine:
+            by_shard[result.shard] = mine
+    return store.gate(token, by_shard, slot_ms) if by_shard else {}
+
+
+def decisions(results: dict[str, GateResult]) -> dict[str, GateDecision]:
+    return {job_id: result.decision for job_id, result in results.items()}
+
+
+def hold(
+    store: Store, token: str, jobs: Sequence[tuple[str, str]], slot_ms: int = SLOT_MS
+) -> dict[str, bool]:
+    by_shard: dict[int, list[tuple[str, str]]] = {}
+    for job_id, key in jobs:
+        by_shard.setdefault(store.keys.shard_of(key), []).append((job_id, key))
+    return store.hold(token, by_shard, slot_ms)
+
+
+def run_ids(store: Store, r: redis.Redis, key: str) -> list[str]:
+    return list(r.zrange(store.keys.for_key(key).running(key), 0, -1))
+
+
+def wait_ids(store: Store, r: redis.Redis, key: str) -> list[str]:
+    return list(r.zrange(store.keys.for_key(key).waiting(key), 0, -1))
+
+
+def score(store: Store, r: redis.Redis, job_id: str) -> float | None:
+    value: float | None = r.zscore(store.keys.for_job(job_id).due, job_id)
+    return value
+
+
+def lease(store: Store, r: redis.Redis, job_id: str) -> str | None:
+    value: str | None = r.hget(store.keys.for_job(job_id).leases, job_id)
+    return value
+
+
+def start(
+    store: Store, r: redis.Redis, key: str, n: int, limit: int | None, token: str = "beat-a"
+) -> list[str]:
+    """``n`` jobs of ``key`` (limit ``limit``) claimed, gated and the released ones held; their ids."""
+    ids = ids_of(key, n)
+    put(store, r, ids)
+    results = claim_and_gate(store, token, {job_id: Gate(key, limit) for job_id in ids})
+    released = [job_id for job_id in ids if results[job_id].decision is RELEASED]
+    assert all(hold(store, token, [(job_id, key) for job_id in released]).values())
+    return ids
+
+
+# -- gate: the cap ---------------------------------------------------------------------------
+
+
+def test_the_cap_holds_across_two_beats(store: Store, r: redis.Redis) -> None:
+    """Limit 2: a beat claims two jobs and both go; another beat claims three more, all parked
+    (PARK_MS, lease "gate" with the tries before this claim, in the key's waiting list)."""
+    ids = ids_of("tenant:1", 5)
+    first = put(store, r, ids)
+    gates = {job_id: Gate("tenant:1", 2) for job_id in ids}
+    a = claim_and_gate(store, "beat-a", gates, batch=2)
+    assert decisions(a) == {ids[0]: RELEASED, ids[1]: RELEASED}
+    b = claim_and_gate(store, "beat-b", gates)
+    assert decisions(b) == {job_id: PARKED for job_id in ids[2:]}
+    assert sorted(run_ids(store, r, "tenant:1")) == ids[:2]
+    assert wait_ids(store, r, "tenant:1") == ids[2:]  # priority 0 each: by due
+    for i, job_id in enumerate(ids[2:], start=2):
+        assert score(store, r, job_id) == PARK_MS
+        assert lease(store, r, job_id) == f"{first + i}|0|gate"
+        record = store.get(job_id)
+        assert record is not None and (record.state, record.due_ms, record.tries) == ("gated", first + i, 0)
+    # The released ones are still the beat's until it holds them; then they run.
+    assert lease(store, r, ids[0]) == f"{first}|1|beat-a"
+    assert hold(store, "beat-b", [(ids[0], "tenant:1")]) == {ids[0]: False}  # not its lease
+    assert hold(store, "beat-a", [(i, "tenant:1") for i in ids[:2]]) == {ids[0]: True, ids[1]: True}
+    now = server_ms(r)
+    for i, job_id in enumerate(ids[:2]):
+        assert lease(store, r, job_id) == f"{first + i}|1|run"
+        slot = r.zscore(store.keys.for_key("tenant:1").running("tenant:1"), job_id)
+        assert slot == score(store, r, job_id) and now < slot <= now + SLOT_MS
+        record = store.get(job_id)
+        assert record is not None and (record.state, record.due_ms, record.tries) == ("running", first + i, 1)
+    assert [j.state for j in store.scan()] == ["running", "running", "gated", "gated", "gated"]
+    assert store.key_state("tenant:1") == KeyState("tenant:1", 2, None, 2, 3, False)
+    # A third beat finds nothing due: the parked jobs are not claimed by time.
+    [claimed] = store.claim([store.keys.shard_of(ids[0])], "beat-c")
+    assert claimed.jobs == []
+
+
+def test_a_job_not_held_by_the_token_is_left_alone(store: Store, r: redis.Redis) -> None:
+    ids = ids_of("k", 2)
+    put(store, r, ids)
+    shard = store.keys.shard_of(ids[0])
+    store.claim([shard], "beat-a")
+    before = snapshot(_url(store))
+    gates = [(job_id, Gate("k", 1)) for job_id in ids]
+    result = store.gate("beat-b", {shard: [*gates, ("{k}missing", Gate("k", 1))]}, SLOT_MS)
+    assert decisions(result) == {ids[0]: NOT_HELD, ids[1]: NOT_HELD, "{k}missing": NOT_HELD}
+    after = snapshot(_url(store))
+    keys = store.keys.for_key("k")
+    # Only the key's record changed (every key a gate call sees is recorded).
+    assert {k: v for k, v in after.items() if k != keys.gate_keys.encode()} == {
+        k: v for k, v in before.items() if k != keys.gate_keys.encode()
+    }
+    assert r.hget(keys.gate_keys, "k") == "1"
+
+
+def _url(store: Store) -> str:
+    kwargs = store.client.connection_pool.connection_kwargs
+    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db') or 0}"
+
+
+def test_a_redelivered_running_job_keeps_its_one_slot(store: Store, r: redis.Redis) -> None:
+    """The worker dies: the slot (and the job's score) expire, another beat claims the job
+    again (tries 2) and the gate releases it into the slot it has, not a second one; a new job
+    of the key stays parked meanwhile."""
+    [job] = ids_of("k", 1)
+    first = put(store, r, [job])
+    assert decisions(claim_and_gate(store, "beat-a", {job: Gate("k", 1)}, SHORT_SLOT_MS)) == {job: RELEASED}
+    assert hold(store, "beat-a", [(job, "k")], SHORT_SLOT_MS) == {job: True}
+    [other] = ids_of("k", 1, "other")
+    put(store, r, [other])
+    assert decisions(claim_and_gate(store, "beat-a", {other: Gate("k", 1)})) == {other: PARKED}
+    wait_for(lambda: server_ms(r) > (score(store, r, job) or 0) + 5, timeout=5)
+    results = claim_and_gate(store, "beat-b", {job: Gate("k", 1)})
+    assert decisions(results) == {job: RELEASED}
+    assert run_ids(store, r, "k") == [job]
+    assert lease(store, r, job) == f"{first}|2|beat-b"
+    assert hold(store, "beat-b", [(job, "k")]) == {job: True}
+    assert lease(store, r, job) == f"{first}|2|run"
+    assert wait_ids(store, r, "k") == [other]
+
+
+# -- parked order and promotion ----------------------------------------------------------------
+
+
+def test_parked_jobs_go_by_priority_then_due(store: Store, r: redis.Redis) -> None:
+    """Limit 1 and one job running; five more parked with priorities 0, 9, 3, 9, 0. Each
+    release promotes one: the highest priority first, the earliest due among equals; its score
+    is now - priority, so a claim takes higher priorities first."""
+    [running] = start(store, r, "k", 1, 1)
+    ids = ids_of("k", 5, "p")
+    priorities = [0, 9, 3, 9, 0]
+    first = put(store, r, ids)
+    gates = {job_id: Gate("k", 1, priority=p) for job_id, p in zip(ids, priorities, strict=True)}
+    assert decisions(claim_and_gate(store, "beat-a", gates)) == dict.fromkeys(ids, PARKED)
+    expected = [ids[1], ids[3], ids[2], ids[0], ids[4]]
+    assert wait_ids(store, r, "k") == expected
+    scores = dict(r.zrange(store.keys.for_key("k").waiting("k"), 0, -1, withscores=True))
+    for i, (job_id, p) in enumerate(zip(ids, priorities, strict=True)):
+        assert scores[job_id] == float(wait_score(p, first + i)) == (255 - p) * 10**13 + first + i
+    order: list[str] = []
+    current = running
+    for _ in range(5):
+        before = server_ms(r)
+        result = store.release(current, "k", "succeeded")
+        assert result == ReleaseResult(True, 1, False)
+        [promoted] = [j for j in ids if j not in order and (score(store, r, j) or PARK_MS) < PARK_MS]
+        p = gates[promoted].priority
+        assert before - p <= (score(store, r, promoted) or 0) <= server_ms(r) - p
+        order.append(promoted)
+        assert decisions(claim_and_gate(store, "beat-a", {promoted: gates[promoted]})) == {promoted: RELEASED}
+        assert hold(store, "beat-a", [(promoted, "k")]) == {promoted: True}
+        current = promoted
+    assert order == expected
+    record = store.get(current)  # the last one promoted runs, after one claim (parking gave its try back)
+    assert record is not None and (record.state, record.tries) == ("running", 1)
+
+
+def test_the_claim_takes_higher_priorities_first(store: Store, r: redis.Redis) -> None:
+    [running] = start(store, r, "k", 1, 1)
+    ids = ids_of("k", 3, "p")
+    put(store, r, ids)
+    gates = {job_id: Gate("k", 1, priority=p) for job_id, p in zip(ids, [1, 200, 50], strict=True)}
+    claim_and_gate(store, "beat-a", gates)
+    assert store.set_limit("k", 10) == 3
+    [claimed] = store.claim([store.keys.shard_of(running)], "beat-b")
+    assert [j.id for j in claimed.jobs] == [ids[1], ids[2], ids[0]]
+    assert [j.tries for j in claimed.jobs] == [1, 1, 1]  # parking gave back the claim's try
+
+
+@pytest.mark.parametrize("how", ["release", "raise-limit", "unlimit", "resume", "clear"])
+def test_parked_jobs_are_promoted(how: str, store: Store, r: redis.Redis, wake: Wake) -> None:
+    """Limit 1 (paused for "resume", an override of 1 for "clear" with the jobs' own limit 3):
+    one job runs, three are parked. The change promotes as many as the free slots and wakes
+    the beats."""
+    own = 3 if how == "clear" else 1
+    if how == "clear":
+        store.set_limit("k", 1)
+    running = start(store, r, "k", 1, own)
+    if how == "resume":
+        store.pause("k")
+    ids = ids_of("k", 3, "p")
+    put(store, r, ids)
+    results = claim_and_gate(store, "beat-a", {j: Gate("k", own) for j in ids})
+    assert decisions(results) == dict.fromkeys(ids, PARKED)
+    wake.drain()
+    before = server_ms(r)
+    if how == "release":
+        assert store.release(running[0], "k", "succeeded") == ReleaseResult(True, 1, False)
+        promoted = 1
+    elif how == "raise-limit":
+        assert store.set_limit("k", 3) == 2
+        promoted = 2
+    elif how == "unlimit":
+        assert store.set_limit("k", None) == 3
+        promoted = 3
+    elif how == "resume":
+        assert store.resume("k") == 0  # limit 1, one running: no free slot
+        assert store.key_state("k").paused is False
+        store.release(running[0], "k", "succeeded")
+        promoted = 1
+    else:
+        assert store.clear_limit("k") == 2
+        promoted = 2
+    due = [j for j in ids if (score(store, r, j) or PARK_MS) < PARK_MS]
+    assert due == ids[:promoted]
+    assert wait_ids(store, r, "k") == ids[promoted:]
+    messages = wake.drain()
+    assert len(messages) == 1 and int(messages[0].split(":")[1]) <= server_ms(r)
+    assert int(messages[0].split(":")[1]) >= before - 255
+    state = store.key_state("k")
+    assert (state.waiting, state.running) == (3 - promoted, 0 if how in ("release", "resume") else 1)
+
+
+def test_a_lowered_limit_takes_effect(store: Store, r: redis.Redis) -> None:
+    """Limit 4, four running; the limit set to 1: nothing stops, but the releases promote
+    nothing until one job runs, and new jobs are parked meanwhile."""
+    ids = start(store, r, "k", 4, 4)
+    assert run_ids(store, r, "k") == sorted(ids)
+    assert store.set_limit("k", 1) == 0
+    assert store.key_limit("k") == (True, 1)
+    new = ids_of("k", 2, "new")
+    put(store, r, new)
+    results = claim_and_gate(store, "beat-a", {j: Gate("k", 4) for j in new})
+    assert decisions(results) == dict.fromkeys(new, PARKED)
+    assert [store.release(j, "k", "succeeded").promoted for j in ids] == [0, 0, 0, 1]
+    assert store.key_state("k") == KeyState("k", 1, "1", 0, 1, False)
+    assert decisions(claim_and_gate(store, "beat-a", {new[0]: Gate("k", 4)})) == {new[0]: RELEASED}
+
+
+def test_a_paused_key_parks_everything_until_resumed(store: Store, r: redis.Redis) -> None:
+    assert store.pause("k") == 0
+    ids = ids_of("k", 3)
+    put(store, r, ids)
+    results = claim_and_gate(store, "beat-a", {j: Gate("k", None, parse_rate("100/s")) for j in ids})
+    assert decisions(results) == dict.fromkeys(ids, PARKED)
+    assert store.key_state("k") == KeyState("k", None, None, 0, 3, True)
+    assert store.resume("k") == 3  # no cap: all of them
+    assert store.key_state("k") == KeyState("k", None, None, 0, 0, False)
+    [claimed] = store.claim([store.keys.shard_of(ids[0])], "beat-a")
+    assert sorted(j.id for j in claimed.jobs) == ids
+
+
+def test_key_states_list_every_key(store: Store, r: redis.Redis) -> None:
+    start(store, r, "a", 2, 1)
+    start(store, r, "b", 1, None)
+    store.set_limit("c", 5)
+    store.pause("c")
+    assert store.key_states() == [
+        KeyState("a", 1, None, 1, 1, False),
+        KeyState("b", None, None, 1, 0, False),
+        KeyState("c", 5, "5", 0, 0, True),
+    ]
+    assert store.key_limit("a") == (False, None)
+    store.set_limit("a", None)
+    assert store.key_limit("a") == (True, None)
+    assert store.key_state("a").limit is None and store.key_state("a").override == "none"
+
+
+# -- rate --------------------------------------------------------------------------------------
+
+
+def test_a_rate_spaces_releases_across_two_beats(store: Store, r: redis.Redis, wake: Wake) -> None:
+    """2/s: one release every 500 ms (GCRA, no burst), whichever beat gates. A deferred job is
+    due at the time the rate allows (its score, the reply's until_ms, the wake marker), keeps
+    its tries and is released when claimed then."""
+    ids = ids_of("r", 3)
+    first = put(store, r, ids)
+    gate = Gate("r", None, parse_rate("2/s"))
+    before = server_ms(r)
+    a = claim_and_gate(store, "beat-a", {ids[0]: gate}, batch=1)
+    assert decisions(a) == {ids[0]: RELEASED}
+    wake.drain()
+    b = claim_and_gate(store, "beat-b", {j: gate for j in ids[1:]})
+    assert decisions(b) == {ids[1]: DEFERRED, ids[2]: DEFERRED}
+    until = b[ids[1]].until_ms
+    assert until is not None and before + 500 <= until <= server_ms(r) + 500
+    assert b[ids[2]].until_ms == until  # both wait for the same next arrival
+    for i in (1, 2):
+        assert score(store, r, ids[i]) == until
+        assert lease(store, r, ids[i]) == f"{first + i}|0|gate"
+    keys = store.keys.for_key("r")
+    assert int(r.get(keys.wake)) <= until
+    assert wake.drain() == [f"{keys.index}:{until}"]
+    wait_for(lambda: server_ms(r) >= until, timeout=5)
+    c = claim_and_gate(store, "beat-a", {j: gate for j in ids[1:]})
+    assert decisions(c) == {ids[1]: RELEASED, ids[2]: DEFERRED}  # the next one 500 ms later
+    later = c[ids[2]].until_ms
+    assert later is not None and until + 500 <= later <= server_ms(r) + 501
+    record = store.get(ids[1])
+    assert record is not None and record.tries == 1
+
+
+# -- release -----------------------------------------------------------------------------------
+
+
+def test_release_is_idempotent(store: Store, r: redis.Redis) -> None:
+    ids = start(store, r, "k", 2, 1)
+    assert store.release(ids[0], "k", "succeeded") == ReleaseResult(True, 1, False)
+    assert store.get(ids[0]) is None
+    state = snapshot(_url(store))
+    assert store.release(ids[0], "k", "succeeded") == ReleaseResult(False, 0, False)
+    assert store.release(ids[0], "k", "failed") == ReleaseResult(False, 0, False)
+    assert snapshot(_url(store)) == state
+
+
+def test_a_release_before_hold_removes_the_job_and_hold_then_refuses(store: Store, r: redis.Redis) -> None:
+    """A fast worker: the task ends before the beat holds it. The job still has the beat's
+    lease: release removes it, and the hold finds no slot."""
+    ids = ids_of("k", 1)
+    put(store, r, ids)
+    claim_and_gate(store, "beat-a", {ids[0]: Gate("k", 1)})
+    assert store.release(ids[0], "k", "succeeded") == ReleaseResult(True, 0, False)
+    assert store.get(ids[0]) is None
+    assert hold(store, "beat-a", [(ids[0], "k")]) == {ids[0]: False}
+    assert store.get(ids[0]) is None and run_ids(store, r, "k") == []
+
+
+def test_a_release_keeps_a_job_stored_again(store: Store, r: redis.Redis) -> None:
+    """A retry with a countdown stores the running job again (no lease entry): the worker's
+    release ("retry") gives its slot back and keeps the new job."""
+    [job] = start(store, r, "k", 1, 1)
+    later = server_ms(r) + 60_000
+    assert store.enqueue([(job, later, "retry")]) == [(EnqueueOutcome.AFTER_HELD, later)]
+    assert store.release(job, "k", "retry") == ReleaseResult(True, 0, False)
+    record = store.get(job)
+    assert record is not None
+    assert (record.state, record.due_ms, record.envelope) == ("waiting", later, "retry")
+    assert run_ids(store, r, "k") == []
+
+
+def test_slot_renew_extends_slots_and_running_scores(store: Store, r: redis.Redis) -> None:
+    [running] = start(store, r, "k", 1, 2)
+    [released] = ids_of("k", 1, "fresh")
+    put(store, r, [released])
+    claim_and_gate(store, "beat-a", {released: Gate("k", 2)})  # released, not held yet
+    beat_lease = score(store, r, released)
+    before = server_ms(r)
+    result = store.renew_slots([(running, "k"), (released, "k"), ("{k}gone", "k")], 90_000)
+    assert result == {running: True, released: True, "{k}gone": False}
+    slots = dict(r.zrange(store.keys.for_key("k").running("k"), 0, -1, withscores=True))
+    for job_id in (running, released):
+        assert before + 90_000 <= slots[job_id] <= server_ms(r) + 90_000
+    assert score(store, r, running) == slots[running]
+    assert score(store, r, released) == beat_lease  # still the beat's lease
+
+
+def test_an_expired_slot_of_a_cancelled_job_is_purged_by_the_next_gate(store: Store, r: redis.Redis) -> None:
+    [job] = start(store, r, "k", 1, 1)
+    store.renew_slots([(job, "k")], SHORT_SLOT_MS)
+    assert store.cancel(job) == CancelOutcome.DELIVERING
+    [fresh] = ids_of("k", 1, "fresh")
+    put(store, r, [fresh])
+    assert decisions(claim_and_gate(store, "beat-a", {fresh: Gate("k", 1)})) == {fresh: PARKED}
+    assert run_ids(store, r, "k") == [job]  # its slot has not expired yet
+    wait_for(lambda: server_ms(r) > r.zscore(store.keys.for_key("k").running("k"), job) + 5, timeout=5)
+    [other] = ids_of("k", 1, "other")
+    put(store, r, [other])
+    assert decisions(claim_and_gate(store, "beat-b", {other: Gate("k", 1)})) == {other: RELEASED}
+    assert run_ids(store, r, "k") == [other]
+    assert wait_ids(store, r, "k") == [fresh]
+
+
+def test_an_expired_slot_whose_job_is_stored_is_kept(store: Store, r: redis.Redis) -> None:
+    """A dead worker's job is stored (its score passed too): its slot stays for its
+    redelivery, and a new job is parked."""
+    [job] = start(store, r, "k", 1, 1)
+    store.renew_slots([(job, "k")], SHORT_SLOT_MS)
+    wait_for(lambda: server_ms(r) > (score(store, r, job) or 0) + 5, timeout=5)
+    [fresh] = ids_of("k", 1, "fresh")
+    put(store, r, [fresh])
+    results = claim_and_gate(store, "beat-a", {fresh: Gate("k", 1), job: Gate("k", 1)})
+    assert decisions(results) == {job: RELEASED, fresh: PARKED}
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+def open_batch(store: Store, bid: str, total: int, done_envelope: str | None = "on-complete") -> None:
+    completion = None if done_envelope is None else (completion_id(bid), done_envelope)
+    assert store.open_batch(bid, total, completion, {"limit": 2}) is True
+
+
+def test_a_batch_is_opened_once(store: Store, r: redis.Redis) -> None:
+    before = server_ms(r)
+    open_batch(store, "b1", 3)
+    state = snapshot(_url(store))
+    assert store.open_batch("b1", 5, None, {}) is False
+    assert snapshot(_url(store)) == state
+    found = store.batch_state("b1")
+    assert found is not None and before <= found.created_ms <= server_ms(r)
+    assert found == BatchState("b1", 3, 0, 0, 0, 0, 3, False, found.created_ms)
+    assert found.progress() == {
+        "total": 3, "waiting": 3, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+    }
+    completion = store.get(completion_id("b1"))
+    assert completion is not None
+    assert (completion.state, completion.envelope, completion.due_ms) == (
+        "gated", "on-complete", found.created_ms,
+    )
+    keys = store.keys.for_key(batch_key("b1"))
+    assert json.loads(r.hget(keys.batch("b1"), "meta")) == {"limit": 2}
+    assert r.smembers(keys.batches) == {"b1"}
+    assert store.batch_states() == [found]
+    assert store.batch_state("nope") is None
+
+
+def batch_members(
+    store: Store, r: redis.Redis, bid: str, n: int, limit: int | None = None
+) -> tuple[list[str], dict[str, Gate]]:
+    ids = [member_id(bid, i) for i in range(n)]
+    put(store, r, ids)
+    return ids, {j: Gate(batch_key(bid), limit, batch=bid) for j in ids}
+
+
+def test_a_batch_completes_exactly_once(store: Store, r: redis.Redis, wake: Wake) -> None:
+    """Three members, limit 2: two succeed or fail, the third runs after them; its release
+    completes the batch: the completion job is due (now - 256, the wake marker), one message
+    on the batch channel; releases after that change no count and publish nothing."""
+    batch_wake = Wake(r, store.keys.batch_channel)
+    open_batch(store, "b1", 3)
+    ids, gates = batch_members(store, r, "b1", 3, 2)
+    key = batch_key("b1")
+    results = claim_and_gate(store, "beat-a", gates)
+    assert decisions(results) == {ids[0]: RELEASED, ids[1]: RELEASED, ids[2]: PARKED}
+    hold(store, "beat-a", [(ids[0], key), (ids[1], key)])
+    assert store.batch_state("b1").progress() == {  # type: ignore[union-attr]
+        "total": 3, "waiting": 1, "running": 2, "succeeded": 0, "failed": 0, "cancelled": 0,
+    }
+    assert store.release(ids[0], key, "succeeded", "b1") == ReleaseResult(True, 1, False)
+    assert store.release(ids[1], key, "failed", "b1") == ReleaseResult(True, 0, False)
+    assert decisions(claim_and_gate(store, "beat-a", gates)) == {ids[2]: RELEASED}
+    hold(store, "beat-a", [(ids[2], key)])
+    assert store.release(ids[2], key, "retry", "b1") == ReleaseResult(True, 0, False)  # not counted
+    # The retry stored it again (as a worker's retry does); it runs and succeeds.
+    put(store, r, [ids[2]])
+    assert decisions(claim_and_gate(store, "beat-a", {ids[2]: gates[ids[2]]})) == {ids[2]: RELEASED}
+    hold(store, "beat-a", [(ids[2], key)])
+    wake.drain()
+    before = server_ms(r)
+    assert store.release(ids[2], key, "succeeded", "b1") == ReleaseResult(True, 0, True)
+    state = store.batch_state("b1")
+    assert state is not None and state.done and state.progress() == {
+        "total": 3, "waiting": 0, "running": 0, "succeeded": 2, "failed": 1, "cancelled": 0,
+    }
+    done = score(store, r, completion_id("b1"))
+    assert done is not None and before - 256 <= done <= server_ms(r) - 256
+    keys = store.keys.for_key(key)
+    assert wake.drain() == [f"{keys.index}:{int(done)}"]
+    counts = {"total": 3, "succeeded": 2, "failed": 1, "cancelled": 0}
+    assert batch_wake.drain() == [batch_message("b1", counts)]
+    assert parse_batch_message(batch_message("b1", counts)) == ("b1", counts)
+    # Nothing completes it twice: a late duplicate release, a cancel.
+    assert store.release(ids[2], key, "succeeded", "b1") == ReleaseResult(False, 0, False)
+    assert store.cancel_batch("b1") == 0
+    assert batch_wake.drain() == []
+    assert store.batch_state("b1") == state
+    [claimed] = store.claim([keys.index], "beat-a")
+    assert [(j.id, j.envelope, j.tries) for j in claimed.jobs] == [(completion_id("b1"), "on-complete", 1)]
+    batch_wake.close()
+
+
+def test_a_batch_completes_by_its_cancel(store: Store, r: redis.Redis) -> None:
+    """Four members, limit 1: one runs, one is parked, two wait unclaimed. Cancelling removes
+    the three not released and counts them; the running one's release then completes it."""
+    batch_wake = Wake(r, store.keys.batch_channel)
+    open_batch(store, "b2", 4, None)
+    ids, gates = batch_members(store, r, "b2", 4, 1)
+    key = batch_key("b2")
+    results = claim_and_gate(store, "beat-a", {j: gates[j] for j in ids[:2]}, batch=2)
+    assert decisions(results) == {ids[0]: RELEASED, ids[1]: PARKED}
+    hold(store, "beat-a", [(ids[0], key)])
+    assert store.cancel_batch("b2") == 3
+    assert [store.get(j) is None for j in ids] == [False, True, True, True]
+    assert wait_ids(store, r, key) == []
+    assert batch_wake.drain() == []
+    assert store.cancel_batch("b2") == 0
+    assert store.release(ids[0], key, "succeeded", "b2") == ReleaseResult(True, 0, True)
+    counts = {"total": 4, "succeeded": 1, "failed": 0, "cancelled": 3}
+    assert batch_wake.drain() == [batch_message("b2", counts)]
+    batch_wake.close()
+
+
+def test_a_cancel_of_the_last_members_completes_the_batch(store: Store, r: redis.Redis) -> None:
+    batch_wake = Wake(r, store.keys.batch_channel)
+    open_batch(store, "b3", 2)
+    ids, gates = batch_members(store, r, "b3", 2, None)
+    key = batch_key("b3")
+    claim_and_gate(store, "beat-a", {ids[0]: gates[ids[0]]}, batch=1)
+    hold(store, "beat-a", [(ids[0], key)])
+    assert store.release(ids[0], key, "failed", "b3") == ReleaseResult(True, 0, False)
+    assert store.cancel_batch("b3", [ids[1], completion_id("b3")]) == 1
+    counts = {"total": 2, "succeeded": 0, "failed": 1, "cancelled": 1}
+    assert batch_wake.drain() == [batch_message("b3", counts)]
+    assert (score(store, r, completion_id("b3")) or PARK_MS) < server_ms(r)
+    state = store.batch_state("b3")
+    assert state is not None and state.done and state.waiting == 0
+    batch_wake.close()
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
+    """``(script, ARGV)`` given bad input; every call would write when its input read."""
+    job = ["{k}j0", "k", 1, "", "", 0]
+    return [
+        ("gate", ["beat|1", 60_000, channel, 0, *job]),
+        ("gate", ["beat-1", 0, channel, 0, *job]),
+        ("gate", ["beat-1", 60_000, channel, "x", *job]),
+        ("gate", ["beat-1", 60_000, channel, 0, *job, "{k}j1", "k", 1, "", ""]),
+        ("gate", ["beat-1", 60_000, channel, 0, *job, "{k}j1", "k{", 1, "", "", 0]),
+        ("gate", ["beat-1", 60_000, channel, 0, *job, "{k}j1", "k", 0, "", "", 0]),
+        ("gate", ["beat-1", 60_000, channel, 0, *job, "{k}j1", "k", 1.5, "", "", 0]),
+        ("gate", ["beat-1", 60_000, channel, 0, *job, "{k}j1", "k", 1, 10, "", 0]),
+        ("gate", ["beat-1", 60_000, channel, 0, *job, "{k}j1", "k", 1, 10, 1000, 256]),
+        ("gate", ["beat-1", 60_000, channel, 0, *job, "", "k", 1, "", "", 0]),
+        ("hold", ["beat-1", "soon", "{k}j0", "k"]),
+        ("hold", ["beat-1", 60_000, "{k}j0"]),
+        ("slot_renew", [0, "{k}j0", "k"]),
+        ("release", ["{k}j0", "k", "done", "", "b", channel, 0]),
+        ("release", ["{k}j0", "", "succeeded", "", "b", channel, 0]),
+        ("release", ["{k}j0", "k", "succeeded", "", "b", channel, "-1"]),
+        ("gate_admin", ["limit", "k", 0, channel, 0]),
+        ("gate_admin", ["limit", "k", "many", channel, 0]),
+        ("gate_admin", ["stop", "k", "", channel, 0]),
+        ("gate_admin", ["pause", "k|x", "", channel, 0]),
+        ("batch_open", ["b{1}", 3, "", "", 1, "{}"]),
+        ("batch_open", ["b1", -1, "", "", 1, "{}"]),
+        ("batch_open", ["b1", 3, "{batch:b1}:complete", "", 1, "{}"]),
+        ("batch_open", ["b1", 3, "", "", "now", "{}"]),
+        ("batch_cancel", ["", "batch:b1", "c", channel, 0, "{batch:b1}:0"]),
+        ("batch_cancel", ["b1", "batch:b1", "c", channel, "zero", "{batch:b1}:0"]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_calls(""))))
+def test_a_gate_script_refuses_bad_input_before_writing_anything(
+    case: int, store: Store, r: redis.Redis
+) -> None:
+    name, args = _bad_calls(store.keys.wake_channel)[case]
+    # Something for each call to act on: a running job of k (its slot), a parked one, a batch.
+    start(store, r, "k", 2, 1)
+    open_batch(store, "b1", 1)
+    keys = store.keys.for_key("k")
+    state = snapshot(_url(store))
+    with pytest.raises(redis.ResponseError, match=f"^delayq {name}: "):
+        SCRIPTS[name](r, keys.core, args)
+    assert snapshot(_url(store)) == state
+
+
+def test_store_release_refuses_an_unknown_outcome(store: Store) -> None:
+    with pytest.raises(ValueError, match="outcome='done'"):
+        store.release("{k}j0", "k", "done")
+
+
+# -- a full Redis --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_server(server_binary: tuple[str, str]) -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(binary=server_binary[1], extra_args=["--maxmemory-policy", "noeviction"]) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("form", ["flags", "legacy"])
+def test_a_full_redis_refuses_the_gate_but_releases_and_renews(
+    full_server: EmbeddedRedis, server_binary: tuple[str, str], form: str
+) -> None:
+    """Over maxmemory: gate.lua (and gate_admin, batch_open) are refused before writing (the
+    jobs are answered NOT_HELD and keep the beat's lease); hold, slot_renew, release and
+    batch_cancel run."""
+    if form == "flags" and server_binary[0] == "redis-6.2":
+        pytest.skip("Redis 6.2 has no script flags")
+    store = make_store(full_server.url + "/0", reclaim_ttl=30.0, shards=4)
+    if form == "legacy":
+        _NO_FLAGS.add(store.client)
+    r = redis.Redis.from_url(full_server.url, decode_responses=True)
+    try:
+        running = start(store, r, "k", 2, 1)  # one running, one parked
+        fresh = ids_of("k", 2, "fresh")
+        put(store, r, fresh)
+        shard = store.keys.shard_of(fresh[0])
+        [claimed] = store.claim([shard], "beat-a")
+        assert {j.id for j in claimed.jobs} >= set(fresh)
+        open_batch(store, "b1", 2)
+        put(store, r, [member_id("b1", i) for i in range(2)])  # waiting: a cancel removes them
+        limit = int(r.info("memory")["used_memory"]) - 20_000
+        r.config_set("maxmemory", limit)
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            r.set("probe", "x")
+        state = snapshot(full_server.url + "/0")
+        result = store.gate("beat-a", {shard: [(j, Gate("k", 1)) for j in fresh]}, SLOT_MS)
+        assert decisions(result) == dict.fromkeys(fresh, NOT_HELD)
+        for call in (lambda: store.set_limit("k", 5), lambda: store.open_batch("b2", 1, None, {})):
+            with pytest.raises(redis.ResponseError) as refused:
+                call()
+            assert is_oom(refused.value)
+        assert snapshot(full_server.url + "/0") == state
+        assert all((lease(store, r, j) or "").endswith("|1|beat-a") for j in fresh)  # still the beat's
+        assert store.renew_slots([(running[0], "k")], SLOT_MS) == {running[0]: True}
+        assert store.release(running[0], "k", "succeeded") == ReleaseResult(True, 1, False)
+        assert store.cancel_batch("b1") == 2
+        assert store.batch_state("b1").done  # type: ignore[union-attr]
+    finally:
+        r.config_set("maxmemory", 0)
+        r.close()
+        store.close()
+
+
+def test_batch_message_reads_only_its_form() -> None:
+    counts = {"total": 2, "succeeded": 1, "failed": 0, "cancelled": 1}
+    assert parse_batch_message(batch_message("b|x", counts)) == ("b|x", counts)
+    assert parse_batch_message("nope") is None
+    assert parse_batch_message("b|{bad") is None
+    assert parse_batch_message('b|{"total":1}') is None
