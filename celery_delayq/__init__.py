@@ -7,6 +7,7 @@ when due and publish them into their tasks' normal queues.
 
 from __future__ import annotations
 
+from . import slots as _slots  # noqa: F401  (its task receivers: the slots of gated tasks)
 from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
 from .batch import BatchResult
 from .canvas import apply_at, apply_in

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from celery.canvas import Signature, _chain, _chord, group
 
-from .build import app_state, build_envelopes
+from .build import app_state, build_envelopes, frozen_options
 from .config import DelayQConfig
 from .due import due_ms_from_eta
 from .envelope import decode_envelope
-from .exceptions import BatchExists, DelayQError, InvalidBatch, UnknownTask
+from .exceptions import BatchExists, DelayQError, InvalidBatch, InvalidOptions, UnknownTask
 from .gate import (
     BATCH_DONE_HEADER,
     BATCH_PREFIX,
@@ -49,9 +49,6 @@ if TYPE_CHECKING:
     from .store import BatchState
 
 __all__ = ["BatchResult", "check_batch_id", "store_batch"]
-
-#: Option values compared by value when members are grouped (anything else: by identity).
-_KEYABLE = (str, int, bool, type(None))
 
 
 class BatchResult:
@@ -147,21 +144,6 @@ def check_batch_id(batch_id: Any) -> str:
     )
 
 
-def _frozen(value: Any) -> Any:
-    """A hashable stand-in for an option value: equal for equal plain values (types kept
-    apart), else the object's identity."""
-    kind = type(value)
-    if kind in _KEYABLE:
-        return (kind, value)
-    if kind is float:
-        return (kind, repr(value))
-    if kind is dict:
-        return (kind, tuple((k, _frozen(v)) for k, v in value.items()))
-    if kind is list or kind is tuple:
-        return (kind, tuple(_frozen(v) for v in value))
-    return ("id", id(value))
-
-
 def _task_signature(sig: Any, what: str) -> Any:
     """The task of ``sig`` when it is one task's signature; else :class:`InvalidBatch`."""
     if not isinstance(sig, Signature) or isinstance(sig, _chain | group | _chord):
@@ -252,18 +234,20 @@ def store_batch(
     # are read as items, the common case of a plain signature without options at once.)
     groups: dict[Any, tuple[Any, dict[str, Any], list[int]]] = {}
     tasks: dict[Any, Any] = {}
+    no_options = frozen_options({})
     for index, sig in enumerate(members):
         if type(sig) is Signature and not sig["options"]:
             made_with = sig._type or sig["task"]  # (what Signature.type reads)
             task = tasks.get(made_with)
             if task is None:
                 task = tasks[made_with] = _task_signature(sig, f"batch member {index}")
-            group_key: Any = (id(task), ())
+            group_key: Any = (id(task), no_options)
             options = sig["options"]
         else:
             task = _task_signature(sig, f"batch member {index}")
             options = sig.options
-            group_key = (id(task), _frozen(options))
+            frozen = frozen_options(options)  # (an option that is an object: by identity)
+            group_key = (id(task), ("id", id(options)) if frozen is None else frozen)
         entry = groups.get(group_key)
         if entry is None:
             groups[group_key] = (task, options, [index])
@@ -277,7 +261,10 @@ def store_batch(
         if prio is not None and options.get("priority") is None:
             options["priority"] = prio
         own = options.get("priority")
-        gate = Gate(batch_key(bid), limit, None, 0 if own is None else check_priority(own), bid)
+        try:
+            gate = Gate(batch_key(bid), limit, None, 0 if own is None else check_priority(own), bid)
+        except InvalidOptions as exc:
+            raise _member_error(exc, f"batch member {indices[0]} ({task.name!r})") from exc
         headers = options.get("headers")
         if headers is None or isinstance(headers, Mapping):
             options["headers"] = {**(headers or {}), GATE_HEADER: gate.header()}

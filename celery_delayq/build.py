@@ -20,6 +20,7 @@ the same route and message steps, with the job's own arguments.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -59,7 +60,7 @@ from .options import (
     resolve_route,
 )
 
-__all__ = ["app_state", "build_envelope", "build_envelopes", "new_task_ids"]
+__all__ = ["app_state", "build_envelope", "build_envelopes", "frozen_options", "new_task_ids"]
 
 
 # -- task ids ---------------------------------------------------------------------------------
@@ -205,6 +206,7 @@ _ROUTES_KEPT = 256
 _PLANS_KEPT = 64
 _KEYABLE = frozenset((str, int, bool, type(None)))
 _MISSING: Any = object()
+_CONTAINERS = (dict, list, tuple)
 
 
 @dataclass(eq=False)
@@ -281,18 +283,55 @@ def _stock_json_encoder(codec: Any) -> Any:
     return cls()
 
 
-def _options_key(options: dict[str, Any]) -> tuple[Any, ...] | None:
-    """A dict key for ``options`` (types kept apart: 1, 1.0 and True differ in JSON), or None."""
+def _frozen(value: Any, depth: int = 0) -> Any:
+    """A hashable stand-in for an option value, equal only for values that are the same JSON
+    (types kept apart: 1, 1.0 and True differ), or ``_MISSING`` when it has none. A dict
+    with string keys, a list or a tuple (a message's ``headers``: a gated job's carry its
+    gate) stands for its items, to a depth of 4."""
+    kind = type(value)
+    if kind in _KEYABLE:
+        return (kind, value)
+    if kind is float:
+        return (kind, repr(value))  # -0.0 == 0.0 and nan != nan, but not as text
+    if (kind is dict or kind is list or kind is tuple) and depth < 4:
+        items = value.items() if kind is dict else enumerate(value)
+        out = []
+        for key, item in items:
+            frozen = _frozen(item, depth + 1)
+            if frozen is _MISSING or (kind is dict and type(key) is not str):
+                return _MISSING
+            out.append((key, frozen))
+        return (kind, tuple(out))
+    return _MISSING
+
+
+def frozen_options(options: Mapping[str, Any]) -> Any:
+    """A hashable key, equal for two option mappings only when they are the same JSON (see
+    :func:`_frozen`); None when an option has none (an object).
+
+    >>> given = {"queue": "q", "headers": {"x": [1]}}
+    >>> frozen_options(given) == frozen_options({"queue": "q", "headers": {"x": [1]}})
+    True
+    >>> frozen_options({"priority": 1}) == frozen_options({"priority": True}), frozen_options({"x": object()})
+    (False, None)
+    """
+    frozen = _frozen(dict(options))
+    return None if frozen is _MISSING else frozen
+
+
+def _options_key(options: dict[str, Any]) -> tuple[tuple[Any, ...], bool] | None:
+    """A dict key for ``options`` (see :func:`_frozen`), and whether a value is a container
+    (then the route is made from a copy: the kept route must not change with the caller's
+    dict); None when an option has no key."""
     items = []
+    containers = False
     for key, value in options.items():
-        kind = type(value)
-        if kind is float:
-            items.append((key, kind, repr(value)))  # -0.0 == 0.0 and nan != nan, but not as text
-        elif kind in _KEYABLE:
-            items.append((key, kind, value))
-        else:
+        frozen = _frozen(value)
+        if frozen is _MISSING:
             return None
-    return tuple(items)
+        containers = containers or frozen[0] in _CONTAINERS
+        items.append((key, frozen))
+    return tuple(items), containers
 
 
 
@@ -364,12 +403,14 @@ def _plan_for(
     """The plan for ``task`` with (cleaned) ``options`` in this call's context, or None."""
     if state is None:
         state = app_state(app)
-    key = _options_key(options)
-    route_key = None if key is None else ((task if isinstance(task, str) else id(task)), key)
+    keyed = _options_key(options)
+    route_key = None if keyed is None else ((task if isinstance(task, str) else id(task)), keyed[0])
     route = _MISSING if route_key is None else state.routes.get(route_key, _MISSING)
     if route is not _MISSING and route is not None and not isinstance(task, str) and route.task is not task:
         route = _MISSING
     if route is _MISSING:
+        if keyed is not None and keyed[1]:
+            options = copy.deepcopy(options)
         route = resolve_route(app, task, options, args, kwargs, shared=True)
         if route_key is not None:
             if len(state.routes) >= _ROUTES_KEPT:

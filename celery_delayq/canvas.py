@@ -42,6 +42,7 @@ from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
 from .due import due_ms_from_delay, due_ms_from_eta
 from .exceptions import InvalidOptions, UnknownTask
+from .gate import GATE_OPTIONS
 from .options import TRANSPORT_OPTIONS, clean_options
 from .result import ScheduledResult
 from .store import Store
@@ -76,6 +77,18 @@ def apply_in(sig: Any, delay: Any, **options: Any) -> Any:
     return _schedule(sig, due_ms_from_delay(delay, now_ms=base), options, base)
 
 
+def refuse_gate_options(options: dict[str, Any]) -> None:
+    """Refuse the gate options here (they would reach the message as unknown properties and
+    gate nothing): a canvas's members get ids of Celery's making, not their key's."""
+    for name in GATE_OPTIONS:
+        if options.get(name) is not None:
+            raise InvalidOptions(
+                f"{name}: celery_delayq.apply_at/apply_in of a signature or canvas take no gate "
+                f"options; use task.apply_at(eta, args, kwargs, {name}=...) for one job, or "
+                "DelayQ(app).batch([...], eta, concurrency_limit=n) for many"
+            )
+
+
 def _check_signature(sig: Any) -> None:
     if not isinstance(sig, Signature):
         raise TypeError(
@@ -98,6 +111,7 @@ class _Jobs:
         self.chord = False  # a job is a chord's header member
 
     def add(self, task: Any, args: Any, kwargs: Any, task_id: Any, options: dict[str, Any]) -> Any:
+        refuse_gate_options(options)
         for name in TRANSPORT_OPTIONS:  # Celery's canvas passes its producer to each member
             options.pop(name, None)
         options.pop("replace", None)

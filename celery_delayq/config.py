@@ -83,6 +83,11 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "Log (once per process) a job given a due time more than this many seconds before the "
         "Redis server's now, a sign of a wrong producer clock; None: never.",
     ),
+    "delayq_slot_ttl": (
+        60.0,
+        "Seconds a released gated job's slot lasts unless its worker renews it (every third of "
+        "it); a job whose worker died runs again after this. Beats and workers must agree.",
+    ),
 }
 
 
@@ -211,6 +216,7 @@ class DelayQConfig:
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
     past_warning: float | None = 3600.0
+    slot_ttl: float = 60.0
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -275,6 +281,7 @@ class DelayQConfig:
             metrics_port=_port(n["delayq_metrics_port"], get["delayq_metrics_port"]),
             metrics_addr=_address(n["delayq_metrics_addr"], get["delayq_metrics_addr"]),
             past_warning=_optional_seconds(n["delayq_past_warning"], get["delayq_past_warning"]),
+            slot_ttl=_number(n["delayq_slot_ttl"], get["delayq_slot_ttl"], float, 0.5),
         )
 
     @classmethod

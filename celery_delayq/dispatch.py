@@ -8,6 +8,11 @@ between claim and ack loses nothing: its leases expire after
 ``delayq_reclaim_ttl`` and another beat delivers the batch again (so a crash
 can duplicate at most the batch it held).
 
+Flow control: before publishing, the gated jobs of a pass go to the gate, all at once
+(:meth:`.publish.Publishing.gate_pass`). A released one is published through kombu, then
+*held* for its worker (``Store.hold``) instead of acked: its key's slot stays taken until the
+worker's :mod:`.slots` gives it back. Parked and deferred ones stay stored, out of the pass.
+
 Between passes the dispatcher sleeps until the earliest due time it knows of,
 on a pub/sub subscription: the enqueue script publishes on the wake channel
 when it stores a job earlier than the shard's wake marker, which wakes every
@@ -46,7 +51,7 @@ from .firing import FireCall, ScheduleFiring
 from .heartbeat import BEAT_FORGET_MS, HEARTBEAT_EVERY, PRUNE_EVERY, Heartbeat
 from .lateness import LATENESS_FLUSH_EVERY, Histogram, PublishLateness
 from .lua_formats import parse_wake
-from .publish import PUBLISH_ATTEMPTS, AtomicPublisher, Outcome, Publishing
+from .publish import PUBLISH_ATTEMPTS, AtomicPublisher, Outcome, Publisher, Publishing
 from .schedules import Schedules, StallSweep
 from .stats import CLAIM_SIZE_BOUNDS, DispatchStats
 from .store import REDIS_ERRORS, ClaimedJob, Store, error_text, get_store, redis_error_kind
@@ -115,6 +120,7 @@ class Dispatcher:
         self.beat = Heartbeat(self.store, self.token, self.stats, self.server_now_ms, clock, wall)
         self._stalls: StallSweep | None = None  # built at its first step
         self._stall_sweep_at = 0.0  # clock time: the first chores run one
+        self._holds: dict[int, list[tuple[str, str]]] = {}  # the last pass's, for _settle
 
     # -- what the beat shows --------------------------------------------------------------------
 
@@ -280,20 +286,39 @@ class Dispatcher:
             )
 
     def _settle(self, to_ack: dict[int, list[str]], fires: list[FireCall]) -> None:
-        """Ack the published jobs and fire the published schedule points (after the publish)."""
+        """Hold the published released gated jobs for their workers, ack the other published
+        jobs and fire the published schedule points (after the publish)."""
         self.firing.settle(fires)
+        holds, self._holds = self._holds, {}
+        if holds:
+            self._hold(holds)
         if to_ack:
-            acked = self.store.ack(self.token, to_ack)
-            removed = sum(acked.values())
+            removed, stale = _count_stale(self.store.ack(self.token, to_ack), "", "acked")
             self.stats.acked += removed
-            stale = len(acked) - removed
-            if stale:
-                self.stats.stale_acks += stale
-                logger.warning(
-                    "delayq: %d published job(s) were no longer leased to this beat when acked "
-                    "(lease expired and re-claimed, or cancelled/replaced meanwhile)",
-                    stale,
-                )
+            self.stats.stale_acks += stale
+
+    def _hold(self, holds: dict[int, list[tuple[str, str]]]) -> None:
+        """Hand the released gated jobs published in this pass to their workers: their lease
+        becomes the "run" one, renewed by the worker until the task ends (lua/hold.lua). A job
+        this beat no longer held (its lease expired, another beat claimed it: that beat's gate
+        found it running and released it again on its one slot) is counted as a stale hold; a
+        Redis error leaves the jobs leased to this beat, and they are delivered again after
+        their lease on the same slot."""
+        try:
+            held = self.store.hold(self.token, holds, int(self.config.slot_ttl * 1000))
+        except REDIS_ERRORS as exc:
+            self.stats.redis_errors[redis_error_kind(exc)] += 1
+            logger.error(
+                "delayq: %d published gated job(s) could not be handed to their workers (%s); "
+                "they are delivered again after their lease (%.0f s), on the same slot",
+                sum(len(v) for v in holds.values()),
+                error_text(exc),
+                self.config.reclaim_ttl,
+            )
+            return
+        done, stale = _count_stale(held, "gated ", "held")
+        self.stats.held += done
+        self.stats.stale_holds += stale
 
     def publish_claimed(
         self, claimed: list[tuple[int, ClaimedJob]]
@@ -301,19 +326,29 @@ class Dispatcher:
         """Publish each claimed job of this pass (``(shard, job)``); return the ids to ack, by
         shard, and the fire calls that ack the published schedule points and advance their
         schedules. The step between claim and ack: a test may wrap it to stall a beat there.
+        Released gated jobs are kept for :meth:`_settle` to hold (not in the ids to ack).
 
         On a Redis broker, kombu's publish batch builds and routes every message as
         usual and sends the final commands in one pipeline when the batch closes;
         nothing is acked unless that flush succeeded.
         """
         to_ack: dict[int, list[str]] = defaultdict(list)
+        # released gated jobs: held for their worker (Store.hold) instead of acked
+        to_hold: dict[int, list[tuple[str, str]]] = defaultdict(list)
         fires: list[FireCall] = []
         points: list[tuple[int, ClaimedJob, Envelope]] = []
         sent: list[int] = []
+        released: list[int] = []  # original due times of the released gated jobs sent
         registered = self.app.tasks
         fence, publishing = self.fence, self.publishing
         outage = False
         atomic: AtomicPublisher | None = None
+        kombu: Publisher | None = None
+        gated = publishing.gate_pass(claimed)
+        if gated.skip:
+            # The fence renews only what this pass may publish: a parked or deferred job's
+            # lease is the gate's now, not lost.
+            fence.start({shard: [i for i in ids if i not in gated.skip] for shard, ids in fence.jobs.items()})
         with self.app.producer_or_acquire() as producer:
             publisher = publishing.begin(producer)
             if isinstance(publisher, AtomicPublisher):
@@ -323,14 +358,20 @@ class Dispatcher:
             try:
                 with batch(max_size=PUBLISH_BATCH_MAX) if batch else contextlib.nullcontext() as opened:
                     for shard, job in claimed:
-                        if atomic is not None and atomic.publish_raw(shard, job):
+                        if job.id in gated.skip:
                             continue
-                        try:
-                            envelope = decode_envelope(job.envelope, self.config.max_payload)
-                        except ValueError as exc:
-                            self.stats.corrupt["envelope"] += 1
-                            publishing.bury(job, f"corrupt envelope: {exc}", None)
+                        decoded = gated.envelopes.get(job.id)
+                        if decoded is not None:
+                            envelope = decoded
+                        elif atomic is not None and atomic.publish_raw(shard, job):
                             continue
+                        else:
+                            try:
+                                envelope = decode_envelope(job.envelope, self.config.max_payload)
+                            except ValueError as exc:
+                                self.stats.corrupt["envelope"] += 1
+                                publishing.bury(job, f"corrupt envelope: {exc}", None)
+                                continue
                         if envelope.schedule is not None:
                             points.append((shard, job, envelope))
                             continue
@@ -343,13 +384,23 @@ class Dispatcher:
                                 envelope,
                             )
                             continue
-                        outcome = publisher.publish(shard, job, envelope)
+                        key = gated.released.get(job.id)
+                        if key is None:
+                            outcome = publisher.publish(shard, job, envelope)
+                        else:  # through kombu: deliver.lua would remove it
+                            kombu = kombu or publishing.kombu()
+                            outcome = kombu.publish(shard, job, envelope)
                         if outcome is Outcome.OUTAGE:
                             outage = True
                             break
-                        if outcome is Outcome.SENT:
+                        if outcome is not Outcome.SENT:
+                            continue
+                        if key is None:
                             to_ack[shard].append(job.id)
                             sent.append(job.due_ms)
+                        else:
+                            to_hold[shard].append((job.id, key))
+                            released.append(job.due_ms)
                     if points and not outage:
                         fires = self.firing.publish(publishing, publishing.kombu(), points, sent)
                     if fence.buffered and opened is not None:
@@ -366,7 +417,7 @@ class Dispatcher:
                     len(fence.buffered),
                     self.config.reclaim_ttl,
                 )
-                to_ack, fires, sent = defaultdict(list), [], []
+                to_ack, fires, sent, to_hold, released = defaultdict(list), [], [], defaultdict(list), []
             except BatchPublishError as exc:
                 self.stats.publish_errors += 1
                 outage = True
@@ -374,18 +425,21 @@ class Dispatcher:
                     "delayq: sending %d message(s) to the broker failed (%r; cause: %r); any that "
                     "reached it may run twice: they stay stored and are delivered again after their "
                     "lease (%.0f s)",
-                    len(sent),
+                    len(sent) + len(released),
                     exc,
                     exc.__cause__ or exc.__context__,
                     self.config.reclaim_ttl,
                 )
-                to_ack, fires, sent = defaultdict(list), [], []
+                to_ack, fires, sent, to_hold, released = defaultdict(list), [], [], defaultdict(list), []
             if atomic is not None:
                 sent.extend(atomic.deliver())
         self._fence_report(atomic.wired_ids() if atomic is not None else set())
-        self._broker_state(outage, bool(sent or to_ack))
+        self._broker_state(outage, bool(sent or to_ack or released))
         now = self.server_now_ms()
-        self.stats.published += len(sent)
+        self._holds = to_hold
+        self.stats.published += len(sent) + len(released)
+        for due in released:  # not in the publish lateness: the gate held them back
+            self.stats.slot_wait.observe(now - due)
         if sent:
             # bucketed once per job here; one pipeline per LATENESS_FLUSH_EVERY s (chores)
             self.publish_lateness.record(now - due for due in sent)
@@ -530,3 +584,18 @@ class Dispatcher:
         self.publish_lateness.last_flush()
         self.beat.remove()
         self.close()
+
+
+def _count_stale(done: dict[str, bool], what: str, verb: str) -> tuple[int, int]:
+    """``(done, stale)`` of an ack or hold's ``{id: done}``; the stale ones are logged."""
+    count = sum(done.values())
+    stale = len(done) - count
+    if stale:
+        logger.warning(
+            "delayq: %d published %sjob(s) were no longer leased to this beat when %s (lease "
+            "expired and re-claimed, or cancelled/replaced meanwhile)",
+            stale,
+            what,
+            verb,
+        )
+    return count, stale

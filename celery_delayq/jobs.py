@@ -19,7 +19,7 @@ from .batch import BatchResult, store_batch
 from .due import due_ms_from_eta, ms_to_datetime
 from .envelope import decode_envelope
 from .exceptions import InvalidSchedule
-from .gate import batch_of, check_key, check_limit, completion_id
+from .gate import PARK_MS, batch_of, check_key, check_limit, completion_id
 from .keys import is_point_id
 from .lateness import Snapshot
 from .store import CancelOutcome, JobRecord, RequeueOutcome, RescheduleOutcome, Store
@@ -54,6 +54,8 @@ class PendingJob:
     kwargs: Any
     queue: str | None
     tries: int
+    #: leased: the beat's lease ends; running: the slot's lease ends; gated: due again (rate)
+    #: or None (parked: waiting for a slot or a resume)
     lease_until: datetime | None
 
     @classmethod
@@ -80,7 +82,10 @@ class PendingJob:
             queue=queue,
             tries=record.tries,
             lease_until=(
-                ms_to_datetime(record.lease_until_ms) if record.lease_until_ms is not None else None
+                # a parked job's score is PARK_MS: no time (it waits for a slot or a resume)
+                ms_to_datetime(record.lease_until_ms)
+                if record.lease_until_ms is not None and record.lease_until_ms < PARK_MS
+                else None
             ),
         )
 
@@ -188,7 +193,12 @@ class DelayQ:
         * ``batch_id``: the batch's id (default: a new uuid); ``BatchExists`` when taken.
 
         Every message is built and checked first: a bad member raises (naming it) and
-        nothing is stored. Members are stored as ``{batch:<id>}:<n>`` in one pipeline.
+        nothing is stored. Then the batch is opened (its counters, and ``on_complete`` stored
+        parked) and the members are stored as ``{batch:<id>}:<n>``, in one pipeline: two
+        round trips for any number of members (all on the batch's shard). When Redis is full
+        then (``StoreFull``, with the members not stored), the batch is open with fewer
+        members than its total and never completes: cancel it (removes the members stored)
+        and make it again under another id.
         """
         return store_batch(
             self.app,

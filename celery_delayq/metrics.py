@@ -7,7 +7,9 @@ Nothing is observed on the dispatch path: at each scrape the collector turns the
 dispatcher's counters (:class:`~celery_delayq.dispatch.DispatchStats`) and its in-process
 lateness histogram into metric families, and reads the store's sizes and the workers'
 lateness histogram from Redis in one pipeline, at most every ``REDIS_READ_EVERY`` s (later
-scrapes in that time reuse the last read).
+scrapes in that time reuse the last read). In the same read, the flow-control keys
+(``Store.key_states``): each key's running and waiting jobs as gauges, for at most
+``MAX_KEY_SERIES`` keys (the busiest: most running + waiting), and how many keys there are.
 
 >>> from celery_delayq.lateness import Snapshot
 >>> buckets = seconds_buckets(Snapshot.from_fields({"le:5": 2, "le:inf": 1, "count": 3}).cumulative())
@@ -42,12 +44,16 @@ except ImportError as exc:  # an extra: the core runs without it
 from . import lateness
 from .stats import CLAIM_SIZE_BOUNDS, DispatcherView
 
-__all__ = ["REDIS_READ_EVERY", "DispatcherCollector", "MetricsServer", "seconds_buckets"]
+__all__ = ["MAX_KEY_SERIES", "REDIS_READ_EVERY", "DispatcherCollector", "MetricsServer", "seconds_buckets"]
 
 logger = logging.getLogger("celery_delayq.metrics")
 
 #: Seconds a read of the store's sizes and of the workers' lateness is reused by later scrapes.
 REDIS_READ_EVERY = 5.0
+
+#: Most flow-control keys given a running/waiting series (the busiest ones): a key per tenant
+#: must not make a scrape unbounded.
+MAX_KEY_SERIES = 100
 
 
 def seconds_buckets(cumulative: Sequence[tuple[float, int]]) -> list[tuple[str, float]]:
@@ -114,7 +120,20 @@ class DispatcherCollector(Collector):
             "overdue": seen.overdue,
             "dead": seen.dead,
             "start": lateness.Snapshot.from_fields(seen.lateness),
+            "keys": self._read_keys(),
         }
+
+    def _read_keys(self) -> tuple[int, list[tuple[str, int, int]]] | None:
+        """``(number of keys, [(key, running, waiting)])`` of the busiest MAX_KEY_SERIES keys
+        with anything running or waiting; None when they could not be read."""
+        try:
+            states = self.dispatcher.store.key_states()
+        except Exception as exc:
+            logger.warning("delayq: metrics cannot read the flow-control keys: %r", exc)
+            return None
+        busy = [(s.key, s.running, s.waiting) for s in states if s.running or s.waiting]
+        busy.sort(key=lambda row: (-(row[1] + row[2]), row[0]))
+        return len(states), busy[:MAX_KEY_SERIES]
 
     # -- the families -----------------------------------------------------------------------
 
@@ -184,9 +203,11 @@ class DispatcherCollector(Collector):
         )
         yield _histogram(
             "delayq_publish_lateness_seconds",
-            "Due time -> publish of the jobs this beat published (since it started).",
+            "Due time -> publish of the jobs this beat published (since it started); released "
+            "gated jobs are in delayq_slot_wait_seconds instead.",
             d.lateness_seen.snapshot(),
         )
+        yield from self._gate_families()
         state = self.store_state()
         yield GaugeMetricFamily(
             "delayq_store_up", "1 when the last read of the store's sizes worked, else 0.",
@@ -204,12 +225,53 @@ class DispatcherCollector(Collector):
         )
         for name, documentation, field in gauges:
             yield GaugeMetricFamily(name, documentation, value=state[field])
+        keys = state.get("keys")
+        if keys is not None:
+            yield from _key_families(*keys)
         yield _histogram(
             "delayq_start_lateness_seconds",
             "Due time -> task start, recorded by every worker with delayq_record_lateness "
             "(<prefix>:lateness:start; the same in every beat).",
             state["start"],
         )
+
+
+    def _gate_families(self) -> Iterator[Metric]:
+        stats = self.dispatcher.stats
+        yield from _labelled(
+            "delayq_gated", "Gated jobs this beat asked the gate about, by its decision: released, "
+            "parked (key full or paused), deferred (rate spent), not-held.", "decision", stats.gated)
+        yield CounterMetricFamily(
+            "delayq_gate_holds", "Released gated jobs this beat published and handed to their "
+            "workers (their slot held until the task ends).", value=stats.held)
+        yield CounterMetricFamily(
+            "delayq_gate_stale_holds", "Released gated jobs published by this beat whose hold found "
+            "them no longer leased to it (another beat re-claimed them).", value=stats.stale_holds)
+        yield CounterMetricFamily(
+            "delayq_batch_completions", "Batch completion jobs this beat published with their "
+            "batch's counts.", value=stats.completions)
+        yield _histogram(
+            "delayq_slot_wait_seconds",
+            "Original due time -> publish of the released gated jobs of this beat (time spent "
+            "parked for a slot or deferred by a rate, plus the publish lateness).",
+            stats.slot_wait.snapshot(),
+        )
+
+
+def _key_families(count: int, rows: list[tuple[str, int, int]]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("delayq_gate_keys", "Flow-control keys stored (every key a gated job "
+                            "carried).", value=count)
+    running = GaugeMetricFamily(
+        "delayq_key_running", f"Released jobs of a key whose task has not finished (its slots "
+        f"taken); the {MAX_KEY_SERIES} busiest keys.", labels=["key"])
+    waiting = GaugeMetricFamily(
+        "delayq_key_waiting", f"Parked jobs of a key (waiting for a slot or a resume); the "
+        f"{MAX_KEY_SERIES} busiest keys.", labels=["key"])
+    for key, run, wait in rows:
+        running.add_metric([key], run)
+        waiting.add_metric([key], wait)
+    yield running
+    yield waiting
 
 
 class MetricsServer:

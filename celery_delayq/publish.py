@@ -12,6 +12,13 @@ A :class:`Publisher` takes one claimed job and answers an :class:`Outcome`. The 
   that removes the job (:meth:`AtomicPublisher.deliver`); what it cannot build goes through
   kombu.
 
+Flow control (:mod:`.gate`) comes first: :meth:`Publishing.gate_pass` reads the gated jobs of
+a pass and asks the gate about them all (``Store.gate``, one script call per shard, one
+pipeline) before any strategy takes a job. A released gated job is published through kombu
+(never ``deliver.lua``, which would remove it) and then *held* for its worker
+(``Store.hold``) instead of acked; parked, deferred and not-held ones are not published. A
+batch's completion job gets its batch's id and counts appended to its arguments.
+
 The kombu and Celery paths are fenced (:mod:`.fence`) before each publish or batch flush;
 the atomic path is fenced by the script itself. :class:`Publishing` holds what the
 strategies share over the passes of one dispatcher (caches, the dead letters, the broker's
@@ -20,22 +27,33 @@ errors) and picks the strategy of each pass.
 
 from __future__ import annotations
 
+import json
 import logging
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
 from kombu.common import Broadcast
 from kombu.exceptions import EncodeError, OperationalError
 
-from .envelope import Envelope, decode_envelope
+from .envelope import UTF8, Envelope, decode_envelope
 from .fence import Fence, LeaseLost
+from .gate import BATCH_DONE_HEADER, GATE_HEADER, Gate
 from .routing import can_publish_direct, direct_args, send_task, transport_batches
 from .stats import DispatchStats
-from .store import OOM_REPLY, REDIS_ERRORS, ClaimedJob, DeliverOutcome, Store
+from .store import (
+    OOM_REPLY,
+    REDIS_ERRORS,
+    ClaimedJob,
+    DeliverOutcome,
+    GateDecision,
+    Store,
+    error_text,
+    redis_error_kind,
+)
 from .wire import WireTemplates, wire_message
 
 __all__ = [
@@ -43,6 +61,7 @@ __all__ = [
     "PUBLISH_ATTEMPTS",
     "AtomicPublisher",
     "CeleryPublisher",
+    "GatePass",
     "KombuPublisher",
     "Outcome",
     "Publisher",
@@ -82,6 +101,19 @@ class Outcome(Enum):
     WIRED = "wired"
     #: not published: this beat's lease on it is lost (the fence)
     FENCED = "fenced"
+
+
+@dataclass
+class GatePass:
+    """What :meth:`Publishing.gate_pass` decided for one pass's claimed jobs."""
+
+    #: ids not to publish in this pass: parked, deferred, not held, or left to their lease
+    skip: set[str] = field(default_factory=set)
+    #: released gated jobs: id -> their key (published through kombu, then held)
+    released: dict[str, str] = field(default_factory=dict)
+    #: the decoded envelopes to publish for ids of ``released`` and for completion jobs (their
+    #: arguments appended)
+    envelopes: dict[str, Envelope] = field(default_factory=dict)
 
 
 class Publisher(Protocol):
@@ -189,6 +221,102 @@ class Publishing:
             return self.failed(job, envelope, exc)
         self.fence.sent(job.id, self.buffering)
         return Outcome.SENT
+
+    # -- flow control ---------------------------------------------------------------------------
+
+    def gate_pass(self, claimed: list[tuple[int, ClaimedJob]]) -> GatePass:
+        """Read the gated jobs and completion jobs among ``claimed`` (their envelope text
+        names the header: the others are not decoded here) and ask the gate about the gated
+        ones, all shards in one pipeline. A gate header that does not read is counted as
+        corrupt and its job published ungated; an envelope that does not read is left to the
+        publish loop (which buries it). On a Redis error the gated jobs of the pass keep their
+        lease and are claimed again after it."""
+        out = GatePass()
+        asks: dict[int, list[tuple[str, Gate]]] = defaultdict(list)
+        for shard, job in claimed:
+            text = job.envelope
+            if GATE_HEADER not in text and BATCH_DONE_HEADER not in text:
+                continue
+            try:
+                envelope = decode_envelope(text, self.config.max_payload)
+            except ValueError:
+                continue
+            if envelope.schedule is not None:
+                continue
+            headers = message_headers(envelope)
+            if GATE_HEADER in headers:
+                gate = Gate.from_header(headers[GATE_HEADER])
+                if gate is None:
+                    self.stats.corrupt["gate"] += 1
+                    logger.error(
+                        "delayq: job %s carries a %s header that does not read (%.200r); it is "
+                        "published without flow control",
+                        job.id,
+                        GATE_HEADER,
+                        headers[GATE_HEADER],
+                    )
+                else:
+                    asks[shard].append((job.id, gate))
+                    out.envelopes[job.id] = envelope
+            if BATCH_DONE_HEADER in headers:
+                self._completion(job, envelope, headers[BATCH_DONE_HEADER], out)
+        if asks:
+            self._ask_gate(asks, out)
+        return out
+
+    def _ask_gate(self, asks: dict[int, list[tuple[str, Gate]]], out: GatePass) -> None:
+        ttl_ms = int(self.config.slot_ttl * 1000)
+        try:
+            results = self.store.gate(self.token, asks, ttl_ms)
+        except REDIS_ERRORS as exc:
+            self.stats.redis_errors[redis_error_kind(exc)] += 1
+            asked = [job_id for jobs in asks.values() for job_id, _ in jobs]
+            out.skip.update(asked)
+            logger.error(
+                "delayq: the gate cannot be asked about %d gated job(s) (%s); they stay leased "
+                "to this beat and are claimed again after their lease (%.0f s)",
+                len(asked),
+                error_text(exc),
+                self.config.reclaim_ttl,
+            )
+            return
+        for jobs in asks.values():
+            for job_id, gate in jobs:
+                result = results[job_id]
+                self.stats.gated[result.decision.value] += 1
+                if result.decision is GateDecision.RELEASED:
+                    out.released[job_id] = gate.key
+                else:
+                    out.skip.add(job_id)
+                    out.envelopes.pop(job_id, None)
+
+    def _completion(self, job: ClaimedJob, envelope: Envelope, batch_id: Any, out: GatePass) -> None:
+        """A batch's completion job: append ``(batch id, counts)`` to its arguments."""
+        base = out.envelopes.get(job.id, envelope)
+        try:
+            state = self.store.batch_state(str(batch_id))
+        except REDIS_ERRORS as exc:
+            self.stats.redis_errors[redis_error_kind(exc)] += 1
+            out.skip.add(job.id)
+            out.released.pop(job.id, None)
+            logger.error("delayq: cannot read batch %s for its completion job %s (%s); it is "
+                         "claimed again after its lease", batch_id, job.id, error_text(exc))
+            return
+        counts: dict[str, int] | None = None
+        if state is None:
+            logger.warning("delayq: batch %s of completion job %s is not stored (any more); its "
+                           "counts are given as None", batch_id, job.id)
+        else:
+            counts = {"total": state.total, "succeeded": state.succeeded, "failed": state.failed,
+                      "cancelled": state.cancelled}
+        try:
+            out.envelopes[job.id] = completion_envelope(base, str(batch_id), counts)
+        except ValueError as exc:
+            out.skip.add(job.id)
+            out.released.pop(job.id, None)
+            self.bury(job, f"completion job of batch {batch_id}: {exc}", envelope)
+            return
+        self.stats.completions += 1
 
     # -- dead letters and retries -------------------------------------------------------------
 
@@ -462,6 +590,38 @@ class AtomicPublisher:
         """Ids of the jobs built for the atomic path in this pass (deliver.lua drops and counts
         those whose lease was lost, not the fence)."""
         return {job.id for jobs in self.wired.values() for job, *_ in jobs}
+
+
+def message_headers(envelope: Envelope) -> dict[str, Any]:
+    """The headers the message of ``envelope`` carries: its own, and those of its route's
+    ``headers`` option (:func:`.routing.direct_args` merges them)."""
+    extra = envelope.route.get("headers")
+    if isinstance(extra, dict) and extra:
+        return {**envelope.headers, **extra}
+    return envelope.headers
+
+
+def completion_envelope(envelope: Envelope, batch_id: str, counts: dict[str, int] | None) -> Envelope:
+    """``envelope`` with ``batch_id`` and ``counts`` appended to its positional arguments
+    (and to its ``argsrepr``). ValueError when its body is not a JSON task body.
+
+    >>> from celery_delayq.envelope import JSON_CT
+    >>> e = Envelope("t", {"argsrepr": "(1,)"}, {}, b'[[1], {}, {}]', JSON_CT, UTF8, {}, None, 0)
+    >>> done = completion_envelope(e, "b1", {"total": 2})
+    >>> done.body, done.headers["argsrepr"]
+    (b'[[1, "b1", {"total": 2}], {}, {}]', "(1, 'b1', {'total': 2})")
+    """
+    if not envelope.json_body:
+        raise ValueError(f"its body is {envelope.content_type}, not JSON: the counts cannot be appended")
+    encoding = envelope.content_encoding or UTF8
+    try:
+        args, kwargs, embed = json.loads(envelope.body.decode(encoding))
+        args = [*args, batch_id, counts]
+        body = json.dumps([args, kwargs, embed]).encode(encoding)
+    except (ValueError, TypeError, LookupError, RecursionError) as exc:
+        raise ValueError(f"its JSON body does not read as a task's: {exc!r}") from exc
+    headers = {**envelope.headers, "argsrepr": repr(tuple(args))}
+    return replace(envelope, body=body, headers=headers)
 
 
 def _declare_once(p: Publishing, envelope: Envelope) -> Envelope:

@@ -48,6 +48,17 @@ class DispatchStats:
     #: claims that took jobs, by size: one count per bound of CLAIM_SIZE_BOUNDS, then larger
     claim_sizes: list[int] = field(default_factory=lambda: [0] * (len(CLAIM_SIZE_BOUNDS) + 1))
     lateness_ms: list[float] = field(default_factory=list)
+    #: gated jobs by what the gate decided (lua/gate.lua): released, parked, deferred, not-held
+    gated: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: released gated jobs a beat published and then held for their worker (lua/hold.lua)
+    held: int = 0
+    #: released gated jobs whose hold found the job no longer leased to this beat (published;
+    #: another beat had re-claimed it, or it was cancelled meanwhile)
+    stale_holds: int = 0
+    #: batch completion jobs published with their batch's counts appended
+    completions: int = 0
+    #: original due -> publish of the released gated jobs (the time spent parked or deferred)
+    slot_wait: Histogram = field(default_factory=Histogram)
 
 
 class DispatcherView(Protocol):
@@ -65,3 +76,4 @@ class DispatcherView(Protocol):
     def lateness_seen(self) -> Histogram: ...
 
     def server_now_ms(self) -> float: ...
+

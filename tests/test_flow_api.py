@@ -161,6 +161,26 @@ def test_a_retry_of_a_gated_job_stays_gated(app: Celery, r: redis.Redis) -> None
     assert DelayQ(app).count() == 1
 
 
+def test_gated_jobs_share_a_kept_route_that_does_not_follow_the_callers_headers(app: Celery) -> None:
+    """A gated job's options hold a dict (its headers), and the route made for them is kept
+    like any other (else each apply_at would make it again): kept from a copy, so a plan made
+    later from it (another thread: another reply_to) has the headers as they were given."""
+    add = app.tasks["t.add"]
+    cap = {"concurrency_key": "k", "concurrency_limit": 1}
+    given = {"note": {"a": 1}}
+    first = add.apply_at(ETA, (1, 2), headers=given, **cap)
+    given["note"]["a"] = 2  # the caller's dict changes after the call
+    later: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: later.append(add.apply_at(ETA, (1, 2), headers={"note": {"a": 1}}, **cap))
+    )
+    thread.start()
+    thread.join()
+    assert message(app, first.id)[0]["note"] == {"a": 1}
+    assert message(app, later[0].id)[0]["note"] == {"a": 1}
+    assert message(app, add.apply_at(ETA, (1, 2), headers=given, **cap).id)[0]["note"] == {"a": 2}
+
+
 def test_eager_mode_checks_the_gate_options_and_runs_at_once(app: Celery) -> None:
     app.conf.task_always_eager = True
     add = app.tasks["t.add"]
@@ -188,8 +208,13 @@ def test_a_batch_stores_its_members_with_ids_headers_and_priorities(app: Celery,
     job = DelayQ(app).get(member_id("b1", 4))
     assert job is not None and (job.task, job.args, job.queue) == ("t.add", [9, 9], "q2")
     assert DelayQ(app).get(member_id("b1", 3)).task == "t.noop"  # type: ignore[union-attr]
-    headers, _, _, _ = message(app, completion_id("b1"))
+    headers, _, _, state = message(app, completion_id("b1"))
     assert headers[BATCH_DONE_HEADER] == "b1" and GATE_HEADER not in headers
+    assert state == "gated"  # parked until the batch completes
+    completion = DelayQ(app).get(completion_id("b1"))
+    assert completion is not None and (completion.task, completion.args) == ("t.noop", [])
+    assert (completion.state, completion.lease_until) == ("gated", None)  # parked: no time
+    assert completion_id("b1") in [job.id for job in DelayQ(app).pending()]
     assert result.progress() == {"total": 5, "waiting": 5, "running": 0, "succeeded": 0, "failed": 0,
                                  "cancelled": 0}
     store = get_store(app)
@@ -217,11 +242,14 @@ def test_members_of_one_task_and_options_share_one_build(
     assert sorted(calls) == [5, 20, 50]
 
 
-def test_progress_follows_the_stores_releases(app: Celery) -> None:
+def test_progress_follows_the_stores_releases(app: Celery, r: redis.Redis) -> None:
     add = app.tasks["t.add"]
     result = DelayQ(app).batch([add.s(i, i) for i in range(4)], batch_id="p")  # due now
     ids = [member_id("p", i) for i in range(4)]
     run_members(app, ids[:3])
+    running = DelayQ(app).get(ids[0])
+    assert running is not None and running.state == "running" and running.lease_until is not None
+    assert 0 < running.lease_until.timestamp() * 1000 - server_ms(r) <= 60_000
     assert result.progress() == {"total": 4, "waiting": 1, "running": 3, "succeeded": 0, "failed": 0,
                                  "cancelled": 0}
     store = get_store(app)

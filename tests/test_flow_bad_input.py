@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery, chain
+from celery import Celery, chain, group
 
+import celery_delayq
 from celery_delayq import (
     BatchExists,
     DelayQ,
@@ -127,6 +128,18 @@ def test_a_given_task_id_without_the_keys_tag(app: Celery, untouched: None) -> N
         assert "its id must begin with '{k}'" in text and "or leave task_id out" in text, entry
 
 
+def test_a_signature_or_canvas_takes_no_gate_options(app: Celery, untouched: None) -> None:
+    add = app.tasks["t.add"]
+    calls = [
+        lambda: celery_delayq.apply_at(add.s(1, 2), ETA, concurrency_key="k", concurrency_limit=1),
+        lambda: celery_delayq.apply_in(add.s(1, 2), 60, rate_limit_key="k", rate_limit="1/s"),
+        lambda: celery_delayq.apply_at(group(add.s(1, 2), add.s(3, 4).set(concurrency_key="k")), ETA),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidOptions, match=r"take no gate options; use task\.apply_at"):
+            call()
+
+
 # -- batches ---------------------------------------------------------------------------------
 
 
@@ -151,6 +164,8 @@ def test_members_that_are_not_a_list_of_signatures(app: Celery, untouched: None)
         dq.batch([add.s(1, 2).set(concurrency_key="k")])
     with pytest.raises(InvalidBatch, match=r"batch member 0 sets task_id='x': the ids of a batch's jobs"):
         dq.batch([add.s(1, 2).set(task_id="x")])
+    with pytest.raises(InvalidOptions, match=r"batch member 1 \('t.add'\): priority=300: a priority is"):
+        dq.batch([add.s(1, 2), add.s(1, 2).set(priority=300)], priority=3)
     with pytest.raises(UnknownTask, match="batch member 1: task 'nope' is not registered"):
         dq.batch([add.s(1, 2), app.signature("nope")])
 
