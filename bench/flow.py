@@ -87,12 +87,24 @@ class Side:
     rate: float
     gaps_ms: list[float]
     negative: int
-    commands: int
-    scripts: int
+    calls: dict[str, int]
     seconds: float
+
+    @property
+    def commands(self) -> int:
+        return sum(self.calls.values())
+
+    @property
+    def scripts(self) -> int:
+        return sum(n for name, n in self.calls.items() if name in SCRIPT_COMMANDS)
 
     def per_job(self, count: int) -> float:
         return count / self.jobs if self.jobs else float("nan")
+
+    def top(self, k: int = 6) -> str:
+        """The ``k`` commands called most, per job."""
+        most = sorted(self.calls.items(), key=lambda item: -item[1])[:k]
+        return ", ".join(f"{name.removeprefix('cmdstat_').upper()} {self.per_job(n):.2f}" for name, n in most)
 
 
 def _runs(client: redis.Redis) -> list[tuple[float, float, str]]:
@@ -128,11 +140,10 @@ def release_gaps(runs: Sequence[tuple[float, float, str]], limit: int) -> list[f
     return gaps
 
 
-def _command_calls(client: redis.Redis) -> tuple[int, int]:
+def _command_calls(client: redis.Redis) -> dict[str, int]:
+    """Calls of each command since the last CONFIG RESETSTAT, the row's own left out."""
     stats = client.info("commandstats")
-    total = sum(int(v["calls"]) for k, v in stats.items() if k not in OWN_COMMANDS)
-    scripts = sum(int(v["calls"]) for k, v in stats.items() if k in SCRIPT_COMMANDS)
-    return total, scripts
+    return {name: int(v["calls"]) for name, v in stats.items() if name not in OWN_COMMANDS}
 
 
 def _fill(task: Any, n: int, keys: int, capped: bool) -> None:
@@ -159,11 +170,11 @@ def _side(ctx: Context, p: Producer, task: Any, broker: redis.Redis, beat: Any, 
     wait_until(lambda: broker.llen(FLOW_KEY) >= n, max(120.0, n / 50.0), 0.05, [beat, *workers],
                f"flow: {n:,} {label} jobs run")
     took = time.time() - t0
-    commands, scripts = _command_calls(p.client)
+    calls = _command_calls(p.client)
     runs = _runs(broker)
     gaps = release_gaps(runs, LIMIT) if capped else []
     return Side(len(runs), _throughput([end for _, end, _ in runs]), gaps,
-                sum(1 for g in gaps if g < 0), commands, scripts, took)
+                sum(1 for g in gaps if g < 0), calls, took)
 
 
 def row_flow(ctx: Context) -> RowResult:
@@ -215,6 +226,7 @@ def _report(result: RowResult, n: int, capped: Side, plain: Side, binding: Side)
         f"{capped.per_job(capped.commands):.1f} capped ({capped.per_job(capped.scripts):.2f} script calls) "
         f"vs {plain.per_job(plain.commands):.1f} uncapped ({plain.per_job(plain.scripts):.2f} script calls)"
     )
+    result.notes.append(f"commands per job by command, capped: {capped.top()}; uncapped: {plain.top()}")
     for name, side in (("capped", capped), ("few keys", binding)):
         gaps = side.gaps_ms
         result.notes.append(
