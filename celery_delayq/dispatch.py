@@ -393,6 +393,8 @@ class Dispatcher:
                         if outcome is Outcome.OUTAGE:
                             outage = True
                             break
+                        if job.id in gated.completions and outcome in (Outcome.SENT, Outcome.WIRED):
+                            self.stats.completions += 1
                         if outcome is not Outcome.SENT:
                             continue
                         if key is None:

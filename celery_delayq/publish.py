@@ -114,6 +114,8 @@ class GatePass:
     #: the decoded envelopes to publish for ids of ``released`` and for completion jobs (their
     #: arguments appended)
     envelopes: dict[str, Envelope] = field(default_factory=dict)
+    #: ids of the completion jobs among ``envelopes``
+    completions: set[str] = field(default_factory=set)
 
 
 class Publisher(Protocol):
@@ -316,7 +318,7 @@ class Publishing:
             out.released.pop(job.id, None)
             self.bury(job, f"completion job of batch {batch_id}: {exc}", envelope)
             return
-        self.stats.completions += 1
+        out.completions.add(job.id)
 
     # -- dead letters and retries -------------------------------------------------------------
 

@@ -15,6 +15,13 @@ process that runs the task, with every pool). This module's receivers:
   ``SUCCESS`` -> "succeeded", ``RETRY`` -> "retry" (a batch member is not counted yet), any
   other -> "failed" (in a prefork child whose task was terminated by
   ``revoke(terminate=True)`` the state is None); the job is forgotten.
+- A retry: the retry message carries the request's headers, gate header included. A
+  ``DelayedTask`` (:class:`~.task.DelayQTaskMixin`) sends it through delayq, stored again and
+  gated again at its due time: its slot is given back as "retry". Any other task (a batch
+  member may be a plain task) sends it straight to the broker, outside the gate: its slot is
+  kept and renewed by this process until the retried run ends and gives it back (or until a
+  renewal finds it gone), so the key's cap holds over the retry and a batch counts the member
+  once, when it ends.
 - ``task_revoked``: a task revoked or expired before it ran (no prerun, no postrun) gives its
   slot back as "failed". It runs in the worker's main process; its ``request`` is the task's
   request context, which carries the header too. A terminated task gets both its child's
@@ -57,6 +64,7 @@ from celery.signals import (
 from .config import DelayQConfig
 from .gate import GATE_HEADER, Gate, batch_of
 from .store import get_store
+from .task import DelayQTaskMixin
 
 __all__ = ["SlotKeeper", "install", "keeper_for", "outcome_of"]
 
@@ -129,6 +137,14 @@ class SlotKeeper:
             return False
         return bool(result.released)
 
+    def retrying(self, job_id: str, header: Any) -> None:
+        """A gated task's run ended in a retry that Celery sent straight to the broker: keep
+        renewing its slot here until the retried run gives it back."""
+        gate = Gate.from_header(header)
+        if gate is not None:
+            with self._lock:
+                self.running[job_id] = (gate.key, gate.batch or batch_of(job_id))
+
     # -- renewal --------------------------------------------------------------------------------
 
     def _start_renewer(self) -> None:
@@ -172,7 +188,12 @@ class SlotKeeper:
         if self._failing:
             logger.warning("delayq: renewing slots works again")
         self._failing = False
-        return sum(1 for ok in renewed.values() if ok)
+        gone = [job_id for job_id, ok in renewed.items() if not ok]
+        if gone:  # given back by another process (a retried run), or expired: nothing to keep
+            with self._lock:
+                for job_id in gone:
+                    self.running.pop(job_id, None)
+        return len(renewed) - len(gone)
 
     def stop(self) -> None:
         """Stop this process' renewal thread."""
@@ -235,7 +256,11 @@ def _on_postrun(
         return
     task, request, header = gated
     try:
-        _keeper(task.app).finished(task_id or request.id, header, outcome_of(state))
+        keeper, job_id, outcome = _keeper(task.app), task_id or request.id, outcome_of(state)
+        if outcome == "retry" and not isinstance(task, DelayQTaskMixin):
+            keeper.retrying(job_id, header)
+        else:
+            keeper.finished(job_id, header, outcome)
     except Exception:
         logger.warning("delayq: the slot of task %s is not given back", task_id, exc_info=True)
 

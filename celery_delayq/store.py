@@ -1311,9 +1311,10 @@ class Store:
         out: list[KeyState] = []
         for key in keys:
             own, override, paused, running, waiting = (next(replies) for _ in range(5))
+            # As includes/gate.lua's limit_in_force: an override that does not read is ignored.
             if override == "none":
                 limit = None
-            elif override is not None:
+            elif override is not None and _int_or(override) >= 1:
                 limit = _int_or(override)
             else:
                 limit = _int_or(own) if own else None

@@ -206,9 +206,11 @@ def test_a_deferred_job_waits_for_its_rate(
     assert sorted(published_ids(r)) == sorted(ids)
 
 
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
 def test_the_completion_job_gets_the_batch_id_and_counts(
-    app: Celery, r: redis.Redis, dispatchers: Dispatchers
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, atomic: bool
 ) -> None:
+    app = app_factory(delayq_atomic_publish=atomic)
     bid = "b-1"
     store = get_store(app)
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ
+from celery_delayq import DelayedTask, DelayQ, slots
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.gate import GATE_HEADER, Gate, batch_key, completion_id, gated_id, member_id
@@ -236,3 +239,117 @@ def test_a_batch_through_the_producer_api_with_a_member_that_retries(
     starts = sorted((s["start"], s["id"]) for s in map(json.loads, r.lrange("e2e:starts", 0, -1)))
     assert [i for _, i in starts][-1] == completion_id(batch.id)
     assert get_store(app).key_state(batch_key(batch.id)).running == 0
+
+
+def test_a_retry_celery_sends_itself_keeps_the_slot_until_the_retried_run_ends(
+    app: Celery, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """A plain task's retry goes straight to the broker (outside the gate): its slot is kept
+    and renewed, and the retried run's end gives it back and counts the batch member once. A
+    DelayedTask's retry goes through delayq (gated again): its slot is given back at once."""
+
+    @app.task(name="t.plain", shared=False)
+    def plain() -> None:
+        return None
+
+    store = get_store(app)
+    assert store.open_batch("rt", 2, None, {})
+    gate = Gate(batch_key("rt"), batch="rt")
+    header = {GATE_HEADER: gate.header()}
+    ids = [member_id("rt", i) for i in range(2)]
+    for job_id in ids:
+        app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), task_id=job_id, headers=header)
+    dispatchers(app).run_once()
+    assert store.key_state(batch_key("rt")).running == 2
+
+    def run(task: Any, job_id: str, *states: str) -> None:
+        """What the worker's signals say of ``task`` running as ``job_id``, once per state."""
+        for state in states:
+            task.push_request(id=job_id, **header)
+            try:
+                slots._on_prerun(sender=task, task_id=job_id, task=task)
+                slots._on_postrun(sender=task, task_id=job_id, task=task, state=state)
+            finally:
+                task.pop_request()
+
+    try:
+        run(plain, ids[0], "RETRY")
+        keeper = slots.keeper_for(app)
+        assert keeper is not None and ids[0] in keeper.running
+        assert keeper.renew() == 1
+        assert store.key_state(batch_key("rt")).running == 2  # still held over the retry
+        run(app.tasks["t.add"], ids[1], "RETRY")  # a DelayedTask: given back as "retry"
+        assert store.key_state(batch_key("rt")).running == 1
+        run(plain, ids[0], "SUCCESS")  # the retried run
+        state = store.batch_state("rt")
+        assert state is not None and (state.succeeded, state.failed, state.running) == (1, 0, 0)
+        assert ids[0] not in keeper.running and store.get(ids[0]) is None
+    finally:
+        keeper = slots.keeper_for(app)
+        if keeper is not None:
+            keeper.stop()
+
+
+#: Loaded by every Python process whose PYTHONPATH starts with its folder: a beat run with
+#: FLOW_STOP_BEFORE_HOLD stops itself (SIGSTOP) at its first hold, after it published.
+STOP_BEFORE_HOLD = '''
+import json, os
+if os.environ.get("FLOW_STOP_BEFORE_HOLD"):
+    import signal
+    import redis
+    from celery_delayq import dispatch
+    _hold = dispatch.Dispatcher._hold
+    _stopped = []
+    def _stop_then_hold(self, holds):
+        if not _stopped:
+            _stopped.append(True)
+            ids = [job_id for pairs in holds.values() for job_id, _ in pairs]
+            redis.Redis.from_url(os.environ["DELAYQ_TEST_STORE"]).set("e2e:stopped", json.dumps(ids))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return _hold(self, holds)
+    dispatch.Dispatcher._hold = _stop_then_hold
+'''
+
+
+@pytest.mark.e2e
+def test_a_beat_stopped_between_gate_and_hold_past_its_lease(
+    procs: Procs, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """Beat A releases and publishes a capped job, then is SIGSTOPped before its hold, past
+    its lease. Beat B claims the job, finds it among the key's running ones and releases it
+    again on the same slot (the key's count stays 1, the parked job stays parked) and
+    publishes it: it runs twice, as any job whose beat stalled between publish and ack. A,
+    resumed, finds the job no longer its own at the hold."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(STOP_BEFORE_HOLD)
+    conf = json.dumps({"delayq_reclaim_ttl": 2, "delayq_slot_ttl": 30, "delayq_max_sleep": 1})
+    env = subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=conf)
+    procs.start("worker", env)
+    beat_a = procs.start("beat", {**env, "FLOW_STOP_BEFORE_HOLD": "1",
+                                  "PYTHONPATH": f"{hooks}{os.pathsep}{env['PYTHONPATH']}"})
+    assert wait_for(lambda: "ready." in log_of(procs, 0) and "delayq: beat" in log_of(procs, 1), STARTUP)
+    app = producer(redis_url)
+    store = get_store(app)
+    gate = Gate("s", limit=1)
+    first = apply_gated(app, "e2e.record_late", gate, hold=6)
+    second = apply_gated(app, "e2e.record", gate)
+    try:
+        assert wait_for(lambda: r.get("e2e:stopped"), STARTUP, 0.05), procs.logs()
+        assert json.loads(r.get("e2e:stopped")) == [first]
+        procs.start("beat", env)  # beat B
+        counts = []
+        while runs(r).get(first, 0) < 2 and len(counts) < 600:
+            state = store.key_state("s")
+            counts.append((state.running, state.waiting))
+            time.sleep(0.05)
+        assert runs(r).get(first) == 2, procs.logs()  # A's publish and B's
+        assert all(running <= 1 for running, _ in counts), counts  # one slot, not two
+        assert (1, 1) in counts
+    finally:
+        os.kill(beat_a.pid, signal.SIGCONT)
+    assert wait_for(lambda: "no longer leased to this beat when held" in log_of(procs, 1), 30, 0.1), \
+        procs.logs()
+    assert wait_for(lambda: runs(r).get(second) == 1, 30, 0.1), procs.logs()
+    assert wait_for(lambda: gone(store, [first, second]), 30, 0.1), procs.logs()
+    assert store.key_state("s").running == 0

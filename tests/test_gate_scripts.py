@@ -662,6 +662,9 @@ def test_a_full_redis_refuses_the_gate_but_releases_and_renews(
     r = redis.Redis.from_url(full_server.url, decode_responses=True)
     try:
         running = start(store, r, "k", 2, 1)  # one running, one parked
+        [published] = ids_of("h", 1)  # released, not held yet
+        put(store, r, [published])
+        assert decisions(claim_and_gate(store, "beat-h", {published: Gate("h", 1)})) == {published: RELEASED}
         fresh = ids_of("k", 2, "fresh")
         put(store, r, fresh)
         shard = store.keys.shard_of(fresh[0])
@@ -682,6 +685,8 @@ def test_a_full_redis_refuses_the_gate_but_releases_and_renews(
             assert is_oom(refused.value)
         assert snapshot(full_server.url + "/0") == state
         assert all((lease(store, r, j) or "").endswith("|1|beat-a") for j in fresh)  # still the beat's
+        assert hold(store, "beat-h", [(published, "h")]) == {published: True}
+        assert lease(store, r, published) == f"{_due(store, r, published)}|1|run"
         assert store.renew_slots([(running[0], "k")], SLOT_MS) == {running[0]: True}
         assert store.release(running[0], "k", "succeeded") == ReleaseResult(True, 1, False)
         assert store.cancel_batch("b1") == 2
@@ -692,9 +697,99 @@ def test_a_full_redis_refuses_the_gate_but_releases_and_renews(
         store.close()
 
 
+def _due(store: Store, r: redis.Redis, job_id: str) -> int:
+    record = store.get(job_id)
+    assert record is not None
+    return record.due_ms
+
+
 def test_batch_message_reads_only_its_form() -> None:
     counts = {"total": 2, "succeeded": 1, "failed": 0, "cancelled": 1}
     assert parse_batch_message(batch_message("b|x", counts)) == ("b|x", counts)
     assert parse_batch_message("nope") is None
     assert parse_batch_message("b|{bad") is None
     assert parse_batch_message('b|{"total":1}') is None
+
+
+# -- Redis Cluster ---------------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_the_gate_scripts_run_on_a_redis_cluster(cluster_url: str) -> None:
+    """Every gate script touches only its shard's hash tag: on a cluster (where a script's
+    key served by another node is refused) keys spread over the nodes are capped, parked, promoted, renewed,
+    listed; a batch is opened, run, cancelled and completed."""
+    from redis.cluster import RedisCluster
+
+    store = make_store(cluster_url, cluster=True, reclaim_ttl=30.0)
+    r = RedisCluster.from_url(cluster_url, decode_responses=True)
+    try:
+        keys = [f"tenant:{i}" for i in range(6)]
+        nodes = {r.get_node_from_key(store.keys.for_key(k).due).name for k in keys}
+        assert len(nodes) > 1
+        gates: dict[str, Gate] = {}
+        for key in keys:
+            ids = ids_of(key, 3)
+            put(store, r, ids)  # type: ignore[arg-type]
+            gates.update((job_id, Gate(key, 1, priority=i)) for i, job_id in enumerate(ids))
+        results = claim_and_gate(store, "beat-a", gates)
+        for key in keys:
+            ids = ids_of(key, 3)
+            assert sorted(results[j].decision for j in ids) == sorted([RELEASED, PARKED, PARKED])
+            [running] = [j for j in ids if results[j].decision is RELEASED]
+            assert hold(store, "beat-a", [(running, key)]) == {running: True}
+            assert store.renew_slots([(running, key)], SLOT_MS) == {running: True}
+            assert store.release(running, key, "succeeded") == ReleaseResult(True, 1, False)
+            assert store.set_limit(key, 5) == 1
+            assert store.pause(key) == 0 and store.resume(key) == 0
+        assert [s.key for s in store.key_states()] == keys
+        open_batch(store, "cb", 2)
+        ids, member_gates = batch_members(store, r, "cb", 2, 1)  # type: ignore[arg-type]
+        assert decisions(claim_and_gate(store, "beat-a", member_gates)) == {ids[0]: RELEASED, ids[1]: PARKED}
+        hold(store, "beat-a", [(ids[0], batch_key("cb"))])
+        assert store.cancel_batch("cb") == 1
+        assert store.release(ids[0], batch_key("cb"), "succeeded", "cb") == ReleaseResult(True, 0, True)
+        state = store.batch_state("cb")
+        assert state is not None and state.done and store.batch_states() == [state]
+        assert store.get(completion_id("cb")) is not None
+    finally:
+        r.close()
+        store.close()
+
+
+def test_corrupt_gate_data_is_read_as_absent(store: Store, r: redis.Redis) -> None:
+    """An override, a rate time or batch counts that do not read (written by hand) change no
+    answer into an error: the override is ignored (the job's own limit counts), the rate
+    starts again, the counts read as 0; a lease entry held by the token that does not read is
+    gated with due now and tries 1."""
+    keys = store.keys.for_key("k")
+    r.hset(keys.gate_limits, "k", "lots")
+    r.hset(keys.gate_rates, "k", "soon")
+    ids = ids_of("k", 2)
+    put(store, r, ids)
+    gates = {j: Gate("k", 1, parse_rate("1/h")) for j in ids}
+    assert decisions(claim_and_gate(store, "beat-a", gates)) == {ids[0]: RELEASED, ids[1]: PARKED}
+    assert store.key_state("k") == KeyState("k", 1, "lots", 1, 1, False)
+    assert float(r.hget(keys.gate_rates, "k")) > server_ms(r) + 3_500_000  # a new arrival time
+    [odd] = ids_of("odd", 1)
+    put(store, r, [odd])
+    store.claim([store.keys.shard_of(odd)], "beat-a")
+    r.hset(store.keys.for_job(odd).leases, odd, "garbage|beat-a")
+    before = server_ms(r)
+    assert decisions(store.gate("beat-a", {store.keys.shard_of(odd): [(odd, Gate("odd", 1))]}, SLOT_MS)) == {
+        odd: RELEASED
+    }
+    assert hold(store, "beat-a", [(odd, "odd")]) == {odd: True}
+    entry = lease(store, r, odd) or ""
+    assert entry.endswith("|1|run") and before <= int(entry.split("|")[0]) <= server_ms(r)
+    open_batch(store, "b1", 1)
+    bkeys = store.keys.for_key(batch_key("b1"))
+    r.hset(bkeys.batch("b1"), mapping={"succeeded": "many", "failed": "x"})
+    assert store.batch_state("b1") == BatchState("b1", 1, 0, 0, 0, 0, 1, False, _created(store, r, "b1"))
+    [member] = batch_members(store, r, "b1", 1)[0]
+    claim_and_gate(store, "beat-a", {member: Gate(batch_key("b1"), None, batch="b1")})
+    assert store.release(member, batch_key("b1"), "succeeded", "b1") == ReleaseResult(True, 0, True)
+
+
+def _created(store: Store, r: redis.Redis, bid: str) -> int:
+    return int(r.hget(store.keys.for_key(batch_key(bid)).batch(bid), "created"))

@@ -52,7 +52,7 @@ end
 local done = 0
 if redis.call('EXISTS', bkey) == 1 then
   if cancelled > 0 then
-    redis.call('HINCRBY', bkey, 'cancelled', cancelled)
+    batch_add(bid, 'cancelled', cancelled)
   end
   done = batch_check(bid, ARGV[3], ARGV[4], shard, server_now())
 end

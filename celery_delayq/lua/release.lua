@@ -51,7 +51,7 @@ end
 local now = server_now()
 local done = 0
 if bid ~= '' and outcome ~= 'retry' and redis.call('EXISTS', batch_hash(bid)) == 1 then
-  redis.call('HINCRBY', batch_hash(bid), outcome, 1)
+  batch_add(bid, outcome, 1)
   done = batch_check(bid, ARGV[5], ARGV[6], shard, now)
 end
 local promoted = promote(key, ARGV[6], shard, now)

@@ -100,6 +100,13 @@ local function promote(key, channel, shard, now)
   end
   return moved
 end
+-- batch_add(bid, field, n): add n to a count of the batch's hash; a count that does not read
+-- (written by hand) counts as 0 (HINCRBY would fail the script after its first writes).
+local function batch_add(bid, field, n)
+  local bkey = batch_hash(bid)
+  local count = tonumber(redis.call('HGET', bkey, field)) or 0
+  redis.call('HSET', bkey, field, string.format('%d', count + n))
+end
 -- batch_check(bid, batch_channel, channel, shard, now): when the batch's succeeded + failed +
 -- cancelled reach its total and it was not done yet (HSETNX done), make its completion job
 -- (if any, still parked) due at now - 256, wake the beats, and publish
