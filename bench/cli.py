@@ -18,6 +18,7 @@ from importlib.metadata import version
 from types import FrameType
 
 from .dispatch import row_dispatch, row_dispatch_rabbitmq, row_scale
+from .flow import row_flow
 from .harness import DEFAULT, FULL, QUICK, Context, Sizes
 from .lateness import row_lateness_burst, row_lateness_steady, row_wakeup
 from .produce import row_apply_at, row_apply_at_many
@@ -45,6 +46,7 @@ ROWS: list[Row] = [
     Row("worker_rss", "worker RSS with jobs pending in delayq vs none, vs Celery ETA", row_worker_rss),
     Row("redis_memory", "Redis bytes per pending job vs Celery's ETA message", row_redis_memory),
     Row("scale", "dispatch rate with 1M pending vs 10k", row_scale),
+    Row("flow", "10,000 capped jobs (100 keys, limit 2) vs uncapped; release → next start", row_flow),
     # Last: its JVM and cached rows are gone before any row after it would start.
     Row("spark", 'df.write.format("delayq") on local[2] vs the plain writer in 1 process', row_spark),
 ]

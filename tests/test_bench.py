@@ -70,3 +70,22 @@ def test_the_dispatch_profile_runs(path: str) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"dispatch path: {path}; 3,000 jobs due at once" in proc.stdout
     assert "Dispatcher.run_once" in proc.stdout and "Store.claim" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_flow_row_runs_and_the_cap_held() -> None:
+    """``python -m bench --quick --only flow`` prints its lines; no job of a key started before a
+    slot of the key was free (the row counts such "negative gaps")."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "flow"],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| flow: ")]
+    assert any("capped throughput" in line for line in table), proc.stdout
+    assert sum("release → next start" in line for line in table) == 4, proc.stdout
+    assert any("Redis commands per job" in line for line in table), proc.stdout
+    gaps = [line for line in proc.stdout.splitlines() if "negative gaps" in line]
+    assert len(gaps) == 2 and all("the cap broken) 0;" in line for line in gaps), gaps
