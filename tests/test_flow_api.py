@@ -212,7 +212,7 @@ def test_a_batch_stores_its_members_with_ids_headers_and_priorities(app: Celery,
     assert headers[BATCH_DONE_HEADER] == "b1" and GATE_HEADER not in headers
     assert state == "gated"  # parked until the batch completes
     completion = DelayQ(app).get(completion_id("b1"))
-    assert completion is not None and (completion.task, completion.args) == ("t.noop", [])
+    assert completion is not None and (completion.task, completion.args) == ("t.add", [])
     assert (completion.state, completion.lease_until) == ("gated", None)  # parked: no time
     assert completion_id("b1") in [job.id for job in DelayQ(app).pending()]
     assert result.progress() == {"total": 5, "waiting": 5, "running": 0, "succeeded": 0, "failed": 0,
