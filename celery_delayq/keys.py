@@ -150,7 +150,8 @@ class ShardKeys:
 
     @property
     def gate_paused(self) -> str:
-        """Set: paused gate keys."""
+        """Hash: paused gate key -> ``"1"`` (a hash, not a set: ``HEXISTS``/``HSET``/``HDEL`` are
+        in the documented ACL rule, ``SISMEMBER`` is not)."""
         return self._key("gate:paused")
 
     @property

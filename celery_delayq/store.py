@@ -1304,7 +1304,7 @@ class Store:
             for key in keys:
                 pipe.hget(names.gate_keys, key)
                 pipe.hget(names.gate_limits, key)
-                pipe.sismember(names.gate_paused, key)
+                pipe.hexists(names.gate_paused, key)
                 pipe.zcard(names.running(key))
                 pipe.zcard(names.waiting(key))
             replies = iter(pipe.execute())
@@ -1325,7 +1325,7 @@ class Store:
         """Every gate key of every shard (``gate:keys``), by name."""
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keys.all_shards():
-                pipe.hkeys(shard.gate_keys)
+                pipe.hgetall(shard.gate_keys)  # HGETALL: in the ACL rule (HKEYS is not)
             found = pipe.execute()
         out: list[KeyState] = []
         for index, keys in enumerate(found):

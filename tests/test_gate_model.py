@@ -493,6 +493,7 @@ def gate_store(redis_url: str) -> Iterator[Store]:
     store.close()
 
 
+@pytest.mark.slow
 def test_the_gate_agrees_with_its_model(gate_store: Store) -> None:
     stats: Counter[str] = Counter()
     started = time.monotonic()

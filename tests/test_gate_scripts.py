@@ -37,6 +37,7 @@ from celery_delayq.store import (
     Store,
     is_oom,
 )
+from tests.support.acl import STORE_PASSWORD, documented_rule, server_kind
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
 from tests.support.store import make_store, server_ms, snapshot
@@ -823,3 +824,66 @@ def test_a_gate_call_of_many_jobs_slices_its_writes(store: Store, r: redis.Redis
     jobs = [(f"{{m}}j{i}", Gate("m", 1)) for i in range(2500)]
     result = store.gate("beat-a", {store.keys.shard_of("m"): jobs}, SLOT_MS)
     assert len(result) == 2500 and {g.decision for g in result.values()} == {NOT_HELD}
+
+
+# -- the documented ACL user ---------------------------------------------------------------------
+
+
+ACL_ADMIN = ("admin", "admin-pw")
+
+
+@pytest.fixture
+def acl_admin(server_binary: tuple[str, str]) -> Iterator[tuple[EmbeddedRedis, redis.Redis]]:
+    """A server whose default user is off, its admin client, and the user of docs/security.md."""
+    with EmbeddedRedis(binary=server_binary[1]) as server:
+        setup = redis.Redis(host="127.0.0.1", port=server.port)
+        setup.execute_command("ACL", "SETUSER", ACL_ADMIN[0], "on", f">{ACL_ADMIN[1]}", "~*", "&*", "+@all")
+        setup.execute_command("ACL", "SETUSER", "default", "off")
+        setup.close()
+        admin = redis.Redis(
+            host="127.0.0.1", port=server.port, username=ACL_ADMIN[0], password=ACL_ADMIN[1],
+            decode_responses=True,
+        )
+        admin.execute_command("ACL", "SETUSER", *documented_rule("delayq", server=server_kind(admin)))
+        admin.acl_log_reset()
+        yield server, admin
+        admin.close()
+
+
+def test_the_documented_acl_user_runs_flow_control(acl_admin: tuple[EmbeddedRedis, redis.Redis]) -> None:
+    """Every flow-control script and read of the store, as the user of docs/security.md: all
+    work and nothing is refused (the ACL log stays empty), the batch message included."""
+    server, admin = acl_admin
+    store = make_store(f"redis://delayq:{STORE_PASSWORD}@127.0.0.1:{server.port}/0", reclaim_ttl=30.0)
+    r = redis.Redis(host="127.0.0.1", port=server.port, username=ACL_ADMIN[0], password=ACL_ADMIN[1],
+                    decode_responses=True)
+    subscription = store.batch_subscription()
+    try:
+        ids = start(store, r, "k", 3, 1)
+        [running] = [j for j in ids if (lease(store, r, j) or "").endswith("|run")]
+        assert store.renew_slots([(running, "k")], SLOT_MS) == {running: True}
+        assert store.pause("k") == 0 and store.resume("k") == 0
+        assert store.set_limit("k", 2) == 1 and store.set_limit("k", None) == 1
+        assert store.clear_limit("k") == 0 and store.key_limit("k") == (False, None)
+        assert store.release(running, "k", "succeeded").released
+        assert [s.key for s in store.key_states()] == ["k"] and store.key_state("k").running == 0
+        rated = ids_of("rated", 2)
+        put(store, r, rated)
+        results = claim_and_gate(store, "beat-a", {j: Gate("rated", None, parse_rate("1/h")) for j in rated})
+        assert decisions(results) == {rated[0]: RELEASED, rated[1]: DEFERRED}
+        open_batch(store, "b1", 2)
+        members, gates = batch_members(store, r, "b1", 2, 1)
+        claim_and_gate(store, "beat-a", gates)
+        hold(store, "beat-a", [(members[0], batch_key("b1"))])
+        assert store.cancel_batch("b1") == 1
+        assert store.release(members[0], batch_key("b1"), "failed", "b1") == ReleaseResult(True, 0, True)
+        assert [s.batch_id for s in store.batch_states()] == ["b1"]
+        message = wait_for(lambda: subscription.get_message(timeout=0.1), timeout=5)
+        assert parse_batch_message(message["data"]) == (
+            "b1", {"total": 2, "succeeded": 0, "failed": 1, "cancelled": 1},
+        )
+        assert admin.acl_log() == []
+    finally:
+        subscription.close()
+        r.close()
+        store.close()

@@ -50,7 +50,7 @@ for i = 6, #ARGV do
   end
 end
 local done = 0
-if redis.call('EXISTS', bkey) == 1 then
+if redis.call('HEXISTS', bkey, 'total') == 1 then
   if cancelled > 0 then
     batch_add(bid, 'cancelled', cancelled)
   end

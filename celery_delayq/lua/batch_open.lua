@@ -13,7 +13,7 @@ ARGV[1] batch id, ARGV[2] total members (a whole number >= 0)
 ARGV[3] completion job id, or "" (none), ARGV[4] its envelope (stored form; "" when none)
 ARGV[5] created (ms), ARGV[6] meta (JSON: limit, priority, eta ms)
 
-Returns 0 when batch:<bid> exists (nothing written), else writes its hash (total, succeeded,
+Returns 0 when batch:<bid> exists (its total is set; nothing written), else writes its hash (total, succeeded,
 failed, cancelled 0, created, completion, meta), adds the id to batches, stores the completion
 job (if any) parked: it is made due by the batch's completion (includes/gate.lua batch_check).
 Returns 1.
@@ -35,7 +35,7 @@ if not gate_key_ok(bid) or total == nil or total < 0 or created == nil or comple
   return redis.error_reply('delayq batch_open: batch id, total, completion id and envelope, created and meta expected')
 end
 local bkey = batch_hash(bid)
-if redis.call('EXISTS', bkey) == 1 then
+if redis.call('HEXISTS', bkey, 'total') == 1 then
   return 0
 end
 redis.call('HSET', bkey, 'total', total, 'succeeded', 0, 'failed', 0, 'cancelled', 0,

@@ -100,7 +100,7 @@ for i = 5, #ARGV, 6 do
       out[#out + 1] = {'released', 0}
     else
       local cap = limit_in_force(key, limit)
-      if redis.call('SISMEMBER', G_PAUSED, key) == 1 or (cap ~= nil and cap <= redis.call('ZCARD', rkey)) then
+      if redis.call('HEXISTS', G_PAUSED, key) == 1 or (cap ~= nil and cap <= redis.call('ZCARD', rkey)) then
         redis.call('ZADD', KEYS[1], PARK_TEXT, id)
         redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, GATE_TOKEN))
         redis.call('ZADD', wait_key(key), wait_score(int_arg(i + 5), due), id)

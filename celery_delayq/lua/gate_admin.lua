@@ -9,7 +9,8 @@ Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:key
 gate:limits, gate:paused, gate:run:<key>, gate:wait:<key>.
 
 ARGV[1] op: "limit" (override = ARGV[3], a whole number >= 1), "unlimit" (override "none":
-        no cap), "clear" (no override: each job's own limit), "pause", "resume"
+        no cap), "clear" (no override: each job's own limit), "pause" (gate:paused key = "1"),
+        "resume" (removed)
 ARGV[2] gate key, ARGV[3] value (the limit; "" otherwise)
 ARGV[4] wake channel, ARGV[5] shard index
 
@@ -47,8 +48,8 @@ elseif op == 'unlimit' then
 elseif op == 'clear' then
   redis.call('HDEL', G_LIMITS, key)
 elseif op == 'pause' then
-  redis.call('SADD', G_PAUSED, key)
+  redis.call('HSET', G_PAUSED, key, '1')
 else
-  redis.call('SREM', G_PAUSED, key)
+  redis.call('HDEL', G_PAUSED, key)
 end
 return promote(key, ARGV[4], shard, server_now())

@@ -51,7 +51,7 @@ if entry and not lease_holds(entry, GATE_TOKEN) then
 end
 local now = server_now()
 local done = 0
-if bid ~= '' and outcome ~= 'retry' and redis.call('EXISTS', batch_hash(bid)) == 1 then
+if bid ~= '' and outcome ~= 'retry' and redis.call('HEXISTS', batch_hash(bid), 'total') == 1 then
   batch_add(bid, outcome, 1)
   done = batch_check(bid, ARGV[5], ARGV[6], shard, now)
 end

@@ -7,8 +7,9 @@
 -- are built from KEYS[1] ("<prefix>:{<prefix>:<i>}:due") minus "due". GATE_BASE is that.
 local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
 -- G_KEYS hash key -> the last limit a job of it carried; G_LIMITS hash key -> override
--- ("<n>" or "none"); G_PAUSED set of paused keys; G_RATES hash key -> GCRA arrival time ms;
--- G_BATCHES set of the shard's batch ids.
+-- ("<n>" or "none"); G_PAUSED hash paused key -> "1"; G_RATES hash key -> GCRA arrival time
+-- ms; G_BATCHES set of the shard's batch ids. The commands used on them are all in the ACL
+-- rule of docs/security.md (no SISMEMBER, ZPOPMIN or EXISTS).
 local G_KEYS = GATE_BASE .. 'gate:keys'
 local G_LIMITS = GATE_BASE .. 'gate:limits'
 local G_PAUSED = GATE_BASE .. 'gate:paused'
@@ -80,7 +81,7 @@ end
 -- again meanwhile) is dropped from the list without counting. Returns how many were moved.
 local function promote(key, channel, shard, now)
   purge(key, now)
-  if redis.call('SISMEMBER', G_PAUSED, key) == 1 then
+  if redis.call('HEXISTS', G_PAUSED, key) == 1 then
     return 0
   end
   local wkey = wait_key(key)
@@ -96,11 +97,12 @@ local function promote(key, channel, shard, now)
   end
   local moved = 0
   while moved < free do
-    local popped = redis.call('ZPOPMIN', wkey)
+    local popped = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
     if popped[1] == nil then
       break
     end
     local id = popped[1]
+    redis.call('ZREM', wkey, id)
     local score = tonumber(redis.call('ZSCORE', KEYS[1], id))
     if score == PARK_MS and redis.call('HEXISTS', KEYS[2], id) == 1 then
       local priority = 255 - math.floor(tonumber(popped[2]) / 1e13)
@@ -123,7 +125,8 @@ end
 -- batch_check(bid, batch_channel, channel, shard, now): when the batch's succeeded + failed +
 -- cancelled reach its total and it was not done yet (HSETNX done), make its completion job
 -- (if any, still parked) due at now - 256, wake the beats, and publish
--- "<bid>|{counts}" on batch_channel (lua_formats.batch_message mirrors it). Returns 1 when
+-- "<bid>|{counts}" on batch_channel (lua_formats.batch_message mirrors it; with pcall: an ACL
+-- user without the channel loses the message, never the writes after it). Returns 1 when
 -- this call completed the batch, else 0.
 local function batch_check(bid, batch_channel, channel, shard, now)
   local bkey = batch_hash(bid)
@@ -144,6 +147,6 @@ local function batch_check(bid, batch_channel, channel, shard, now)
     end
   end
   local counts = string.format('{"total":%d,"succeeded":%d,"failed":%d,"cancelled":%d}', total, s, f, c)
-  redis.call('PUBLISH', batch_channel, bid .. '|' .. counts)
+  redis.pcall('PUBLISH', batch_channel, bid .. '|' .. counts)
   return 1
 end
