@@ -166,11 +166,6 @@ def test_batch_errors_through_the_table() -> None:
     assert (empty.exit_code, empty.message) == (2, "a batch needs at least one member")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/security.md's rule has no +hkeys +sismember +zpopmin +exists and no &<prefix>:batch "
-    "channel, which flow control uses (found one at a time here: granting those five, this test passes)",
-)
 def test_every_flow_command_works_with_the_documented_acl_user(app: Celery, r: redis.Redis, cli: Any) -> None:
     """The flow commands need no command or channel beyond docs/security.md's rule."""
     user, password = "delayq-flow-cli", "flow-secret"
