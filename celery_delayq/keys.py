@@ -159,6 +159,11 @@ class ShardKeys:
         """Hash: gate key -> GCRA theoretical arrival time (ms): the next release it allows."""
         return self._key("gate:rates")
 
+    @property
+    def gate_booked(self) -> str:
+        """Hash: id of a job its key's rate deferred -> the release time (ms) it booked."""
+        return self._key("gate:booked")
+
     def running(self, key: str) -> str:
         """Sorted set: id of a released job of ``key`` whose task has not finished -> slot expiry ms."""
         return self._key("gate:run:" + key)

@@ -346,9 +346,10 @@ def test_key_states_list_every_key(store: Store, r: redis.Redis) -> None:
 
 
 def test_a_rate_spaces_releases_across_two_beats(store: Store, r: redis.Redis, wake: Wake) -> None:
-    """2/s: one release every 500 ms (GCRA, no burst), whichever beat gates. A deferred job is
-    due at the time the rate allows (its score, the reply's until_ms, the wake marker), keeps
-    its tries and is released when claimed then."""
+    """2/s: one release every 500 ms (GCRA, no burst), whichever beat gates. A deferred job
+    books the next time the rate allows (its score, the reply's until_ms; the wake marker is
+    lowered to the first), keeps its tries and is released when claimed then, without being
+    deferred again: two jobs deferred at once book times 500 ms apart."""
     ids = ids_of("r", 3)
     first = put(store, r, ids)
     gate = Gate("r", None, parse_rate("2/s"))
@@ -360,18 +361,21 @@ def test_a_rate_spaces_releases_across_two_beats(store: Store, r: redis.Redis, w
     assert decisions(b) == {ids[1]: DEFERRED, ids[2]: DEFERRED}
     until = b[ids[1]].until_ms
     assert until is not None and before + 500 <= until <= server_ms(r) + 500
-    assert b[ids[2]].until_ms == until  # both wait for the same next arrival
+    assert b[ids[2]].until_ms == until + 500  # booked the next arrival after it
     for i in (1, 2):
-        assert score(store, r, ids[i]) == until
+        assert score(store, r, ids[i]) == until + (i - 1) * 500
         assert lease(store, r, ids[i]) == f"{first + i}|0|gate"
     keys = store.keys.for_key("r")
     assert int(r.get(keys.wake)) <= until
     assert wake.drain() == [f"{keys.index}:{until}"]
     wait_for(lambda: server_ms(r) >= until, timeout=5)
     c = claim_and_gate(store, "beat-a", {j: gate for j in ids[1:]})
-    assert decisions(c) == {ids[1]: RELEASED, ids[2]: DEFERRED}  # the next one 500 ms later
-    later = c[ids[2]].until_ms
-    assert later is not None and until + 500 <= later <= server_ms(r) + 501
+    assert decisions(c) == {ids[1]: RELEASED}  # ids[2] is not due before its booked time
+    wait_for(lambda: server_ms(r) >= until + 500, timeout=5)
+    d = claim_and_gate(store, "beat-b", {ids[2]: gate})
+    assert decisions(d) == {ids[2]: RELEASED}  # its booking used: not deferred again
+    assert float(r.hget(keys.gate_rates, "r")) == until + 1000
+    assert r.hlen(keys.gate_booked) == 0
     record = store.get(ids[1])
     assert record is not None and record.tries == 1
 

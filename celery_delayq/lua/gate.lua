@@ -8,7 +8,7 @@ KEYS[4] wake       lowered (with a wake message on ARGV[3]) to a deferred job's 
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag, so same cluster slot; see includes/gate.lua):
-gate:keys, gate:limits, gate:paused, gate:rates, gate:run:<key>, gate:wait:<key>.
+gate:keys, gate:limits, gate:paused, gate:rates, gate:booked, gate:run:<key>, gate:wait:<key>.
 
 ARGV[1] token: the beat's lease token (no "|")
 ARGV[2] slot TTL ms: how long a released job's slot lasts unless its worker renews it
@@ -26,10 +26,14 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - the key is paused, or the limit in force (gate:limits override: a number, or "none" for no
   cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
   PARK_MS, lease entry (due, tries - 1, "gate"), listed in gate:wait:<key> by priority then due.
-- a rate is given and the key's arrival time (GCRA) is after now -> "deferred": score and ms
-  = that time, lease entry (due, tries - 1, "gate"), the wake marker lowered to it; claimed
-  again then. Else the arrival time
-  becomes max(it, now) + period / count.
+- a rate is given and the job has not booked a release time (below) and the key's arrival
+  time (GCRA, gate:rates) is after now -> "deferred": the job books that time (gate:booked),
+  the arrival time moves on by period / count, and the job's score and ms = the booked time,
+  lease entry (due, tries - 1, "gate"), the wake marker lowered to it; claimed again then, it
+  is not deferred again (its booking is used up). So n jobs of a key due at once are spread
+  period / count apart with one deferral each, and a backlog runs at exactly the rate (the
+  next time counts from the last booked one, not from when a beat came to claim it). A job
+  with no rate to wait for moves the arrival time to max(it, now) + period / count.
 - else "released": ZADD gate:run:<key> now + TTL (the lease stays the beat's until hold.lua).
 Every key seen is written to gate:keys with the job's limit ("" none): promotion reads it.
 
@@ -107,14 +111,17 @@ for i = 5, #ARGV, 6 do
         out[#out + 1] = {'parked', 0}
       else
         local deferred = nil
-        if ARGV[i + 3] ~= '' then
+        if ARGV[i + 3] ~= '' and redis.call('HDEL', G_BOOKED, id) == 0 then
           local tat = tonumber(redis.call('HGET', G_RATES, key)) or 0
+          local interval = int_arg(i + 4) / int_arg(i + 3)
           if tat > now then
             deferred = math.ceil(tat)
+            redis.call('HSET', G_BOOKED, id, deferred)
+            tat = tat + interval
           else
-            tat = math.max(tat, now) + int_arg(i + 4) / int_arg(i + 3)
-            redis.call('HSET', G_RATES, key, string.format('%.3f', tat))
+            tat = math.max(tat, now) + interval
           end
+          redis.call('HSET', G_RATES, key, string.format('%.3f', tat))
         end
         if deferred then
           redis.call('ZADD', KEYS[1], deferred, id)
