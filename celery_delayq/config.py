@@ -88,6 +88,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "Seconds a released gated job's slot lasts unless its worker renews it (every third of "
         "it); a job whose worker died runs again after this. Beats and workers must agree.",
     ),
+    "delayq_start_ttl": (
+        3600.0,
+        "Seconds a released gated job may wait in the broker for a worker to start it before "
+        "its slot comes back and it is delivered again (its worker takes the slot over at the "
+        "start, and renews it every third of delayq_slot_ttl). Longer than any queue backlog.",
+    ),
 }
 
 
@@ -217,6 +223,7 @@ class DelayQConfig:
     metrics_addr: str = "127.0.0.1"
     past_warning: float | None = 3600.0
     slot_ttl: float = 60.0
+    start_ttl: float = 3600.0
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -282,6 +289,7 @@ class DelayQConfig:
             metrics_addr=_address(n["delayq_metrics_addr"], get["delayq_metrics_addr"]),
             past_warning=_optional_seconds(n["delayq_past_warning"], get["delayq_past_warning"]),
             slot_ttl=_number(n["delayq_slot_ttl"], get["delayq_slot_ttl"], float, 0.5),
+            start_ttl=_number(n["delayq_start_ttl"], get["delayq_start_ttl"], float, 0.5),
         )
 
     @classmethod

@@ -305,7 +305,7 @@ class Dispatcher:
         Redis error leaves the jobs leased to this beat, and they are delivered again after
         their lease on the same slot."""
         try:
-            held = self.store.hold(self.token, holds, int(self.config.slot_ttl * 1000))
+            held = self.store.hold(self.token, holds, int(self.config.start_ttl * 1000))
         except REDIS_ERRORS as exc:
             self.stats.redis_errors[redis_error_kind(exc)] += 1
             logger.error(

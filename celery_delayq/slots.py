@@ -2,12 +2,15 @@
 when it ends.
 
 When a beat releases a gated job (:mod:`.gate`), the job takes one slot of its key
-(``gate:run:<key>``) that lasts ``delayq_slot_ttl`` seconds. The message carries the
+(``gate:run:<key>``) that lasts ``delayq_start_ttl`` seconds while its message waits for a
+worker, and ``delayq_slot_ttl`` seconds once a worker started it. The message carries the
 :data:`~.gate.GATE_HEADER` header, which Celery hands to the task as
 ``task.request.delayq_gate`` (custom message headers become request attributes, in the
 process that runs the task, with every pool). This module's receivers:
 
-- ``task_prerun``: a request with the header is remembered in its process' running set; a
+- ``task_prerun``: the slot is taken over (one ``Store.renew_slots`` call: its lease becomes
+  ``delayq_slot_ttl`` and its token "run"), and the request is remembered in its process'
+  running set; a
   daemon thread of that process (started at its first gated task, again in each prefork
   child) renews every slot of the set every ``delayq_slot_ttl / 3`` s (``Store.renew_slots``,
   one pipeline).
@@ -110,7 +113,18 @@ class SlotKeeper:
             self._start_renewer()
         with self._lock:
             self.running[job_id] = (gate.key, gate.batch or batch_of(job_id))
+        self.take_over(job_id, gate.key)
         return True
+
+    def take_over(self, job_id: str, key: str) -> None:
+        """The task starts: its slot, which lasted ``delayq_start_ttl`` while the message waited
+        for a worker, now lasts ``delayq_slot_ttl`` and is this process' to renew (one
+        ``Store.renew_slots`` call). Never raises: on a Redis error the renewal thread tries
+        again, and until then the slot keeps the start TTL."""
+        try:
+            get_store(self.app).renew_slots([(job_id, key)], int(self.ttl * 1000))
+        except Exception as exc:
+            logger.warning("delayq: cannot take over the slot of %s (key %r) in Redis: %r", job_id, key, exc)
 
     def finished(self, job_id: str, header: Any, outcome: str) -> bool:
         """A gated task ended (or was revoked before it ran): give its slot back with

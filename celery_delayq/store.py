@@ -1233,11 +1233,13 @@ class Store:
         return out
 
     def hold(
-        self, token: str, jobs_by_shard: dict[int, list[tuple[str, str]]], slot_ttl_ms: int
+        self, token: str, jobs_by_shard: dict[int, list[tuple[str, str]]], start_ttl_ms: int
     ) -> dict[str, bool]:
         """After publishing released gated jobs ``(id, key)``: mark those ``token`` still holds
-        running (``lua/hold.lua``; instead of :meth:`ack`); ``{id: held}``. One pipeline."""
-        return self._pairs_by_call("hold", [token, int(slot_ttl_ms)], jobs_by_shard)
+        running for ``start_ttl_ms`` (``lua/hold.lua``; instead of :meth:`ack`); ``{id: done}``:
+        True when held, or when its worker started or finished it already (nothing to do); False
+        when ``token`` no longer holds it. One pipeline."""
+        return self._pairs_by_call("hold", [token, int(start_ttl_ms)], jobs_by_shard)
 
     def renew_slots(self, jobs: Sequence[tuple[str, str]], slot_ttl_ms: int) -> dict[str, bool]:
         """Extend to now + ``slot_ttl_ms`` the slots of running gated jobs ``(id, key)``

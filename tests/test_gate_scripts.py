@@ -393,16 +393,44 @@ def test_release_is_idempotent(store: Store, r: redis.Redis) -> None:
     assert snapshot(_url(store)) == state
 
 
-def test_a_release_before_hold_removes_the_job_and_hold_then_refuses(store: Store, r: redis.Redis) -> None:
+def test_a_release_before_hold_removes_the_job_and_hold_does_nothing(store: Store, r: redis.Redis) -> None:
     """A fast worker: the task ends before the beat holds it. The job still has the beat's
-    lease: release removes it, and the hold finds no slot."""
+    lease: release removes it, and the hold finds it finished (done, nothing written)."""
     ids = ids_of("k", 1)
     put(store, r, ids)
     claim_and_gate(store, "beat-a", {ids[0]: Gate("k", 1)})
     assert store.release(ids[0], "k", "succeeded") == ReleaseResult(True, 0, False)
     assert store.get(ids[0]) is None
-    assert hold(store, "beat-a", [(ids[0], "k")]) == {ids[0]: False}
+    assert hold(store, "beat-a", [(ids[0], "k")]) == {ids[0]: True}
     assert store.get(ids[0]) is None and run_ids(store, r, "k") == []
+
+
+def test_hold_gives_the_start_ttl_and_the_worker_takes_the_slot_over(store: Store, r: redis.Redis) -> None:
+    """hold.lua: the message may wait for a worker the start TTL (due score and slot expiry
+    now + it). slot_renew.lua at the task's start: now + the slot TTL, lease "run". A worker
+    that starts the task before the beat's hold takes the beat's lease over; the hold then
+    has nothing to do (True) and does not give the start TTL back."""
+    ids = ids_of("k", 3)
+    first = put(store, r, ids)
+    claim_and_gate(store, "beat-a", {job: Gate("k", 3) for job in ids})
+    before = server_ms(r)
+    assert hold(store, "beat-a", [(ids[0], "k")], slot_ms=3_600_000) == {ids[0]: True}
+    for value in (score(store, r, ids[0]), r.zscore(store.keys.for_key("k").running("k"), ids[0])):
+        assert value is not None and before + 3_600_000 <= value <= server_ms(r) + 3_600_000
+    assert store.renew_slots([(ids[0], "k")], 5_000) == {ids[0]: True}
+    assert score(store, r, ids[0]) is not None and score(store, r, ids[0]) <= server_ms(r) + 5_000  # type: ignore[operator]
+    # ids[1]: its worker starts it before the beat holds it
+    assert lease(store, r, ids[1]) == f"{first + 1}|1|beat-a"
+    assert store.renew_slots([(ids[1], "k")], 5_000) == {ids[1]: True}
+    assert lease(store, r, ids[1]) == f"{first + 1}|1|run"
+    taken = score(store, r, ids[1])
+    assert taken is not None and taken <= server_ms(r) + 5_000
+    assert hold(store, "beat-a", [(ids[1], "k")], slot_ms=3_600_000) == {ids[1]: True}
+    assert score(store, r, ids[1]) == taken and lease(store, r, ids[1]) == f"{first + 1}|1|run"
+    # a beat whose lease expired and another beat took: not held, nothing written
+    r.hset(store.keys.for_job(ids[2]).leases, ids[2], f"{first + 2}|2|beat-b")
+    assert hold(store, "beat-a", [(ids[2], "k")]) == {ids[2]: False}
+    assert lease(store, r, ids[2]) == f"{first + 2}|2|beat-b"
 
 
 def test_a_release_keeps_a_job_stored_again(store: Store, r: redis.Redis) -> None:
@@ -431,7 +459,9 @@ def test_slot_renew_extends_slots_and_running_scores(store: Store, r: redis.Redi
     for job_id in (running, released):
         assert before + 90_000 <= slots[job_id] <= server_ms(r) + 90_000
     assert score(store, r, running) == slots[running]
-    assert score(store, r, released) == beat_lease  # still the beat's lease
+    # its worker started it before the beat's hold: the slot is the worker's now
+    assert score(store, r, released) == slots[released] != beat_lease
+    assert (lease(store, r, released) or "").endswith("|run")
 
 
 def test_an_expired_slot_of_a_cancelled_job_is_purged_by_the_next_gate(store: Store, r: redis.Redis) -> None:

@@ -9,15 +9,18 @@ KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>.
 
 ARGV[1] token: the beat's lease token
-ARGV[2] slot TTL ms
+ARGV[2] start TTL ms (delayq_start_ttl): how long the message may wait for a worker
 ARGV[3..] pairs: job id, gate key
 
 For each job that the token still holds and whose id has a slot in gate:run:<key> (gate.lua
-gave it one): lease entry (due, tries, "run"), due score and slot expiry now + TTL. A job
-whose worker dies is then claimed again when its slot expires (the score), and gate.lua
-releases it again into the slot it has.
-Returns one entry per pair: 1 held, 0 left alone (not held, or no slot: the worker may have
-released it already, in which case release.lua removed the job).
+gave it one): lease entry (due, tries, "run"), due score and slot expiry now + TTL: the
+message may wait that long in the broker. Its worker takes the slot over when the task starts
+(slot_renew.lua: expiry now + delayq_slot_ttl, renewed while it runs). A job whose message is
+lost or whose worker dies is then claimed again when its slot expires (the score), and
+gate.lua releases it again into the slot it has.
+Returns one entry per pair: 1 held; 2 nothing to do: its worker started it already (lease
+"run", slot kept) or it finished already (no envelope, no slot: release.lua removed it);
+0 left alone (the token no longer holds it: its lease expired and another beat took it).
 Runs when Redis is over maxmemory: it rewrites entries of the same size. Its first write is
 an HDEL that deletes nothing (Redis 6.2 never refuses HDEL; see claim.lua).
 ]]
@@ -50,6 +53,14 @@ for i = 3, #ARGV, 2 do
     redis.call('ZADD', KEYS[1], expiry, id)
     redis.call('ZADD', rkey, expiry, id)
     out[#out + 1] = 1
+  elseif redis.call('ZSCORE', rkey, id) then
+    if entry and lease_holds(entry, RUN_TOKEN) then
+      out[#out + 1] = 2
+    else
+      out[#out + 1] = 0
+    end
+  elseif redis.call('HEXISTS', KEYS[2], id) == 0 then
+    out[#out + 1] = 2
   else
     out[#out + 1] = 0
   end

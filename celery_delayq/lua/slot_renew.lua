@@ -2,7 +2,7 @@
 --[[ slot_renew: a worker keeps the slots of its running gated tasks.
 
 KEYS[1] due        a running job's score (its slot expiry) becomes now + TTL
-KEYS[3] leases     read (is the job running, token "run"?)
+KEYS[3] leases     read (is the job held back, token "gate"?); a beat's entry becomes "run"
 KEYS[2] jobs, KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>.
@@ -11,10 +11,14 @@ ARGV[1] slot TTL ms
 ARGV[2..] pairs: job id, gate key
 
 For each job with a slot in gate:run:<key>: its slot expiry becomes now + TTL, and so does
-its due score when its lease entry's token is "run" (a job still leased by the beat that
-released it, before hold.lua, keeps the beat's lease expiry).
+its due score, unless the gate holds the job back (lease token "gate"). Its worker calls this
+when the task starts and then every third of the TTL, so a lease entry that is still the
+beat's (the task started before the beat's hold.lua) becomes the "run" one (due and tries
+kept): the start TTL hold.lua gave (a message waiting for a worker) is over, and a worker
+that dies is noticed after this TTL.
 Returns one entry per pair: 1 renewed, 0 no slot (released, or purged).
-Runs when Redis is over maxmemory (it only rewrites scores). Its first write is an HDEL that
+Runs when Redis is over maxmemory (it rewrites scores, and lease entries with a token no
+longer than before). Its first write is an HDEL that
 deletes nothing (Redis 6.2 never refuses HDEL; see claim.lua).
 ]]
 --!include args
@@ -34,7 +38,13 @@ for i = 2, #ARGV, 2 do
   if redis.call('ZSCORE', rkey, id) then
     redis.call('ZADD', rkey, expiry, id)
     local entry = redis.call('HGET', KEYS[3], id)
-    if entry and lease_holds(entry, RUN_TOKEN) then
+    if entry and not lease_holds(entry, GATE_TOKEN) then
+      if not lease_holds(entry, RUN_TOKEN) then
+        local due, tries = lease_read(entry)
+        if due then
+          redis.call('HSET', KEYS[3], id, lease_entry(due, tries, RUN_TOKEN))
+        end
+      end
       redis.call('ZADD', KEYS[1], expiry, id)
     end
     out[#out + 1] = 1
