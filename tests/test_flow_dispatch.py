@@ -193,6 +193,26 @@ def test_a_slot_not_renewed_comes_back_and_the_job_is_delivered_again(
     assert (state.running, state.waiting) == (1, 1)
 
 
+def test_a_message_waiting_for_a_worker_longer_than_the_slot_ttl_is_not_delivered_again(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers
+) -> None:
+    """No worker runs: the released job's message waits in the queue past delayq_slot_ttl,
+    within delayq_start_ttl. The beat does not deliver it again, and its slot stays taken."""
+    app = app_factory(delayq_slot_ttl=0.5, delayq_start_ttl=30, delayq_max_sleep=0.1)
+    first, _ = store_gated(app, Gate("tenant:9", limit=1), 2)
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert published_ids(r) == [first]
+    deadline = time.monotonic() + 2.0  # four slot TTLs
+    while time.monotonic() < deadline:
+        dispatcher.run_once()
+        time.sleep(0.05)
+    assert published_ids(r) == [first]
+    job = get_store(app).get(first)
+    assert job is not None and (job.state, job.tries) == ("running", 1)
+    assert get_store(app).key_state("tenant:9").running == 1
+
+
 def test_a_deferred_job_waits_for_its_rate(
     app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers
 ) -> None:
