@@ -43,6 +43,7 @@ from .config import DEFAULTS, DelayQConfig, setting_name
 from .due import MAX_DUE_MS, due_ms_from_eta, ms_to_datetime
 from .envelope import decode_envelope, loaded_form
 from .exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
+from .gate import PARK_MS
 from .store import EnqueueOutcome, Store
 
 __all__ = [
@@ -772,7 +773,10 @@ def read_shard(
     as tuples in :data:`READ_COLUMNS` order.
 
     ``state`` is ``"waiting"`` (due later), ``"due"`` (due time passed, no beat has
-    claimed it yet), ``"leased"`` (a beat is delivering it) or ``"dead"``. Waiting
+    claimed it yet), ``"leased"`` (a beat is delivering it), ``"gated"`` (flow control holds
+    it back: parked for a slot, with no ``lease_until``, or deferred by its rate until
+    ``lease_until``), ``"running"`` (a released capped job whose task has not finished; its
+    slot lasts until ``lease_until``) or ``"dead"``. Waiting
     and due jobs are read by score range only; leased ones (whose score is
     their lease expiry) from the shard's small leases hash, dead ones from its
     dead-letter hash. Not one snapshot: a job claimed while the shard is read
@@ -791,16 +795,18 @@ def read_shard(
             continue
         seen.add(job_id)
         yield _row(job_id, shard, due, raw, "due" if due <= now_ms else "waiting", 0, None, None)
-    leased = [  # (id, due ms, tries); a lease entry that does not read is left out
-        (job_id, due, tries)
-        for job_id, due, tries in store.leased(shard)
+    leased = [  # (id, due ms, tries, state); a lease entry that does not read is left out
+        (job_id, due, tries, state)
+        for job_id, due, tries, state in store.leased(shard)
         if job_id not in seen and low <= due <= high
     ]
     if leased:  # their envelopes and lease expiries: one round trip
-        found = store.envelopes_and_scores(shard, [job_id for job_id, _, _ in leased])
-        for (job_id, due, tries), (raw, until) in zip(leased, found, strict=True):
+        found = store.envelopes_and_scores(shard, [job_id for job_id, _, _, _ in leased])
+        for (job_id, due, tries, state), (raw, until) in zip(leased, found, strict=True):
             if raw is not None:
-                yield _row(job_id, shard, due, raw, "leased", tries, until, None)
+                # a parked job (flow control) has no lease expiry: it waits for a slot
+                lease_until = None if until is None or until >= PARK_MS else until
+                yield _row(job_id, shard, due, raw, state, tries, lease_until, None)
     if include_dead:
         for job_id, text in store.dead_in_shard(shard, page_size):
             try:

@@ -925,14 +925,15 @@ class Store:
                 pipe.hexists(jobs, job_id)
             return [bool(there) for there in pipe.execute()]
 
-    def leased(self, shard: int) -> list[tuple[str, int, int]]:
-        """The jobs a beat holds in one shard: ``(id, original due ms, tries)``; a lease entry
-        that does not read (the next claim replaces it) is left out."""
-        out: list[tuple[str, int, int]] = []
+    def leased(self, shard: int) -> list[tuple[str, int, int, str]]:
+        """The jobs of one shard with a lease entry: ``(id, original due ms, tries, state)``,
+        state ``"leased"`` (a beat holds it), ``"gated"`` or ``"running"`` (flow control); a
+        lease entry that does not read (the next claim replaces it) is left out."""
+        out: list[tuple[str, int, int, str]] = []
         for job_id, lease in self.client.hgetall(self.keys.shard(shard).leases).items():
             parsed = parse_lease(lease)
             if parsed is not None:
-                out.append((job_id, *parsed))
+                out.append((job_id, *parsed, _lease_state(lease)))
         return out
 
     def envelopes_and_scores(

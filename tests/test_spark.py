@@ -310,6 +310,30 @@ def test_read_shard_reports_waiting_due_leased_and_dead_jobs(redis_url: str, r: 
     store.close()
 
 
+
+def test_read_shard_reports_gated_and_running_jobs(redis_url: str, r: redis.Redis) -> None:
+    """Flow control's jobs: a capped job whose task runs ("running", lease_until its slot) and
+    one parked for a slot of its key ("gated", no lease_until: its score is far beyond any
+    timestamp Spark takes)."""
+    from celery_delayq.gate import Gate, gated_id
+
+    store = make_store(redis_url, shards=1, reclaim_ttl=600)
+    now = time.time()
+    ids = [gated_id("tenant", None) for _ in range(2)]
+    envelope = '{"v":2,"t":"t.f","c":1}'
+    store.enqueue([(job_id, int((now - 10 + i) * 1000), envelope) for i, job_id in enumerate(ids)])
+    claimed = store.claim([0], "beat-1", batch=5)[0].jobs
+    decided = store.gate("beat-1", {0: [(job.id, Gate("tenant", 1)) for job in claimed]}, 60_000)
+    assert [decided[job_id].decision.value for job_id in ids] == ["released", "parked"]
+    assert store.hold("beat-1", {0: [(ids[0], "tenant")]}, 3_600_000) == {ids[0]: True}
+    rows_out = {row[0]: dict(zip(READ_COLUMNS, row, strict=True)) for row in read_shard(store, 0)}
+    running, parked = rows_out[ids[0]], rows_out[ids[1]]
+    assert (running["state"], parked["state"]) == ("running", "gated")
+    assert running["lease_until"] > datetime.now(UTC) + timedelta(seconds=3000)
+    assert parked["lease_until"] is None and abs(parked["due"].timestamp() - (now - 9)) < 0.002
+    assert (running["tries"], parked["tries"]) == (1, 0)  # a parked job's claim is not a delivery
+    store.close()
+
 def test_read_shard_window_edges_are_inclusive_and_pages_join_up(redis_url: str, r: redis.Redis) -> None:
     store = make_store(redis_url, shards=1)
     base = int(BASE.timestamp() * 1000)
