@@ -45,7 +45,7 @@ from .connection import (
 )
 from .envelope import id_opening, loaded_form, stored_form
 from .exceptions import CorruptData, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
-from .gate import GATE_TOKEN, RUN_TOKEN, Gate, batch_key, member_id
+from .gate import GATE_TOKEN, PARK_MS, RUN_TOKEN, Gate, batch_key, member_id
 from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
@@ -714,7 +714,7 @@ class Store:
             loaded_form(job_id, raw[1]),
             state,
             int(raw[3]),
-            lease_until if lease_until >= 0 else None,
+            lease_until if 0 <= lease_until < PARK_MS else None,  # a parked job has no expiry
         )
 
     # -- scans -------------------------------------------------------------------------------
@@ -773,7 +773,8 @@ class Store:
             parsed = None if lease is None else parse_lease(lease)
             if parsed is not None:
                 due, tries = parsed
-                yield JobRecord(job_id, index, due, envelope, _lease_state(lease or ""), tries, score)
+                until = score if score < PARK_MS else None  # a parked job has no expiry
+                yield JobRecord(job_id, index, due, envelope, _lease_state(lease or ""), tries, until)
             elif lease is not None:  # a lease entry that does not read: a claim replaces it
                 yield JobRecord(job_id, index, score, envelope, "leased", 0, score)
             else:

@@ -193,3 +193,16 @@ def test_every_flow_command_works_with_the_documented_acl_user(app: Celery, r: r
         limited.close()
     finally:
         r.execute_command("ACL", "DELUSER", user)
+
+
+def test_ls_and_show_list_gated_jobs(app: Celery, r: redis.Redis, cli: Any) -> None:
+    """A parked job (score PARK_MS, beyond any datetime) is listed and shown as "gated", with no
+    lease expiry; a released one as "leased" (the beat holds it until its hold)."""
+    decided = gate_due(app, r, "t:ls", 2, 1)
+    assert sorted(decided.values()) == [GateDecision.PARKED, GateDecision.RELEASED]
+    parked = next(job_id for job_id, decision in decided.items() if decision is GateDecision.PARKED)
+    rows = {row["id"]: row for row in as_json(cli("ls", "--json"))["jobs"]}
+    assert rows[parked]["state"] == "gated" and rows[parked]["lease_until"] is None
+    shown = cli("show", parked)
+    assert shown.exit_code == 0 and "gated" in shown.output
+    assert as_json(cli("show", parked, "--json"))["state"] == "gated"
