@@ -206,3 +206,12 @@ def test_ls_and_show_list_gated_jobs(app: Celery, r: redis.Redis, cli: Any) -> N
     shown = cli("show", parked)
     assert shown.exit_code == 0 and "gated" in shown.output
     assert as_json(cli("show", parked, "--json"))["state"] == "gated"
+    status = cli("status")
+    assert status.exit_code == 0, status.output
+    # a shard whose only job is parked: its "next due" is no time
+    r.flushdb()
+    get_store(app).pause("t:alone")
+    assert gate_due(app, r, "t:alone", 1, 1) == {"{t:alone}job-0": GateDecision.PARKED}
+    for args in (("status",), ("status", "--json"), ("ls",)):
+        result = cli(*args)
+        assert result.exit_code == 0, result.output
