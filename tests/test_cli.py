@@ -19,7 +19,6 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from celery import Celery
-from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 import celery_delayq
@@ -38,6 +37,7 @@ from celery_delayq.lateness import Histogram, key_for
 from celery_delayq.store import Store, get_store, stored_form
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
+from tests.support.cli import as_json, invoke
 from tests.support.processes import ROOT, subprocess_env
 from tests.support.store import bury, ids_on_shard, server_ms
 
@@ -50,20 +50,10 @@ def run(app: Celery) -> Run:
     """``run("ls", "--json")``: the ``delayq`` group invoked as ``celery -A app`` would."""
     runner = CliRunner()
 
-    def invoke(*args: str, input: str | None = None, target: Celery | None = None) -> Result:
-        obj = CLIContext(app=target or app, no_color=True, workdir=None)
-        result = runner.invoke(delayq, list(args), obj=obj, input=input)
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        assert "Traceback" not in result.output
-        return result
+    def run(*args: str, input: str | None = None, target: Celery | None = None) -> Result:
+        return invoke(target or app, *args, input=input, runner=runner)
 
-    return invoke
-
-
-def as_json(result: Result) -> Any:
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return run
 
 
 def store_of(app: Celery) -> Store:

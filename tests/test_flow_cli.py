@@ -4,7 +4,6 @@ open_batch), as a beat and a worker make it."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from celery_delayq.gate import Gate, member_id
 from celery_delayq.store import GateDecision, Store, get_store
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
+from tests.support.cli import as_json, invoke
 from tests.support.store import server_ms
 
 TOKEN = "beat-flow-test"
@@ -32,20 +32,10 @@ TOKEN = "beat-flow-test"
 def cli(app: Celery) -> Callable[..., Result]:
     """``cli("keys", "--json")``: the ``delayq`` group run as ``celery -A app`` runs it."""
 
-    def invoke(*args: str) -> Result:
-        obj = CLIContext(app=app, no_color=True, workdir=None)
-        result = CliRunner().invoke(delayq, list(args), obj=obj)
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        assert "Traceback" not in result.output
-        return result
+    def run(*args: str) -> Result:
+        return invoke(app, *args)
 
-    return invoke
-
-
-def as_json(result: Result) -> Any:
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return run
 
 
 def gate_due(app: Celery, r: redis.Redis, key: str, n: int, limit: int | None) -> dict[str, GateDecision]:

@@ -183,12 +183,7 @@ def batch_json(state: BatchState) -> dict[str, Any]:
     """The JSON of one batch (stable keys)."""
     return {
         "id": state.batch_id,
-        "total": state.total,
-        "waiting": state.waiting,
-        "running": state.running,
-        "succeeded": state.succeeded,
-        "failed": state.failed,
-        "cancelled": state.cancelled,
+        **state.progress(),
         "done": state.done,
         "created": iso(state.created_ms),
         "created_ms": state.created_ms,
