@@ -7,12 +7,11 @@ from typing import Any
 
 import click
 
-from ..envelope import loaded_form
 from ..jobs import MISSING, NO_ENVELOPE, REQUEUED
-from ..store import JobRecord
+from ..views import dead_page, dead_view
 from .base import DelayqGroup, Session, json_option, report, session
 from .errors import CliError, usage
-from .jobs import job_view, print_job
+from .jobs import print_job
 from .render import ago, iso, listing, plain_row, short
 
 __all__ = ["dead_group"]
@@ -24,29 +23,7 @@ def dead_group() -> None:
 
 
 def _dead_view(s: Session, job_id: str, record: dict[str, Any], detail: bool = False) -> dict[str, Any]:
-    envelope_text = record.get("envelope") or ""
-    job = JobRecord(
-        job_id,
-        s.store.keys.shard_of(job_id),
-        int(record.get("due") or 0),
-        loaded_form(job_id, envelope_text) if isinstance(envelope_text, str) else "",
-        "dead",
-        int(record.get("tries") or 0),
-    )
-    view = job_view(job, s.app.conf.task_default_queue, detail=detail)
-    if view["task"] in (None, "<corrupt envelope>") and record.get("task"):
-        view["task"] = record["task"]
-    dead_at = record.get("dead_at")
-    dead = {
-        "reason": record.get("reason"),
-        "dead_at": iso(dead_at) if isinstance(dead_at, int | float) else None,
-        "beat": record.get("beat"),
-    }
-    if detail:
-        view["dead"] = dead
-    else:
-        view.update(reason=dead["reason"], dead_at=dead["dead_at"], dead_at_ms=dead_at)
-    return view
+    return dead_view(s.store, s.app.conf.task_default_queue, job_id, record, detail)
 
 
 @dead_group.command("ls", short_help="List dead letters, newest first.")
@@ -58,15 +35,11 @@ def _dead_view(s: Session, job_id: str, record: dict[str, Any], detail: bool = F
 def dead_ls(ctx: click.Context, task: str | None, limit: int, offset: int, as_json: bool) -> None:
     """Dead letters, newest first (reads them all: HSCAN of each shard)."""
     s = session(ctx)
-    views = [_dead_view(s, job_id, record) for job_id, record in s.dq.dead()]
-    if task:
-        views = [v for v in views if v["task"] == task]
-    views.sort(key=lambda v: (-(v["dead_at_ms"] or 0), v["id"]))
-    total = len(views)
-    page = views[offset : offset + limit]
+    view = dead_page(s.store, s.app.conf.task_default_queue, s.dq.dead(), task, limit, offset)
     if as_json:
-        s.emit_json({"dead": page, "count": len(page), "total": total})
+        s.emit_json(view)
         return
+    page, total = view["dead"], view["total"]
     console = s.console()
     if not page:
         console.print("no dead letters")

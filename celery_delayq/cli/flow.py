@@ -10,10 +10,10 @@ from typing import Any
 import click
 
 from ..gate import check_key, check_limit
-from ..store import BatchState, KeyState
+from ..views import batch_json, batches_view, key_json, keys_view
 from .base import Session, json_option, session
 from .errors import CliError, usage
-from .render import iso, kv_table, listing, plain_row
+from .render import kv_table, listing, plain_row
 
 __all__ = [
     "batch_show",
@@ -27,20 +27,6 @@ __all__ = [
 
 
 # -- keys -----------------------------------------------------------------------------------------
-
-
-def key_json(state: KeyState) -> dict[str, Any]:
-    """The JSON of one key (stable keys): ``limit`` is the one in force (the run-time one when
-    set, else the one the key's last job carried; null: no cap), ``override`` the run-time one
-    as stored ("none", "<n>", null)."""
-    return {
-        "key": state.key,
-        "limit": state.limit,
-        "override": state.override,
-        "running": state.running,
-        "waiting": state.waiting,
-        "paused": state.paused,
-    }
 
 
 def _limit_text(view: dict[str, Any]) -> str:
@@ -63,10 +49,11 @@ def keys_ls(ctx: click.Context, as_json: bool) -> None:
     """Every gate key the shards know (each job's concurrency or rate key), with the limit in
     force, the slots running, the jobs waiting for one, and whether it is paused."""
     s = session(ctx)
-    views = sorted((key_json(st) for st in s.store.key_states()), key=lambda v: v["key"])
+    listing_view = keys_view(s.store)
     if as_json:
-        s.emit_json({"keys": views, "count": len(views)})
+        s.emit_json(listing_view)
         return
+    views = listing_view["keys"]
     console = s.console()
     if not views:
         console.print("no gate keys")
@@ -179,28 +166,17 @@ resume_key = _switch(
 # -- batches ----------------------------------------------------------------------------------------
 
 
-def batch_json(state: BatchState) -> dict[str, Any]:
-    """The JSON of one batch (stable keys)."""
-    return {
-        "id": state.batch_id,
-        **state.progress(),
-        "done": state.done,
-        "created": iso(state.created_ms),
-        "created_ms": state.created_ms,
-    }
-
-
 @click.command("batches", short_help="Batches and their progress.")
 @json_option
 @click.pass_context
 def batches_ls(ctx: click.Context, as_json: bool) -> None:
     """Every stored batch with its progress, newest first."""
     s = session(ctx)
-    views = sorted((batch_json(b) for b in s.store.batch_states()),
-                   key=lambda v: (-(v["created_ms"] or 0), v["id"]))  # fmt: skip
+    listing_view = batches_view(s.store)
     if as_json:
-        s.emit_json({"batches": views, "count": len(views)})
+        s.emit_json(listing_view)
         return
+    views = listing_view["batches"]
     console = s.console()
     if not views:
         console.print("no batches")

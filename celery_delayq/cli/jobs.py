@@ -4,8 +4,6 @@ and the JSON view of one job (:func:`job_view`), which the dead-letter commands 
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from datetime import datetime
 from typing import Any
@@ -13,9 +11,8 @@ from typing import Any
 import click
 from rich.text import Text
 
-from ..envelope import decode_envelope
 from ..jobs import CANCELLED, DELIVERING, MOVED
-from ..store import JobRecord
+from ..views import JOB_STATES, JobFilter, job_detail, job_view, jobs_page
 from .base import Session, json_option, report, session
 from .errors import CliError, usage
 from .render import call_text, iso, kv_table, listing, plain_row, relative
@@ -32,75 +29,6 @@ __all__ = [
 ]
 
 
-def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dict[str, Any]:
-    """The JSON of one job (stable keys; ``detail`` adds the message's options and headers)."""
-    out: dict[str, Any] = {
-        "id": record.id,
-        "state": record.state,
-        "task": None,
-        "shard": record.shard,
-        "due": iso(record.due_ms),
-        "due_ms": record.due_ms,
-        "queue": None,
-        "args": None,
-        "kwargs": None,
-        "tries": record.tries,
-        "lease_until": iso(record.lease_until_ms),
-        "schedule": None,
-    }
-    envelope = None
-    error = None
-    try:
-        envelope = decode_envelope(record.envelope)
-    except ValueError as exc:
-        error = str(exc)
-    if envelope is not None:
-        args, kwargs = envelope.arguments(reprs_if_unreadable=True)
-        out.update(
-            task=envelope.task,
-            queue=default_queue if envelope.queue is None else envelope.queue,
-            args=args,
-            kwargs=kwargs,
-            schedule=envelope.schedule[0] if envelope.schedule else None,
-        )
-    if detail:
-        out.update(
-            created=iso(envelope.created_ms) if envelope and envelope.created_ms else None,
-            expires=iso(envelope.expires_ms) if envelope and envelope.expires_ms is not None else None,
-            options=dict(envelope.route) if envelope else None,
-            headers=dict(envelope.headers) if envelope else None,
-            properties=dict(envelope.props) if envelope else None,
-            content_type=envelope.content_type if envelope else None,
-            content_encoding=envelope.content_encoding if envelope else None,
-            envelope_error=error,
-            dead=None,
-        )
-    elif error:
-        out["task"] = "<corrupt envelope>"
-    return out
-
-
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
-
-
-def _cursor_text(record: JobRecord) -> str:
-    return f"{record.lease_until_ms or record.due_ms}:{record.shard}:{record.id}"
-
-
-def _parse_cursor(text: str) -> tuple[int, int, bytes]:
-    try:
-        score, shard, job_id = text.split(":", 2)
-        return int(score), int(shard), job_id.encode("utf-8", "surrogateescape")
-    except ValueError:
-        usage(f"bad --cursor {text!r}: pass the next_cursor an earlier `ls` printed")
-
-
-def _order(record: JobRecord) -> tuple[int, int, bytes]:
-    """Where a record stands in ``Store.scan``'s order: score, shard, then id bytes (Redis
-    orders members of equal score by their bytes; the merge keeps shards in index order)."""
-    return record.lease_until_ms or record.due_ms, record.shard, record.id.encode("utf-8", "surrogateescape")
-
-
 @click.command("ls", short_help="List stored jobs in due order.")
 @click.option("--task", help="Only jobs of this task (name).")
 @click.option(
@@ -108,7 +36,7 @@ def _order(record: JobRecord) -> tuple[int, int, bytes]:
 )
 @click.option("--until", "end", metavar="WHEN", help="Due at or before WHEN.")
 @click.option("--queue", help="Only jobs routed to this queue.")
-@click.option("--state", type=click.Choice(["waiting", "leased"]), help="Only waiting or leased jobs.")
+@click.option("--state", type=click.Choice(list(JOB_STATES)), help="Only jobs in this state.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Most jobs shown.")
 @click.option("--offset", type=click.IntRange(min=0), default=0, help="Skip this many matching jobs first.")
 @click.option("--cursor", help="Go on after the job an earlier `ls` named in its next_cursor.")
@@ -128,47 +56,23 @@ def ls_jobs(
 ) -> None:
     """Stored jobs in due order (a job being delivered is ordered by its lease expiry)."""
     s = session(ctx)
-    start_ms = s.parse_when(start, "--from") if start else None
-    end_ms = s.parse_when(end, "--until") if end else None
-    after = _parse_cursor(cursor) if cursor else None
-    if after is not None:
-        start_ms = after[0] if start_ms is None else max(start_ms, after[0])
-    default_queue = s.app.conf.task_default_queue
-    filtered = bool(task or queue or state)
-    page = 500 if filtered else max(10, min(500, limit + offset + 2))
-    shown: list[tuple[JobRecord, dict[str, Any]]] = []
-    more = False
-    skipped = 0
-    # A task name any JSON encoder writes as it is: an envelope without it quoted is not of it,
-    # and is passed over without being decoded (a --task scan reads every job in the window).
-    needle = json.dumps(task) if task and _PLAIN_NAME.fullmatch(task) else None
-    for record in s.store.scan(start_ms, end_ms, page=page):
-        if after is not None and _order(record) <= after:
-            continue
-        if state and record.state != state:
-            continue
-        if needle is not None and needle not in record.envelope:
-            continue
-        if task or queue:
-            try:
-                envelope = decode_envelope(record.envelope)
-            except ValueError:
-                continue  # listed only without --task/--queue, as "<corrupt envelope>"
-            if task and envelope.task != task:
-                continue
-            if queue and (default_queue if envelope.queue is None else envelope.queue) != queue:
-                continue
-        if skipped < offset:
-            skipped += 1
-            continue
-        if len(shown) == limit:
-            more = True
-            break
-        shown.append((record, job_view(record, default_queue)))
-    next_cursor = _cursor_text(shown[-1][0]) if more and shown else None
+    where = JobFilter(
+        task=task,
+        queue=queue,
+        state=state,
+        start_ms=s.parse_when(start, "--from") if start else None,
+        end_ms=s.parse_when(end, "--until") if end else None,
+    )
+    store = s.store  # made first: a bad delayq_url is exit 3, not a bad --cursor
+    try:
+        view = jobs_page(store, s.app.conf.task_default_queue, where, limit, offset, cursor)
+    except ValueError:
+        usage(f"bad --cursor {cursor!r}: pass the next_cursor an earlier `ls` printed")
     if as_json:
-        s.emit_json({"jobs": [v for _, v in shown], "count": len(shown), "next_cursor": next_cursor})
+        s.emit_json(view)
         return
+    shown, next_cursor = view["jobs"], view["next_cursor"]
+    filtered = where.narrowed
     console = s.console()
     if not shown:
         console.print("no jobs match" if (filtered or start or end or offset or cursor) else "no jobs stored")
@@ -177,16 +81,16 @@ def ls_jobs(
     table = listing()
     for name in ("ID", "STATE", "DUE", "", "TASK", "QUEUE", "ARGS"):
         table.add_column(name, no_wrap=name != "ARGS", overflow="ellipsis")
-    for record, view in shown:
+    for job in shown:
         plain_row(
             table,
-            record.id,
-            record.state,
-            s.when(record.due_ms),
-            relative(record.due_ms, now),
-            view["task"] or "?",
-            view["queue"] or "",
-            call_text(view),
+            job["id"],
+            job["state"],
+            s.when(job["due_ms"]),
+            relative(job["due_ms"], now),
+            job["task"] or "?",
+            job["queue"] or "",
+            call_text(job),
         )
     console.print(table)
     if next_cursor:
@@ -194,15 +98,7 @@ def ls_jobs(
 
 
 def _job_detail(s: Session, job_id: str) -> dict[str, Any] | None:
-    record = s.store.get(job_id)
-    if record is None:
-        return None
-    view = job_view(record, s.app.conf.task_default_queue, detail=True)
-    if record.state == "dead":
-        dead = s.store.dead_record(job_id) or {}
-        view["dead"] = {k: dead.get(k) for k in ("reason", "beat")}
-        view["dead"]["dead_at"] = iso(dead["dead_at"]) if dead.get("dead_at") else None
-    return view
+    return job_detail(s.store, s.app.conf.task_default_queue, job_id)
 
 
 def print_job(s: Session, view: dict[str, Any]) -> None:

@@ -9,7 +9,6 @@ The only CLI module that imports ``rich`` (the ``cli`` extra). Nothing here read
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..due import ms_to_datetime
+from ..views import bucket_ms, iso
 
 __all__ = [
     "ago",
@@ -36,13 +35,6 @@ __all__ = [
     "relative",
     "short",
 ]
-
-
-def iso(ms: int | float | None) -> str | None:
-    """ISO-8601 in UTC (JSON output), None stays None."""
-    return (
-        None if ms is None else ms_to_datetime(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
 
 
 def ago(ms: float) -> str:
@@ -194,12 +186,3 @@ def chart_lines(counts: Sequence[int], labels: Sequence[str], height: int = 8, i
             axis[i * cell + j] = ch
     lines.append(" " * indent + "".join(axis).rstrip())
     return [line.rstrip() for line in lines]
-
-
-def bucket_ms(window_ms: int) -> int:
-    """One minute, or more for long windows (at most 60 columns), in whole minutes.
-
-    >>> bucket_ms(3_600_000), bucket_ms(86_400_000)
-    (60000, 1440000)
-    """
-    return max(60_000, math.ceil(window_ms / 60 / 60_000) * 60_000)

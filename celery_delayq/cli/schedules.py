@@ -13,6 +13,7 @@ from ..due import ms_to_datetime
 from ..exceptions import ScheduleError
 from ..jobs import MISSING
 from ..schedules import Schedule
+from ..views import schedule_json
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage
 from .render import iso, kv_table, listing, plain_row, relative
@@ -55,15 +56,6 @@ def _schedule_rows(s: Session, sch: Schedule) -> list[tuple[str, Any]]:
         ("created", s.when(sch.created.timestamp() * 1000)),
         ("updated", s.when(sch.updated.timestamp() * 1000)),
     ]
-
-
-def schedule_json(sch: Schedule) -> dict[str, Any]:
-    """``Schedule.to_json()`` with its times as the CLI writes every time (UTC, ms, ``Z``)."""
-    out = sch.to_json()
-    for name in ("created", "updated", "last_run", "next_run"):
-        value = getattr(sch, name)
-        out[name] = iso(value.timestamp() * 1000) if value is not None else None
-    return out
 
 
 def _print_schedule(s: Session, sch: Schedule, as_json: bool, title: str | None = None) -> None:

@@ -4,7 +4,6 @@ the jobs due soon; with the views (JSON) of each.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import click
@@ -12,73 +11,16 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import lateness
-from ..store import ShardStats, Store
+from ..views import BEAT_ALIVE_MS, status_view, stored_lateness
 from .base import Session, json_option, session
 from .errors import usage
-from .render import ago, bucket_ms, chart_lines, iso, listing, plain_row, relative
+from .render import ago, chart_lines, listing, plain_row, relative
 from .timeparse import parse_duration
 
 __all__ = ["BEAT_ALIVE_MS", "SHARD_ROWS", "status", "stored_lateness"]
 
-#: A beat whose heartbeat is older than this (ms) is shown as stale.
-BEAT_ALIVE_MS = 60_000
 #: Most rows of the per-shard table before only the shards holding something are shown.
 SHARD_ROWS = 32
-
-
-def stored_lateness(store: Store, kind: str) -> lateness.Snapshot:
-    """The ``kind`` (``publish``: the beats', ``start``: the workers') lateness histogram in Redis.
-
-    The CLI's one read of Redis that does not go through a ``Store`` method (yet)."""
-    return lateness.read(store, store.config.prefix, kind)
-
-
-def _lateness_view(snap: lateness.Snapshot) -> dict[str, Any]:
-    def finite(v: float | None) -> float | None:
-        return v if v is not None and math.isfinite(v) else None
-
-    return {
-        "count": snap.count,
-        "mean_ms": round(snap.mean_ms, 3) if snap.mean_ms is not None else None,
-        "p50_ms": finite(snap.quantile(0.5)),
-        "p99_ms": finite(snap.quantile(0.99)),
-        "buckets": [
-            {"le_ms": bound if math.isfinite(bound) else None, "count": n}
-            for bound, n in zip((*lateness.BOUNDS, math.inf), snap.buckets, strict=True)
-        ],
-    }
-
-
-def _beat_view(token: str, raw: Any, now_ms: int) -> dict[str, Any]:
-    entry = raw if isinstance(raw, dict) else {}
-    keys = ("host", "pid", "started_ms", "seen_ms", "passes", "published", "dead_lettered", "errors")
-    out: dict[str, Any] = {"token": token, **{k: entry.get(k) for k in keys}}
-    seen = entry.get("seen_ms")
-    seen_ok = isinstance(seen, int | float) and not isinstance(seen, bool)
-    out["alive"] = bool(seen_ok and now_ms - float(seen or 0) <= BEAT_ALIVE_MS)
-    out["seen"] = iso(seen) if seen_ok else None
-    started = entry.get("started_ms")
-    out["started"] = (
-        iso(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
-    )
-    if not isinstance(raw, dict):
-        out["error"] = f"unreadable heartbeat {str(raw)[:60]!r}"
-    return out
-
-
-def _shard_view(st: ShardStats) -> dict[str, Any]:
-    return {
-        "shard": st.shard,
-        "waiting": st.waiting,
-        "leased": st.leased,
-        "dead": st.dead,
-        "overdue": st.overdue,
-        "oldest_overdue": iso(st.head_due_ms),
-        "oldest_overdue_id": st.head_id,
-        "next_due": iso(st.next_due_ms),
-        "next_due_id": st.next_id,
-        "schedules": st.schedules,
-    }
 
 
 @click.command("status", short_help="Shards, beats, lateness, jobs due soon.")
@@ -99,45 +41,13 @@ def status(ctx: click.Context, window: str, all_shards: bool, as_json: bool) -> 
     if window_ms < 0 or window_ms > 31 * 86_400_000:
         usage(f"--window must be between 0 and 31d, got {window!r}")
     store = s.store
-    stats = store.shard_stats()
-    now = stats[0].now_ms
-    bucket = bucket_ms(window_ms)
-    buckets = math.ceil(window_ms / bucket) if window_ms else 0
-    counts = store.due_counts(now, bucket, buckets)
-    beats = sorted(
-        (_beat_view(token, raw, now) for token, raw in store.beats().items()),
-        key=lambda b: (not b["alive"], -(b["seen_ms"] or 0) if isinstance(b["seen_ms"], int | float) else 0),
-    )
-    late = {kind: _lateness_view(stored_lateness(store, kind)) for kind in ("publish", "start")}
-    heads = [st for st in stats if st.head_due_ms is not None]
-    nexts = [st for st in stats if st.next_due_ms is not None]
-    oldest = min(heads, key=lambda st: st.head_due_ms or 0) if heads else None
-    soonest = min(nexts, key=lambda st: st.next_due_ms or 0) if nexts else None
-    totals = {
-        "waiting": sum(st.waiting for st in stats),
-        "leased": sum(st.leased for st in stats),
-        "dead": sum(st.dead for st in stats),
-        "overdue": sum(st.overdue for st in stats),
-        "schedules": sum(st.schedules for st in stats),
-        "oldest_overdue": iso(oldest.head_due_ms) if oldest else None,
-        "oldest_overdue_id": oldest.head_id if oldest else None,
-        "next_due": iso(soonest.next_due_ms) if soonest else None,
-        "next_due_id": soonest.next_id if soonest else None,
-    }
+    view = status_view(store, s.url, window_ms)
     if as_json:
-        s.emit_json(
-            {
-                "prefix": store.config.prefix,
-                "url": s.url,
-                "now": iso(now),
-                "shards": [_shard_view(st) for st in stats],
-                "totals": totals,
-                "beats": beats,
-                "lateness": late,
-                "due": {"start": iso(now), "bucket_seconds": bucket // 1000, "counts": counts},
-            }
-        )
+        s.emit_json(view)
         return
+    now, totals, beats, late = view["now_ms"], view["totals"], view["beats"], view["lateness"]
+    stats, counts = view["shards"], view["due"]["counts"]
+    bucket, buckets = view["due"]["bucket_seconds"] * 1000, len(counts)
     console = s.console()
     header = Text.assemble(
         ("delayq", "bold"), " prefix ", (store.config.prefix, "bold"),
@@ -164,7 +74,12 @@ def status(ctx: click.Context, window: str, all_shards: bool, as_json: bool) -> 
 
 
 def _print_shards(
-    s: Session, console: Console, stats: list[ShardStats], totals: dict[str, Any], now: int, all_shards: bool
+    s: Session,
+    console: Console,
+    stats: list[dict[str, Any]],
+    totals: dict[str, Any],
+    now: int,
+    all_shards: bool,
 ) -> None:
     table = listing()
     for name in ("SHARD", "WAITING", "LEASED", "DEAD", "OVERDUE"):
@@ -174,7 +89,7 @@ def _print_shards(
     rows = stats
     hidden = 0
     if len(stats) > SHARD_ROWS and not all_shards:
-        rows = [st for st in stats if st.stored or st.dead]
+        rows = [st for st in stats if st["waiting"] or st["leased"] or st["dead"]]
         hidden = len(stats) - len(rows)
 
     def late(ms: int | None) -> str:
@@ -186,11 +101,10 @@ def _print_shards(
     for st in rows:
         plain_row(
             table,
-            str(st.shard), f"{st.waiting:,}", f"{st.leased:,}", f"{st.dead:,}", f"{st.overdue:,}",
-            late(st.head_due_ms), soon(st.next_due_ms),
+            str(st["shard"]), f"{st['waiting']:,}", f"{st['leased']:,}", f"{st['dead']:,}",
+            f"{st['overdue']:,}", late(st["oldest_overdue_ms"]), soon(st["next_due_ms"]),
         )  # fmt: skip
-    oldest = min((st.head_due_ms for st in stats if st.head_due_ms is not None), default=None)
-    soonest = min((st.next_due_ms for st in stats if st.next_due_ms is not None), default=None)
+    oldest, soonest = totals["oldest_overdue_ms"], totals["next_due_ms"]
     table.add_section()
     plain_row(
         table,

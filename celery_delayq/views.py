@@ -1,0 +1,454 @@
+"""The JSON views of what is stored: the shapes ``celery delayq ... --json`` prints and the web
+dashboard's JSON API serves (``celery_delayq.web``), built in one place so that the two agree.
+
+Nothing here needs ``rich`` or ``click``; every read goes through :class:`~.store.Store`.
+Times are ISO-8601 in UTC with milliseconds (:func:`iso`); a field ending in ``_ms`` holds
+the same time as milliseconds since the epoch.
+
+>>> iso(1_700_000_000_500)
+'2023-11-14T22:13:20.500Z'
+>>> parse_cursor("1700000000500:3:reminder-42")
+(1700000000500, 3, b'reminder-42')
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from . import lateness
+from .due import ms_to_datetime
+from .envelope import decode_envelope, loaded_form
+from .schedules import Schedule
+from .store import BatchState, JobRecord, KeyState, ShardStats, Store
+
+__all__ = [
+    "BEAT_ALIVE_MS",
+    "JOB_STATES",
+    "JobFilter",
+    "batch_json",
+    "batches_view",
+    "beat_view",
+    "bucket_ms",
+    "cursor_text",
+    "dead_page",
+    "dead_view",
+    "iso",
+    "job_detail",
+    "job_view",
+    "jobs_page",
+    "key_json",
+    "keys_view",
+    "lateness_view",
+    "parse_cursor",
+    "schedule_json",
+    "shard_view",
+    "status_view",
+    "stored_lateness",
+]
+
+#: A beat whose heartbeat is older than this (ms) is shown as stale.
+BEAT_ALIVE_MS = 60_000
+
+#: The states a job listing can be narrowed to (``Store.scan``'s states).
+JOB_STATES = ("waiting", "leased", "gated", "running")
+
+
+def iso(ms: int | float | None) -> str | None:
+    """ISO-8601 in UTC (JSON output), None stays None.
+
+    >>> iso(0), iso(None)
+    ('1970-01-01T00:00:00.000Z', None)
+    """
+    return (
+        None if ms is None else ms_to_datetime(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def bucket_ms(window_ms: int) -> int:
+    """One minute, or more for long windows (at most 60 columns), in whole minutes.
+
+    >>> bucket_ms(3_600_000), bucket_ms(86_400_000)
+    (60000, 1440000)
+    """
+    return max(60_000, math.ceil(window_ms / 60 / 60_000) * 60_000)
+
+
+# -- jobs -------------------------------------------------------------------------------------------
+
+
+def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dict[str, Any]:
+    """The JSON of one job (stable keys; ``detail`` adds the message's options and headers)."""
+    out: dict[str, Any] = {
+        "id": record.id,
+        "state": record.state,
+        "task": None,
+        "shard": record.shard,
+        "due": iso(record.due_ms),
+        "due_ms": record.due_ms,
+        "queue": None,
+        "args": None,
+        "kwargs": None,
+        "tries": record.tries,
+        "lease_until": iso(record.lease_until_ms),
+        "schedule": None,
+    }
+    envelope = None
+    error = None
+    try:
+        envelope = decode_envelope(record.envelope)
+    except ValueError as exc:
+        error = str(exc)
+    if envelope is not None:
+        args, kwargs = envelope.arguments(reprs_if_unreadable=True)
+        out.update(
+            task=envelope.task,
+            queue=default_queue if envelope.queue is None else envelope.queue,
+            args=args,
+            kwargs=kwargs,
+            schedule=envelope.schedule[0] if envelope.schedule else None,
+        )
+    if detail:
+        out.update(
+            created=iso(envelope.created_ms) if envelope and envelope.created_ms else None,
+            expires=iso(envelope.expires_ms) if envelope and envelope.expires_ms is not None else None,
+            options=dict(envelope.route) if envelope else None,
+            headers=dict(envelope.headers) if envelope else None,
+            properties=dict(envelope.props) if envelope else None,
+            content_type=envelope.content_type if envelope else None,
+            content_encoding=envelope.content_encoding if envelope else None,
+            envelope_error=error,
+            dead=None,
+        )
+    elif error:
+        out["task"] = "<corrupt envelope>"
+    return out
+
+
+def job_detail(store: Store, default_queue: str, job_id: str) -> dict[str, Any] | None:
+    """``delayq show ID --json``: a waiting, leased, gated, running or dead job; None: no such id."""
+    record = store.get(job_id)
+    if record is None:
+        return None
+    view = job_view(record, default_queue, detail=True)
+    if record.state == "dead":
+        dead = store.dead_record(job_id) or {}
+        view["dead"] = {k: dead.get(k) for k in ("reason", "beat")}
+        view["dead"]["dead_at"] = iso(dead["dead_at"]) if dead.get("dead_at") else None
+    return view
+
+
+def cursor_text(record: JobRecord) -> str:
+    """Where a listing stopped: ``<score>:<shard>:<id>`` (the ``next_cursor`` of :func:`jobs_page`)."""
+    return f"{record.lease_until_ms or record.due_ms}:{record.shard}:{record.id}"
+
+
+def parse_cursor(text: str) -> tuple[int, int, bytes]:
+    """A ``next_cursor`` read back; ValueError when it is not one."""
+    try:
+        score, shard, job_id = text.split(":", 2)
+        return int(score), int(shard), job_id.encode("utf-8", "surrogateescape")
+    except ValueError:
+        raise ValueError(f"bad cursor {text!r}: pass the next_cursor an earlier listing gave") from None
+
+
+def _order(record: JobRecord) -> tuple[int, int, bytes]:
+    """Where a record stands in ``Store.scan``'s order: score, shard, then id bytes (Redis
+    orders members of equal score by their bytes; the merge keeps shards in index order)."""
+    return record.lease_until_ms or record.due_ms, record.shard, record.id.encode("utf-8", "surrogateescape")
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """What a job listing keeps: each field None keeps everything.
+
+    ``start_ms``/``end_ms`` bound the score (a leased job's is its lease expiry).
+    """
+
+    task: str | None = None
+    queue: str | None = None
+    state: str | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether a job can be passed over for what it holds (task, queue, state)."""
+        return bool(self.task or self.queue or self.state)
+
+
+def _matching(
+    store: Store, default_queue: str, where: JobFilter, after: tuple[int, int, bytes] | None, page: int
+) -> Iterator[JobRecord]:
+    start_ms = where.start_ms
+    if after is not None:
+        start_ms = after[0] if start_ms is None else max(start_ms, after[0])
+    # A task name any JSON encoder writes as it is: an envelope without it quoted is not of it,
+    # and is passed over without being decoded (a task filter reads every job in the window).
+    needle = json.dumps(where.task) if where.task and _PLAIN_NAME.fullmatch(where.task) else None
+    for record in store.scan(start_ms, where.end_ms, page=page):
+        if after is not None and _order(record) <= after:
+            continue
+        if where.state and record.state != where.state:
+            continue
+        if needle is not None and needle not in record.envelope:
+            continue
+        if where.task or where.queue:
+            try:
+                envelope = decode_envelope(record.envelope)
+            except ValueError:
+                continue  # listed only without a task/queue filter, as "<corrupt envelope>"
+            if where.task and envelope.task != where.task:
+                continue
+            if where.queue and (default_queue if envelope.queue is None else envelope.queue) != where.queue:
+                continue
+        yield record
+
+
+def jobs_page(
+    store: Store,
+    default_queue: str,
+    where: JobFilter = JobFilter(),
+    limit: int = 50,
+    offset: int = 0,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """``delayq ls --json``: ``{"jobs": [...], "count": n, "next_cursor": text or None}``.
+
+    In due order (a leased job by its lease expiry); ``cursor`` (an earlier page's
+    ``next_cursor``) goes on after the job it names, reading from there on: a page costs
+    O(log n) a shard plus the jobs it reads, however many are stored. ValueError: a bad cursor.
+    """
+    after = parse_cursor(cursor) if cursor else None
+    page = 500 if where.narrowed else max(10, min(500, limit + offset + 2))
+    shown: list[JobRecord] = []
+    more = False
+    skipped = 0
+    for record in _matching(store, default_queue, where, after, page):
+        if skipped < offset:
+            skipped += 1
+            continue
+        if len(shown) == limit:
+            more = True
+            break
+        shown.append(record)
+    return {
+        "jobs": [job_view(r, default_queue) for r in shown],
+        "count": len(shown),
+        "next_cursor": cursor_text(shown[-1]) if more and shown else None,
+    }
+
+
+# -- dead letters -----------------------------------------------------------------------------------
+
+
+def dead_view(
+    store: Store, default_queue: str, job_id: str, record: dict[str, Any], detail: bool = False
+) -> dict[str, Any]:
+    """The JSON of one dead letter: a job's view plus why and when it died (``detail``: as
+    ``delayq dead show --json``, with the reason under ``dead``)."""
+    envelope_text = record.get("envelope") or ""
+    job = JobRecord(
+        job_id,
+        store.keys.shard_of(job_id),
+        int(record.get("due") or 0),
+        loaded_form(job_id, envelope_text) if isinstance(envelope_text, str) else "",
+        "dead",
+        int(record.get("tries") or 0),
+    )
+    view = job_view(job, default_queue, detail=detail)
+    if view["task"] in (None, "<corrupt envelope>") and record.get("task"):
+        view["task"] = record["task"]
+    dead_at = record.get("dead_at")
+    dead = {
+        "reason": record.get("reason"),
+        "dead_at": iso(dead_at) if isinstance(dead_at, int | float) else None,
+        "beat": record.get("beat"),
+    }
+    if detail:
+        view["dead"] = dead
+    else:
+        view.update(reason=dead["reason"], dead_at=dead["dead_at"], dead_at_ms=dead_at)
+    return view
+
+
+def dead_page(
+    store: Store,
+    default_queue: str,
+    dead: Iterator[tuple[str, dict[str, Any]]],
+    task: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """``delayq dead ls --json``: ``{"dead": [...], "count": n, "total": m}``, newest first.
+
+    ``dead`` is ``DelayQ.dead()`` (every dead letter: an HSCAN of each shard)."""
+    views = [dead_view(store, default_queue, job_id, record) for job_id, record in dead]
+    if task:
+        views = [v for v in views if v["task"] == task]
+    views.sort(key=lambda v: (-(v["dead_at_ms"] or 0), v["id"]))
+    page = views[offset : offset + limit]
+    return {"dead": page, "count": len(page), "total": len(views)}
+
+
+# -- schedules, keys, batches -------------------------------------------------------------------------
+
+
+def schedule_json(sch: Schedule) -> dict[str, Any]:
+    """``Schedule.to_json()`` with its times as the CLI writes every time (UTC, ms, ``Z``)."""
+    out = sch.to_json()
+    for name in ("created", "updated", "last_run", "next_run"):
+        value = getattr(sch, name)
+        out[name] = iso(value.timestamp() * 1000) if value is not None else None
+    return out
+
+
+def key_json(state: KeyState) -> dict[str, Any]:
+    """The JSON of one key (stable keys): ``limit`` is the one in force (the run-time one when
+    set, else the one the key's last job carried; null: no cap), ``override`` the run-time one
+    as stored ("none", "<n>", null)."""
+    return {
+        "key": state.key,
+        "limit": state.limit,
+        "override": state.override,
+        "running": state.running,
+        "waiting": state.waiting,
+        "paused": state.paused,
+    }
+
+
+def keys_view(store: Store) -> dict[str, Any]:
+    """``delayq keys --json``: every gate key, by name."""
+    views = sorted((key_json(st) for st in store.key_states()), key=lambda v: v["key"])
+    return {"keys": views, "count": len(views)}
+
+
+def batch_json(state: BatchState) -> dict[str, Any]:
+    """The JSON of one batch (stable keys)."""
+    return {
+        "id": state.batch_id,
+        **state.progress(),
+        "done": state.done,
+        "created": iso(state.created_ms),
+        "created_ms": state.created_ms,
+    }
+
+
+def batches_view(store: Store) -> dict[str, Any]:
+    """``delayq batches --json``: every stored batch, newest first."""
+    views = sorted((batch_json(b) for b in store.batch_states()),
+                   key=lambda v: (-(v["created_ms"] or 0), v["id"]))  # fmt: skip
+    return {"batches": views, "count": len(views)}
+
+
+# -- status -----------------------------------------------------------------------------------------
+
+
+def stored_lateness(store: Store, kind: str) -> lateness.Snapshot:
+    """The ``kind`` (``publish``: the beats', ``start``: the workers') lateness histogram in Redis."""
+    return lateness.read(store, store.config.prefix, kind)
+
+
+def lateness_view(snap: lateness.Snapshot) -> dict[str, Any]:
+    """A lateness histogram: count, mean, p50, p99 (bucket bounds, ms) and its buckets."""
+
+    def finite(v: float | None) -> float | None:
+        return v if v is not None and math.isfinite(v) else None
+
+    return {
+        "count": snap.count,
+        "mean_ms": round(snap.mean_ms, 3) if snap.mean_ms is not None else None,
+        "p50_ms": finite(snap.quantile(0.5)),
+        "p99_ms": finite(snap.quantile(0.99)),
+        "buckets": [
+            {"le_ms": bound if math.isfinite(bound) else None, "count": n}
+            for bound, n in zip((*lateness.BOUNDS, math.inf), snap.buckets, strict=True)
+        ],
+    }
+
+
+def beat_view(token: str, raw: Any, now_ms: int) -> dict[str, Any]:
+    """One beat's heartbeat: who, since when, last seen, counters, alive (seen in the last 60 s)."""
+    entry = raw if isinstance(raw, dict) else {}
+    keys = ("host", "pid", "started_ms", "seen_ms", "passes", "published", "dead_lettered", "errors")
+    out: dict[str, Any] = {"token": token, **{k: entry.get(k) for k in keys}}
+    seen = entry.get("seen_ms")
+    seen_ok = isinstance(seen, int | float) and not isinstance(seen, bool)
+    out["alive"] = bool(seen_ok and now_ms - float(seen or 0) <= BEAT_ALIVE_MS)
+    out["seen"] = iso(seen) if seen_ok else None
+    started = entry.get("started_ms")
+    out["started"] = (
+        iso(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+    )
+    if not isinstance(raw, dict):
+        out["error"] = f"unreadable heartbeat {str(raw)[:60]!r}"
+    return out
+
+
+def shard_view(st: ShardStats) -> dict[str, Any]:
+    """One shard's counts, oldest overdue and next due job."""
+    return {
+        "shard": st.shard,
+        "waiting": st.waiting,
+        "leased": st.leased,
+        "dead": st.dead,
+        "overdue": st.overdue,
+        "oldest_overdue": iso(st.head_due_ms),
+        "oldest_overdue_ms": st.head_due_ms,
+        "oldest_overdue_id": st.head_id,
+        "next_due": iso(st.next_due_ms),
+        "next_due_ms": st.next_due_ms,
+        "next_due_id": st.next_id,
+        "schedules": st.schedules,
+    }
+
+
+def status_view(store: Store, url: str, window_ms: int = 3_600_000) -> dict[str, Any]:
+    """``delayq status --json``: shards, totals, beats, lateness, and the jobs due in each
+    bucket (:func:`bucket_ms`) of the next ``window_ms``. ``url`` is shown as given: pass it
+    redacted (``config.redact_url``)."""
+    stats = store.shard_stats()
+    now = stats[0].now_ms
+    bucket = bucket_ms(window_ms)
+    buckets = math.ceil(window_ms / bucket) if window_ms else 0
+    counts = store.due_counts(now, bucket, buckets)
+    beats = sorted(
+        (beat_view(token, raw, now) for token, raw in store.beats().items()),
+        key=lambda b: (not b["alive"], -(b["seen_ms"] or 0) if isinstance(b["seen_ms"], int | float) else 0),
+    )
+    late = {kind: lateness_view(stored_lateness(store, kind)) for kind in ("publish", "start")}
+    heads = [st for st in stats if st.head_due_ms is not None]
+    nexts = [st for st in stats if st.next_due_ms is not None]
+    oldest = min(heads, key=lambda st: st.head_due_ms or 0) if heads else None
+    soonest = min(nexts, key=lambda st: st.next_due_ms or 0) if nexts else None
+    totals = {
+        "waiting": sum(st.waiting for st in stats),
+        "leased": sum(st.leased for st in stats),
+        "dead": sum(st.dead for st in stats),
+        "overdue": sum(st.overdue for st in stats),
+        "schedules": sum(st.schedules for st in stats),
+        "oldest_overdue": iso(oldest.head_due_ms) if oldest else None,
+        "oldest_overdue_ms": oldest.head_due_ms if oldest else None,
+        "oldest_overdue_id": oldest.head_id if oldest else None,
+        "next_due": iso(soonest.next_due_ms) if soonest else None,
+        "next_due_ms": soonest.next_due_ms if soonest else None,
+        "next_due_id": soonest.next_id if soonest else None,
+    }
+    return {
+        "prefix": store.config.prefix,
+        "url": url,
+        "now": iso(now),
+        "now_ms": now,
+        "shards": [shard_view(st) for st in stats],
+        "totals": totals,
+        "beats": beats,
+        "lateness": late,
+        "due": {"start": iso(now), "bucket_seconds": bucket // 1000, "counts": counts},
+    }
