@@ -1,5 +1,6 @@
 """``python -m celery_delayq demo`` (and the ``celery-delayq`` script): the demo without Celery's
-own command line. The command and its options are defined once, in :mod:`celery_delayq.cli.demo`
+own command line; ``python -m celery_delayq web --url ...``: the dashboard of a store. The
+command and its options are defined once, in :mod:`celery_delayq.cli.demo`
 (also ``celery delayq demo``); the demo itself is in :mod:`celery_delayq.devtools.demo`.
 """
 
@@ -11,16 +12,20 @@ from collections.abc import Sequence
 import click
 
 from .cli import demo
+from .cli.base import DelayqGroup
+from .cli.web import module_web
 
 __all__ = ["main"]
 
 
-@click.group(name="python -m celery_delayq")
+@click.group(name="python -m celery_delayq", cls=DelayqGroup)
 def module_cli() -> None:
-    """celery-delayq's own command line: the demo (the rest is `celery -A proj delayq ...`)."""
+    """celery-delayq's own command line: the demo and the dashboard of a store (the rest is
+    `celery -A proj delayq ...`)."""
 
 
 module_cli.add_command(demo)
+module_cli.add_command(module_web)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,9 +6,9 @@ Its tables need ``rich`` (the ``cli`` extra); without it, every command says how
 install it (exit 1) and ``celery`` itself still runs.
 
 The modules: :mod:`.group` (the ``delayq`` group), :mod:`.jobs`, :mod:`.schedules`,
-:mod:`.dead`, :mod:`.status`, :mod:`.flow` (gate keys and batches), :mod:`.demo` (the
-commands), :mod:`.base` (the session and the option helpers they share), :mod:`.errors`
-(exit codes; exception class -> message), :mod:`.timeparse` (times and durations as
+:mod:`.dead`, :mod:`.status`, :mod:`.flow` (gate keys and batches), :mod:`.web` (the
+dashboard), :mod:`.demo` (the commands), :mod:`.base` (the session and the option helpers they
+share), :mod:`.errors` (exit codes; exception class -> message), :mod:`.timeparse` (times and durations as
 typed), :mod:`.render` (text, tables, the chart).
 
 Exit codes: 0 done; 1 something was not found or not done (each one is named on

@@ -16,6 +16,7 @@ from .flow import batch_show, batches_ls, key_show, keys_ls, limit_key, pause_ke
 from .jobs import cancel_jobs, ls_jobs, purge_jobs, reschedule_job, run_now_job, show_job
 from .schedules import schedules_group
 from .status import status
+from .web import web
 
 __all__ = ["delayq", "iter_commands"]
 
@@ -41,7 +42,7 @@ def delayq(ctx: click.Context) -> None:
 for _command in (
     ls_jobs, show_job, cancel_jobs, reschedule_job, run_now_job, purge_jobs,
     status, schedules_group, dead_group, demo,
-    keys_ls, key_show, limit_key, pause_key, resume_key, batches_ls, batch_show,
+    keys_ls, key_show, limit_key, pause_key, resume_key, batches_ls, batch_show, web,
 ):  # fmt: skip
     delayq.add_command(_command)
 

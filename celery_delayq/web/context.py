@@ -1,0 +1,157 @@
+"""What every page works with: the :class:`Dashboard` (the Celery app, its store, how times
+are written, the settings), and the helpers of the blueprints (JSON or page, read-only,
+the answer of an action)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import abort, current_app, flash, jsonify, redirect, request
+
+from ..config import DelayQConfig, redact_url
+from ..due import ms_to_datetime
+from ..jobs import DelayQ
+from ..schedules import Schedules
+from ..store import Store
+
+__all__ = [
+    "REFRESH_SECONDS",
+    "Dashboard",
+    "action_response",
+    "dashboard",
+    "local_target",
+    "relative",
+    "require_actions",
+    "span",
+    "wants_json",
+]
+
+#: Seconds to wait for a TCP connection to Redis before a page says it cannot be reached.
+CONNECT_TIMEOUT = 5.0
+#: Seconds between two live refreshes of a page (``--refresh``; 0: none).
+REFRESH_SECONDS = 5.0
+
+
+class Dashboard:
+    """What the pages work with: the Celery app, its store, ``DelayQ``, ``Schedules``, how
+    times are written, and the dashboard's settings."""
+
+    def __init__(
+        self, app: Any, allow_actions: bool = False, refresh_seconds: float = REFRESH_SECONDS
+    ) -> None:
+        self.app = app
+        self.store = Store.for_app(app, connect_timeout=CONNECT_TIMEOUT)
+        self.dq = DelayQ(app)
+        self.schedules = Schedules(app)
+        self.allow_actions = allow_actions
+        self.refresh_seconds = refresh_seconds
+        #: The store's URL with its password replaced by ``***``: the only form any page shows.
+        self.url = redact_url(DelayQConfig.from_app(app).url)
+
+    @property
+    def default_queue(self) -> str:
+        return str(self.app.conf.task_default_queue)
+
+    def when(self, ms: int | float | None) -> str:
+        """A time for humans, in the app's timezone: ``2026-11-21 15:03:07Z``."""
+        if ms is None:
+            return "-"
+        local = ms_to_datetime(ms).astimezone(self.app.timezone)
+        text = local.strftime("%Y-%m-%d %H:%M:%S")
+        offset = local.utcoffset() or timedelta(0)
+        if not offset:
+            return text + "Z"
+        return text + local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:]
+
+    def hhmm(self, ms: int | float) -> str:
+        return ms_to_datetime(ms).astimezone(self.app.timezone).strftime("%H:%M")
+
+
+def dashboard() -> Dashboard:
+    """The running app's :class:`Dashboard` (inside a request)."""
+    board: Dashboard = current_app.extensions["delayq"]
+    return board
+
+
+def span(ms: float | None) -> str:
+    """``ms`` as a short span: ``4m12s``, ``3h``, ``2d5h``, ``850ms``.
+
+    >>> span(252_000), span(3 * 3_600_000), span(850), span(None)
+    ('4m12s', '3h', '850ms', '-')
+    """
+    if ms is None or not math.isfinite(ms):
+        return "-"
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms:.0f}ms"
+    s = int(ms // 1000)
+    parts = [(s // 86_400, "d"), (s % 86_400 // 3600, "h"), (s % 3600 // 60, "m"), (s % 60, "s")]
+    shown = [f"{n}{u}" for n, u in parts if n]
+    first = next(i for i, (n, _) in enumerate(parts) if n)
+    return "".join(shown[:2]) if first < 2 else "".join(f"{n}{u}" for n, u in parts[first:] if n)
+
+
+def relative(ms: float | None, now_ms: float | None = None) -> str:
+    """``in 4m12s`` or ``3h ago`` (``now_ms``: default this machine's clock).
+
+    >>> relative(0, 90_000), relative(90_000, 0)
+    ('1m30s ago', 'in 1m30s')
+    """
+    if ms is None:
+        return ""
+    now = time.time() * 1000 if now_ms is None else now_ms
+    return f"in {span(ms - now)}" if ms >= now else f"{span(now - ms)} ago"
+
+
+def wants_json() -> bool:
+    """Whether the request is the JSON API's (``/api/...``) or asks for JSON first."""
+    if request.path.startswith("/api/"):
+        return True
+    best = request.accept_mimetypes.best_match(["text/html", "application/json"])
+    return (
+        best == "application/json" and request.accept_mimetypes[best] > request.accept_mimetypes["text/html"]
+    )
+
+
+def require_actions() -> None:
+    """403 unless the dashboard was started with ``--allow-actions``."""
+    if not dashboard().allow_actions:
+        abort(
+            403, description="this dashboard is read-only: start it with --allow-actions to change anything"
+        )
+
+
+def local_target(target: str | None, default: str) -> str:
+    """``target`` when it is a path on this site (``/jobs?task=x``), else ``default``: a form's
+    ``next`` never sends the browser elsewhere.
+
+    >>> local_target("/jobs?q=1", "/"), local_target("https://evil.example/", "/"), local_target("//x", "/")
+    ('/jobs?q=1', '/', '/')
+    """
+    if not target:
+        return default
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return default
+    return target
+
+
+def action_response(results: Iterable[Mapping[str, Any]], ok: set[str], default_next: str) -> Any:
+    """How an action answers: JSON ``{"results": [...]}`` (status 200 when every outcome is in
+    ``ok``, else 409), or, for a form, one flash message per result and a redirect back to the
+    form's ``next`` (POST, redirect, GET: a reload does not repeat the action)."""
+    listed = [dict(r) for r in results]
+    failed = [r for r in listed if r.get("outcome") not in ok]
+    if wants_json():
+        response = jsonify({"results": listed})
+        response.status_code = 409 if failed else 200
+        return response
+    for r in listed:
+        name = r.get("id") or r.get("name") or r.get("key") or ""
+        flash(f"{name}: {r.get('message', r.get('outcome'))}", "ok" if r.get("outcome") in ok else "error")
+    return redirect(local_target(request.form.get("next"), default_next), code=303)
