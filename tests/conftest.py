@@ -26,6 +26,7 @@ pytest_plugins = [
     "tests.support.store",
     "tests.support.stack",
     "tests.support.wake",
+    "tests.support.web",
 ]
 
 
