@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta, tzinfo
 from typing import Any
 
 from . import lateness
@@ -44,6 +45,7 @@ __all__ = [
     "key_json",
     "keys_view",
     "lateness_view",
+    "local_text",
     "parse_cursor",
     "schedule_json",
     "shard_view",
@@ -67,6 +69,25 @@ def iso(ms: int | float | None) -> str | None:
     return (
         None if ms is None else ms_to_datetime(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
+
+
+def local_text(ms: int | float | None, tz: tzinfo) -> str:
+    """A time for humans, in timezone ``tz``: ``2026-11-21 15:03:07Z``, ``... 16:03:07+01:00``.
+
+    >>> from zoneinfo import ZoneInfo
+    >>> local_text(1_700_000_000_500, ZoneInfo("UTC")), local_text(0, ZoneInfo("Europe/Paris"))
+    ('2023-11-14 22:13:20Z', '1970-01-01 01:00:00+01:00')
+    >>> local_text(None, ZoneInfo("UTC"))
+    '-'
+    """
+    if ms is None:
+        return "-"
+    local = ms_to_datetime(ms).astimezone(tz)
+    text = local.strftime("%Y-%m-%d %H:%M:%S")
+    offset = local.utcoffset() or timedelta(0)
+    if not offset:
+        return text + "Z"
+    return text + local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:]
 
 
 def bucket_ms(window_ms: int) -> int:

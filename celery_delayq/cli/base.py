@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import timedelta, tzinfo
+from datetime import tzinfo
 from typing import Any, TypeVar
 
 import click
@@ -19,6 +19,7 @@ from ..exceptions import ConfigurationError
 from ..jobs import DelayQ
 from ..schedules import Schedules
 from ..store import Store
+from ..views import local_text
 from .errors import EXIT_NOT_DONE, StoreProblem, cli_error, rule_for, usage
 from .render import emit_json, make_console
 from .timeparse import is_relative, parse_when
@@ -82,14 +83,7 @@ class Session:
 
     def when(self, ms: int | float | None) -> str:
         """A time for humans, in the app's timezone: ``2026-11-21 15:03:07Z``."""
-        if ms is None:
-            return "-"
-        local = ms_to_datetime(ms).astimezone(self.tz)
-        text = local.strftime("%Y-%m-%d %H:%M:%S")
-        offset = local.utcoffset() or timedelta(0)
-        if not offset:
-            return text + "Z"
-        return text + local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:]
+        return local_text(ms, self.tz)
 
     def hhmm(self, ms: int | float) -> str:
         return ms_to_datetime(ms).astimezone(self.tz).strftime("%H:%M")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,6 +17,7 @@ from ..due import ms_to_datetime
 from ..jobs import DelayQ
 from ..schedules import Schedules
 from ..store import Store
+from ..views import local_text
 
 __all__ = [
     "REFRESH_SECONDS",
@@ -59,14 +59,7 @@ class Dashboard:
 
     def when(self, ms: int | float | None) -> str:
         """A time for humans, in the app's timezone: ``2026-11-21 15:03:07Z``."""
-        if ms is None:
-            return "-"
-        local = ms_to_datetime(ms).astimezone(self.app.timezone)
-        text = local.strftime("%Y-%m-%d %H:%M:%S")
-        offset = local.utcoffset() or timedelta(0)
-        if not offset:
-            return text + "Z"
-        return text + local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:]
+        return local_text(ms, self.app.timezone)
 
     def hhmm(self, ms: int | float) -> str:
         return ms_to_datetime(ms).astimezone(self.app.timezone).strftime("%H:%M")
