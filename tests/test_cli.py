@@ -102,12 +102,12 @@ print(sorted(m for m in sys.modules if m.startswith(("celery_delayq.cli", "celer
 """
 
 #: Every runtime module: all of the package but the CLI, the dev tools, ``python -m`` and the
-#: Spark source and the metrics endpoint (they need pyspark and prometheus-client, extras of
-#: their own).
+#: Spark source, the metrics endpoint and the dashboard (they need pyspark, prometheus-client
+#: and Flask, extras of their own).
 RUNTIME = sorted(
     info.name
     for info in pkgutil.walk_packages(celery_delayq.__path__, "celery_delayq.")
-    if not info.name.startswith(("celery_delayq.cli", "celery_delayq.devtools"))
+    if not info.name.startswith(("celery_delayq.cli", "celery_delayq.devtools", "celery_delayq.web"))
     and info.name not in ("celery_delayq.__main__", "celery_delayq._spark_source", "celery_delayq.metrics")
 )
 

@@ -3,13 +3,18 @@ shapes ``celery delayq ... --json`` prints (one definition, :mod:`celery_delayq.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 import pytest
 from celery import Celery
 
+from celery_delayq.config import DelayQConfig
+from celery_delayq.devtools.embedded import free_port
 from tests.support.cli import as_json, invoke
+from tests.support.polling import wait_for
 from tests.support.web import Client
 
 PAGES = ["/", "/jobs", "/schedules", "/dead", "/keys", "/batches"]
@@ -62,3 +67,60 @@ def test_api_status_is_the_cli_status_plus_the_next_24_hours(
     assert served["due_24h"]["bucket_seconds"] == 3600 and len(served["due_24h"]["counts"]) == 24
     assert sum(served["due_24h"]["counts"][0:4]) == 3
     assert time.time() * 1000 - served["now_ms"] < 60_000
+
+
+def test_without_the_web_extra_the_command_says_how_to_install_it(app: Celery) -> None:
+    code = """
+import sys
+sys.modules["flask"] = None
+from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
+from celery_delayq.cli import delayq
+app = Celery("x", set_as_current=False)
+app.conf.delayq_url = sys.argv[1]
+result = CliRunner().invoke(delayq, ["web"], obj=CLIContext(app=app, no_color=True, workdir=None))
+print(result.exit_code, result.output.strip())
+"""
+    url = DelayQConfig.from_app(app).url
+    proc = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    hint = "Error: the dashboard needs the web extra: pip install 'celery-delayq[web]'"
+    assert proc.stdout.strip() == f"1 {hint}"
+
+
+def test_python_m_web_serves_a_store_by_its_url(app: Celery, stored: list[str]) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery_delayq", "web", "--url", DelayQConfig.from_app(app).url,
+         "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        client = Client(f"http://127.0.0.1:{port}")
+        assert wait_for(lambda: _answers(client), 30, 0.2), "the dashboard did not answer"
+        served = client.get("/api/jobs").json()
+        assert sorted(j["id"] for j in served["jobs"]) == sorted(stored)
+        assert client.get("/").status == 200
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=15)[0]
+    assert f"delayq dashboard (read-only) on http://127.0.0.1:{port}/" in output
+
+
+def _answers(client: Client) -> bool:
+    try:
+        return client.get("/api/status").status == 200
+    except OSError:
+        return False
+
+
+def test_an_unreachable_store_is_exit_3_before_serving() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery_delayq", "web", "--url", "redis://:pw123@127.0.0.1:1/0",
+         "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in proc.stderr
+    assert "pw123" not in proc.stderr + proc.stdout

@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 
 import click
 
+from ..config import DelayQConfig, redact_url
 from .base import cli_store, session
-from .errors import CliError, usage
+from .errors import CliError, cli_error, rule_for, usage
 
 __all__ = ["module_web", "web"]
 
@@ -71,7 +72,12 @@ def _run(app: Any, address: str, port: int, allow_actions: bool, auth: str | Non
         check_bind(address, authenticated=pair is not None or token is not None)
     except BindRefused as exc:
         usage(str(exc))
-    cli_store(app).ping()  # an unreachable store is exit 3 now, not a page of errors later
+    try:
+        cli_store(app).ping()  # an unreachable store is exit 3 now, not a page of errors later
+    except Exception as exc:
+        if rule_for(exc) is None:
+            raise
+        raise cli_error(exc, redact_url(DelayQConfig.from_app(app).url)) from exc
     board = create_app(app, allow_actions=allow_actions, auth=pair, token=token, refresh_seconds=refresh)
     mode = "actions allowed" if allow_actions else "read-only"
     host = f"[{address}]" if ":" in address else address
