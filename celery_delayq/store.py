@@ -21,6 +21,7 @@ import enum
 import heapq
 import json
 import logging
+import math
 import time
 import zlib
 from collections import defaultdict
@@ -778,8 +779,16 @@ class Store:
         members = self.client.zrange(
             keys.due, start_ms, end_ms, byscore=True, offset=offset, num=page, withscores=True
         )
+        return self._entries(shard, members)
+
+    def _entries(
+        self, shard: int, members: Sequence[tuple[str, float]]
+    ) -> list[tuple[str, int, str | None, str | None]]:
+        """Due zset ``(id, score)`` members of one shard with their envelopes and lease entries
+        (one pipelined pair of ``HMGET``): ``(id, score, envelope or None, lease or None)``."""
         if not members:
             return []
+        keys = self.keys.shard(shard)
         ids = [m for m, _ in members]
         with self.client.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.jobs, ids)
@@ -839,17 +848,11 @@ class Store:
                 size = int(self.client.zcard(keys.due))
             cursor, members = self.client.zscan(keys.due, cursor, match=pattern, count=count)
             examined += min(count, size)  # a small zset answers whole in one call
-            if members:
-                ids = [job_id for job_id, _ in members]
-                with self.client.pipeline(transaction=False) as pipe:
-                    pipe.hmget(keys.jobs, ids)
-                    pipe.hmget(keys.leases, ids)
-                    envelopes, leases = pipe.execute()
-                for (job_id, score), envelope, lease in zip(members, envelopes, leases, strict=True):
-                    if envelope is not None:
-                        record = self._record(shard, job_id, int(score), loaded_form(job_id, envelope), lease)
-                        if keep is None or keep(record):
-                            found[job_id] = record
+            for job_id, score, envelope, lease in self._entries(shard, members):
+                if envelope is not None:
+                    record = self._record(shard, job_id, score, envelope, lease)
+                    if keep is None or keep(record):
+                        found[job_id] = record
             if cursor == 0:
                 shard, size = shard + 1, -1
             if examined >= budget or (enough is not None and len(found) >= enough):
@@ -869,6 +872,48 @@ class Store:
         if lease is not None:  # a lease entry that does not read: a claim replaces it
             return JobRecord(job_id, index, score, envelope, "leased", 0, score)
         return JobRecord(job_id, index, score, envelope, "waiting")
+
+    def scan_after(
+        self, after: tuple[int, int, bytes], end_ms: float | None = None, page: int = 500
+    ) -> Iterator[JobRecord]:
+        """:meth:`scan` from just after the job ``after`` names (its score, shard and id, as a
+        listing's cursor holds them) up to ``end_ms``: each shard starts past its jobs of a lower
+        score, or in the named job's shard by that job's rank (``ZRANK``), so that going on
+        costs O(log n) a shard however many jobs share a score. A job removed or moved since is
+        started from by score (its shard may then repeat jobs of that score: the caller skips
+        what is not after ``after``)."""
+        score, at_shard, job_id = after
+        hi: Any = "+inf" if end_ms is None else int(end_ms)
+        streams = [
+            self._scan_shard(i, f"({score}" if i < at_shard else score, hi, page)
+            if i != at_shard
+            else self._scan_shard_after(i, score, job_id, hi, page)
+            for i in range(self.keys.shards)
+        ]
+        yield from heapq.merge(*streams, key=lambda r: r.lease_until_ms or r.due_ms)
+
+    def _scan_shard_after(
+        self, index: int, score: int, job_id: bytes, end_ms: Any, page: int
+    ) -> Iterator[JobRecord]:
+        due = self.keys.shard(index).due
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zscore(due, job_id)
+            pipe.zrank(due, job_id)
+            at, rank = pipe.execute()
+        if at is None or rank is None or int(at) != score:
+            yield from self._scan_shard(index, score, end_ms, page)
+            return
+        last = math.inf if end_ms == "+inf" else int(end_ms)
+        start = int(rank) + 1
+        while True:
+            members = self.client.zrange(due, start, start + page - 1, withscores=True)
+            inside = [(member, s) for member, s in members if s <= last]
+            for member, s, envelope, lease in self._entries(index, inside):
+                if envelope is not None:
+                    yield self._record(index, member, s, envelope, lease)
+            if len(inside) < page:
+                return
+            start += page
 
     def shard_stats(self) -> list[ShardStats]:
         """Counts, overdue head and next due job of every shard (``lua/stats.lua``, one round trip).

@@ -224,7 +224,11 @@ def _matching(
     if after is not None:
         start_ms = after[0] if start_ms is None else max(start_ms, after[0])
     needle = _task_needle(where)
-    for record in store.scan(start_ms, where.end_ms, page=page):
+    if after is not None and (where.start_ms is None or where.start_ms <= after[0]):
+        records = store.scan_after(after, where.end_ms, page=page)  # by rank: many may share a score
+    else:
+        records = store.scan(start_ms, where.end_ms, page=page)
+    for record in records:
         if after is not None and _order(record) <= after:
             yield record, False
             continue

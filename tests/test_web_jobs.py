@@ -126,6 +126,26 @@ def test_paging_by_cursor_lists_every_job_once_across_shards(app: Celery, dashbo
     assert link is not None and "task=t.add" in link and "limit=2" in link
 
 
+def test_paging_through_jobs_of_one_due_time_when_the_cursor_s_job_goes(
+    app: Celery, dashboard: Dashboard
+) -> None:
+    """Jobs of one score go on by rank; when the job a cursor names was cancelled meanwhile,
+    they go on by score, and still no job is listed twice or left out."""
+    eta = datetime.now(UTC) + timedelta(hours=1)
+    ids = [str(app.tasks["t.add"].apply_at(eta, (i, i), task_id=f"e{i:02d}").id) for i in range(40)]
+    store = store_of(app)
+    client = dashboard()
+    first = client.get("/api/jobs?limit=7").json()
+    seen = [j["id"] for j in first["jobs"]]
+    store.cancel(seen[-1])  # the job the cursor names
+    cursor = first["next_cursor"]
+    while cursor:
+        body = client.get(f"/api/jobs?limit=7&cursor={cursor}").json()
+        seen += [j["id"] for j in body["jobs"]]
+        cursor = body["next_cursor"]
+    assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
+
+
 def test_a_filter_reads_at_most_its_budget_and_offers_to_go_on(app: Celery, dashboard: Dashboard) -> None:
     for i in range(12):
         add(app, f"w{i}", HOUR + i)
