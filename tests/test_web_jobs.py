@@ -16,9 +16,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import Schedules
+from celery_delayq import DelayedTask, Schedules
 from celery_delayq.bulk import write_rows
+from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.store import Store, get_store
+from tests.support.apps import make_app
 from tests.support.web import Answer, Client
 
 Dashboard = Callable[..., Client]
@@ -75,6 +77,7 @@ def test_filters_by_task_queue_state_and_window(app: Celery, dashboard: Dashboar
     assert [j["id"] for j in api["jobs"]] == ["a2"] and api["jobs"][0]["queue"] == "slow"
     page = client.get("/jobs?task=t.noop&state=waiting")
     assert 'name="task" value="t.noop"' in page.text and '<option value="waiting" selected>' in page.text
+    assert "data-live" not in page.text and "data-live" in client.get("/jobs").text  # no re-reading a search
 
 
 def test_bad_search_fields_answer_400_with_the_reason(app: Celery, dashboard: Dashboard) -> None:
@@ -396,6 +399,50 @@ def test_read_only_refuses_every_action(app: Celery, dashboard: Dashboard) -> No
         api = client.api("/api/jobs/action", {"action": action, "ids": ["ro"], "when": "+1m"})
         assert api.status == 403 and "read-only" in api.json()["error"]
     assert store.get("ro").due_ms == due  # type: ignore[union-attr]
+
+
+# -- Redis down or full ------------------------------------------------------------------------------
+
+
+def test_redis_unreachable_answers_503_with_the_redacted_url(redis_url: str, dashboard: Dashboard) -> None:
+    down = make_app(redis_url, delayq_url=f"redis://:hunter2@127.0.0.1:{free_port()}/0")
+    try:
+        client = dashboard(down, allow_actions=True)
+        for path in ("/jobs", "/jobs?q=abc", "/jobs/abc", "/api/jobs"):
+            answer = client.get(path)
+            assert answer.status == 503 and "cannot reach Redis at redis://:***@127.0.0.1:" in answer.text
+            assert "hunter2" not in answer.text and "Traceback" not in answer.text
+    finally:
+        down.close()
+
+
+def test_a_full_redis_refuses_a_move_with_507_and_keeps_every_job(
+    redis_url: str, dashboard: Dashboard
+) -> None:
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        full = make_app(redis_url, delayq_url=server.url)
+        try:
+
+            @full.task(base=DelayedTask, name="t.add", shared=False)
+            def add_full(x: int, y: int) -> int:  # pragma: no cover - never runs here
+                return x + y
+
+            for i in range(3):
+                full.tasks["t.add"].apply_in(HOUR, args=(i, i), task_id=f"f{i}")
+            store = get_store(full)
+            before = {j.id: j.due_ms for j in store.scan()}
+            client = redis.Redis.from_url(server.url)
+            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 20_000)
+            dash = dashboard(full, allow_actions=True)
+            body = {"action": "reschedule", "ids": ["f0", "f1"], "when": "+1d"}
+            answer = dash.api("/api/jobs/action", body)
+            assert answer.status == 507 and "is full (maxmemory reached)" in answer.json()["error"]
+            form = dash.action("/jobs/action", [("action", "run-now"), ("ids", "f2")])
+            assert form.status == 507 and "nothing stored was lost" in form.text
+            assert {j.id: j.due_ms for j in store.scan()} == before
+            client.close()
+        finally:
+            full.close()
 
 
 # -- many jobs -------------------------------------------------------------------------------------
