@@ -21,6 +21,7 @@ from celery_delayq.bulk import write_rows
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.store import Store, get_store
 from tests.support.apps import make_app
+from tests.support.store import bury
 from tests.support.web import Answer, Client
 
 Dashboard = Callable[..., Client]
@@ -184,6 +185,8 @@ def test_id_prefix_search_exact_glob_characters_and_no_match(app: Celery, dashbo
     assert sorted(listed(client.get("/jobs?q=order-"))) == ["order-1", "order-10", "order-2", "order-3"]
     exact = client.get("/jobs?q=order-1")
     assert listed(exact) == ["order-1"] and "the job with this exact id" in exact.text
+    wider = re.search(r'<a id="prefix-search" href="([^"]+)"', exact.text)
+    assert wider and sorted(listed(client.get(html.unescape(wider.group(1))))) == ["order-1", "order-10"]
     assert listed(client.get("/jobs?q=we*ird[")) == [GLOBBY]
     assert listed(client.get("/jobs?q=" + "we%2Aird%5B1%5D%3F%5Cx")) == [GLOBBY]
     assert sorted(listed(client.get("/jobs?q=we"))) == [GLOBBY, "weird-plain"]
@@ -244,6 +247,18 @@ def test_the_detail_page(app: Celery, dashboard: Dashboard) -> None:
     assert client.get("/api/jobs/d/1").json()["options"]["queue"] == "slow"
     missing = client.get("/jobs/nope")
     assert missing.status == 404 and "no job with id &#39;nope&#39;" in missing.text
+
+
+def test_a_dead_letter_s_page_says_why_and_offers_no_action(app: Celery, dashboard: Dashboard) -> None:
+    add(app, "gone", 0)
+    bury(app, "gone", reason="publish failed: boom")
+    client = dashboard(allow_actions=True)
+    assert listed(client.get("/jobs?q=gone")) == ["gone"]  # found by its exact id
+    page = client.get("/jobs/gone")
+    assert 'id="job-state">dead' in page.text and "publish failed: boom" in page.text
+    assert '<form id="cancel"' not in page.text
+    answer = client.api("/api/jobs/action", {"action": "cancel", "ids": ["gone"]})
+    assert answer.status == 409 and "it is dead-lettered (see `delayq dead show gone`)" in answer.text
 
 
 def test_a_corrupt_envelope_lists_and_shows(app: Celery, r: redis.Redis, dashboard: Dashboard) -> None:
