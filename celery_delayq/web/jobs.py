@@ -4,9 +4,10 @@ their JSON twins (``/api/jobs``: ``celery delayq ls --json``, plus ``"scan"`` fo
 ``/api/jobs/<id>``: ``delayq show --json``; ``POST /api/jobs/action``).
 
 A listing reads from its cursor on (O(log n) a shard and page, however many jobs are stored).
-A filter by task, queue or state reads at most ``budget`` jobs a page (then says so and offers
-to go on); a search by id prefix examines about ``budget`` ids a request (a ``ZSCAN`` of each
-shard, :meth:`~celery_delayq.store.Store.search_ids`), after looking the exact id up first.
+A filter by task, queue or state reads at most ``budget`` jobs a page (:data:`FILTER_BUDGET`;
+then it says so and offers to go on); a search by id prefix looks the exact id up first, then
+examines about ``budget`` ids a request (:data:`BUDGET`; a ``ZSCAN`` of each shard,
+:meth:`~celery_delayq.store.Store.search_ids`).
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from ..jobs import CANCELLED, MOVED
 from ..views import JOB_STATES, JobFilter, cancel_result, id_search, job_detail, jobs_page, move_result
 from .context import action_response, dashboard, relative, require_actions, wants_json
 
-__all__ = ["ACTIONS", "BUDGET", "PAGE", "bp"]
+__all__ = ["ACTIONS", "BUDGET", "FILTER_BUDGET", "PAGE", "bp"]
 
 bp = Blueprint("jobs", __name__)
 
 #: Jobs a page shows (``limit``, at most :data:`MAX_PAGE`).
 PAGE = 50
 MAX_PAGE = 500
-#: Jobs a filtered page reads, or ids an id search examines, at most (``budget`` changes it,
-#: up to :data:`MAX_BUDGET`).
+#: Ids an id search examines a request, at most (``budget`` changes it, up to :data:`MAX_BUDGET`):
+#: ``ZSCAN`` examines about 1.3 million a second (``MATCH`` runs in Redis).
 BUDGET = 200_000
+#: Jobs a page filtered by task, queue or state reads, at most (``budget`` changes it): each is
+#: read whole, about 120,000 a second.
+FILTER_BUDGET = 50_000
 MAX_BUDGET = 5_000_000
 #: The actions of ``POST /jobs/action``.
 ACTIONS = ("run-now", "reschedule", "cancel")
@@ -92,7 +96,7 @@ def _page() -> dict[str, Any]:
         end_ms=_when(until, "until") if until else None,
     )
     limit = _number(args, "limit", PAGE, MAX_PAGE)
-    budget = _number(args, "budget", BUDGET, MAX_BUDGET)
+    budget = _number(args, "budget", BUDGET if args.get("q") else FILTER_BUDGET, MAX_BUDGET)
     cursor = args.get("cursor") or None
     prefix = args.get("q") or ""
     try:
