@@ -21,10 +21,11 @@ import enum
 import heapq
 import json
 import logging
+import math
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -63,6 +64,7 @@ __all__ = [
     "FireOutcome",
     "GateDecision",
     "GateResult",
+    "IdSearch",
     "JobRecord",
     "KeyState",
     "ReleaseResult",
@@ -74,6 +76,7 @@ __all__ = [
     "error_text",
     "evicts_jobs",
     "get_store",
+    "glob_escape",
     "is_oom",
     "make_client",
     "redis_error_kind",
@@ -266,6 +269,28 @@ def _lease_state(lease: str) -> str:
     ('gated', 'running', 'leased')
     """
     return _GATE_STATES.get(lease.rsplit("|", 1)[-1], "leased")
+
+
+def glob_escape(text: str) -> str:
+    r"""``text`` with the characters Redis's glob patterns (``MATCH``) give a meaning escaped
+    (``* ? [ ] \``), so that ``glob_escape(prefix) + "*"`` matches the ids beginning with
+    ``prefix`` and no others.
+
+    >>> print(glob_escape("r:7:[x]"), glob_escape("a*b?c\\d"))
+    r:7:\[x\] a\*b\?c\\d
+    """
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+@dataclass(frozen=True)
+class IdSearch:
+    """What :meth:`Store.search_ids` found: the stored jobs whose id begins with the prefix
+    among the ``examined`` (about) it looked at, and where to go on (``resume``: the shard
+    and its ``ZSCAN`` cursor; None: every shard was searched to its end)."""
+
+    records: list[JobRecord]
+    examined: int
+    resume: tuple[int, int] | None
 
 
 # -- flow control: what the gate scripts answer (see celery_delayq/gate.py) -------------------
@@ -754,8 +779,16 @@ class Store:
         members = self.client.zrange(
             keys.due, start_ms, end_ms, byscore=True, offset=offset, num=page, withscores=True
         )
+        return self._entries(shard, members)
+
+    def _entries(
+        self, shard: int, members: Sequence[tuple[str, float]]
+    ) -> list[tuple[str, int, str | None, str | None]]:
+        """Due zset ``(id, score)`` members of one shard with their envelopes and lease entries
+        (one pipelined pair of ``HMGET``): ``(id, score, envelope or None, lease or None)``."""
         if not members:
             return []
+        keys = self.keys.shard(shard)
         ids = [m for m, _ in members]
         with self.client.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.jobs, ids)
@@ -768,17 +801,8 @@ class Store:
 
     def _scan_shard(self, index: int, start_ms: Any, end_ms: Any, page: int) -> Iterator[JobRecord]:
         for job_id, score, envelope, lease in self.due_entries(index, start_ms, end_ms, page):
-            if envelope is None:
-                continue
-            parsed = None if lease is None else parse_lease(lease)
-            if parsed is not None:
-                due, tries = parsed
-                until = score if score < PARK_MS else None  # a parked job has no expiry
-                yield JobRecord(job_id, index, due, envelope, _lease_state(lease or ""), tries, until)
-            elif lease is not None:  # a lease entry that does not read: a claim replaces it
-                yield JobRecord(job_id, index, score, envelope, "leased", 0, score)
-            else:
-                yield JobRecord(job_id, index, score, envelope, "waiting")
+            if envelope is not None:
+                yield self._record(index, job_id, score, envelope, lease)
 
     def scan(
         self,
@@ -795,6 +819,101 @@ class Store:
         hi: Any = "+inf" if end_ms is None else int(end_ms)
         streams = [self._scan_shard(i, lo, hi, page) for i in range(self.keys.shards)]
         yield from heapq.merge(*streams, key=lambda r: r.lease_until_ms or r.due_ms)
+
+    def search_ids(
+        self,
+        prefix: str,
+        start: tuple[int, int] = (0, 0),
+        budget: int = 200_000,
+        count: int = 1000,
+        keep: Callable[[JobRecord], bool] | None = None,
+        enough: int | None = None,
+    ) -> IdSearch:
+        """The stored jobs (waiting or leased) whose id begins with ``prefix`` (and that
+        ``keep`` keeps): a ``ZSCAN`` of each shard's due zset with ``MATCH <escaped prefix>*``
+        and ``COUNT count``, from ``start`` (shard, cursor), until about ``budget`` ids were
+        examined or ``enough`` jobs were found (it stops after the call that gets there: the
+        records are those of the calls made, ``resume`` where to go on), or every shard was
+        searched (``resume`` None). Records as :meth:`scan` gives them, in the order found (a
+        zset's hash order; an id may come twice across resumed calls when Redis rehashes
+        meanwhile; a job stored throughout is never missed)."""
+        pattern = glob_escape(prefix) + "*"
+        shard, cursor = start
+        found: dict[str, JobRecord] = {}
+        examined = 0
+        size = -1  # the current shard's jobs, read on entering it
+        while shard < self.keys.shards:
+            keys = self.keys.shard(shard)
+            if size < 0:
+                size = int(self.client.zcard(keys.due))
+            cursor, members = self.client.zscan(keys.due, cursor, match=pattern, count=count)
+            examined += min(count, size)  # a small zset answers whole in one call
+            for job_id, score, envelope, lease in self._entries(shard, members):
+                if envelope is not None:
+                    record = self._record(shard, job_id, score, envelope, lease)
+                    if keep is None or keep(record):
+                        found[job_id] = record
+            if cursor == 0:
+                shard, size = shard + 1, -1
+            if examined >= budget or (enough is not None and len(found) >= enough):
+                break
+        resume = (shard, int(cursor)) if shard < self.keys.shards else None
+        return IdSearch(list(found.values()), examined, resume)
+
+    @staticmethod
+    def _record(index: int, job_id: str, score: int, envelope: str, lease: str | None) -> JobRecord:
+        """One due zset entry, its envelope (``loaded_form``) and its lease entry (as stored, None:
+        no beat holds it) as a :class:`JobRecord`."""
+        parsed = None if lease is None else parse_lease(lease)
+        if parsed is not None:
+            due, tries = parsed
+            until = score if score < PARK_MS else None  # a parked job has no expiry
+            return JobRecord(job_id, index, due, envelope, _lease_state(lease or ""), tries, until)
+        if lease is not None:  # a lease entry that does not read: a claim replaces it
+            return JobRecord(job_id, index, score, envelope, "leased", 0, score)
+        return JobRecord(job_id, index, score, envelope, "waiting")
+
+    def scan_after(
+        self, after: tuple[int, int, bytes], end_ms: float | None = None, page: int = 500
+    ) -> Iterator[JobRecord]:
+        """:meth:`scan` from just after the job ``after`` names (its score, shard and id, as a
+        listing's cursor holds them) up to ``end_ms``: each shard starts past its jobs of a lower
+        score, or in the named job's shard by that job's rank (``ZRANK``), so that going on
+        costs O(log n) a shard however many jobs share a score. A job removed or moved since is
+        started from by score (its shard may then repeat jobs of that score: the caller skips
+        what is not after ``after``)."""
+        score, at_shard, job_id = after
+        hi: Any = "+inf" if end_ms is None else int(end_ms)
+        streams = [
+            self._scan_shard(i, f"({score}" if i < at_shard else score, hi, page)
+            if i != at_shard
+            else self._scan_shard_after(i, score, job_id, hi, page)
+            for i in range(self.keys.shards)
+        ]
+        yield from heapq.merge(*streams, key=lambda r: r.lease_until_ms or r.due_ms)
+
+    def _scan_shard_after(
+        self, index: int, score: int, job_id: bytes, end_ms: Any, page: int
+    ) -> Iterator[JobRecord]:
+        due = self.keys.shard(index).due
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zscore(due, job_id)
+            pipe.zrank(due, job_id)
+            at, rank = pipe.execute()
+        if at is None or rank is None or int(at) != score:
+            yield from self._scan_shard(index, score, end_ms, page)
+            return
+        last = math.inf if end_ms == "+inf" else int(end_ms)
+        start = int(rank) + 1
+        while True:
+            members = self.client.zrange(due, start, start + page - 1, withscores=True)
+            inside = [(member, s) for member, s in members if s <= last]
+            for member, s, envelope, lease in self._entries(index, inside):
+                if envelope is not None:
+                    yield self._record(index, member, s, envelope, lease)
+            if len(inside) < page:
+                return
+            start += page
 
     def shard_stats(self) -> list[ShardStats]:
         """Counts, overdue head and next due job of every shard (``lua/stats.lua``, one round trip).

@@ -24,20 +24,24 @@ from typing import Any
 from . import lateness
 from .due import ms_to_datetime
 from .envelope import decode_envelope, loaded_form
+from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
 from .schedules import Schedule
 from .store import BatchState, JobRecord, KeyState, ShardStats, Store
 
 __all__ = [
     "BEAT_ALIVE_MS",
+    "CANCEL_TEXT",
     "JOB_STATES",
     "JobFilter",
     "batch_json",
     "batches_view",
     "beat_view",
     "bucket_ms",
+    "cancel_result",
     "cursor_text",
     "dead_page",
     "dead_view",
+    "id_search",
     "iso",
     "job_detail",
     "job_view",
@@ -46,7 +50,11 @@ __all__ = [
     "keys_view",
     "lateness_view",
     "local_text",
+    "missing_text",
+    "move_result",
     "parse_cursor",
+    "parse_scan_cursor",
+    "point_refusal",
     "schedule_json",
     "shard_view",
     "status_view",
@@ -205,32 +213,47 @@ class JobFilter:
         return bool(self.task or self.queue or self.state)
 
 
+def _task_needle(where: JobFilter) -> str | None:
+    """A task name any JSON encoder writes as it is: an envelope without it quoted is not of it,
+    and is passed over without being decoded (a task filter reads every job in the window)."""
+    return json.dumps(where.task) if where.task and _PLAIN_NAME.fullmatch(where.task) else None
+
+
+def _keeps(record: JobRecord, default_queue: str, where: JobFilter, needle: str | None) -> bool:
+    """Whether ``record`` is of the task, queue and state ``where`` asks for (not its window)."""
+    if where.state and record.state != where.state:
+        return False
+    if needle is not None and needle not in record.envelope:
+        return False
+    if where.task or where.queue:
+        try:
+            envelope = decode_envelope(record.envelope)
+        except ValueError:
+            return False  # listed only without a task/queue filter, as "<corrupt envelope>"
+        if where.task and envelope.task != where.task:
+            return False
+        if where.queue and (default_queue if envelope.queue is None else envelope.queue) != where.queue:
+            return False
+    return True
+
+
 def _matching(
     store: Store, default_queue: str, where: JobFilter, after: tuple[int, int, bytes] | None, page: int
-) -> Iterator[JobRecord]:
+) -> Iterator[tuple[JobRecord, bool]]:
+    """Every job read from the cursor on, and whether it matches ``where``."""
     start_ms = where.start_ms
     if after is not None:
         start_ms = after[0] if start_ms is None else max(start_ms, after[0])
-    # A task name any JSON encoder writes as it is: an envelope without it quoted is not of it,
-    # and is passed over without being decoded (a task filter reads every job in the window).
-    needle = json.dumps(where.task) if where.task and _PLAIN_NAME.fullmatch(where.task) else None
-    for record in store.scan(start_ms, where.end_ms, page=page):
+    needle = _task_needle(where)
+    if after is not None and (where.start_ms is None or where.start_ms <= after[0]):
+        records = store.scan_after(after, where.end_ms, page=page)  # by rank: many may share a score
+    else:
+        records = store.scan(start_ms, where.end_ms, page=page)
+    for record in records:
         if after is not None and _order(record) <= after:
+            yield record, False
             continue
-        if where.state and record.state != where.state:
-            continue
-        if needle is not None and needle not in record.envelope:
-            continue
-        if where.task or where.queue:
-            try:
-                envelope = decode_envelope(record.envelope)
-            except ValueError:
-                continue  # listed only without a task/queue filter, as "<corrupt envelope>"
-            if where.task and envelope.task != where.task:
-                continue
-            if where.queue and (default_queue if envelope.queue is None else envelope.queue) != where.queue:
-                continue
-        yield record
+        yield record, _keeps(record, default_queue, where, needle)
 
 
 def jobs_page(
@@ -240,31 +263,181 @@ def jobs_page(
     limit: int = 50,
     offset: int = 0,
     cursor: str | None = None,
+    budget: int | None = None,
 ) -> dict[str, Any]:
     """``delayq ls --json``: ``{"jobs": [...], "count": n, "next_cursor": text or None}``.
 
     In due order (a leased job by its lease expiry); ``cursor`` (an earlier page's
     ``next_cursor``) goes on after the job it names, reading from there on: a page costs
     O(log n) a shard plus the jobs it reads, however many are stored. ValueError: a bad cursor.
+
+    ``budget``: read at most this many jobs (a filter that few jobs match would otherwise read
+    every one); when it runs out first, the answer adds ``"examined": budget`` and
+    ``"exhausted": true``, and its ``next_cursor`` goes on after the last job read.
     """
     after = parse_cursor(cursor) if cursor else None
     page = 500 if where.narrowed else max(10, min(500, limit + offset + 2))
+    if budget is not None:
+        page = max(1, min(page, budget + 1))
     shown: list[JobRecord] = []
     more = False
     skipped = 0
-    for record in _matching(store, default_queue, where, after, page):
+    examined = 0
+    last: JobRecord | None = None
+    for record, keep in _matching(store, default_queue, where, after, page):
+        if budget is not None and examined == budget:
+            more = True
+            break
+        examined += 1
+        if not keep:
+            last = record
+            continue
         if skipped < offset:
             skipped += 1
+            last = record
             continue
         if len(shown) == limit:
             more = True
             break
         shown.append(record)
-    return {
+        last = record
+    out: dict[str, Any] = {
         "jobs": [job_view(r, default_queue) for r in shown],
         "count": len(shown),
         "next_cursor": cursor_text(shown[-1]) if more and shown else None,
     }
+    if budget is not None and examined == budget and more and len(shown) < limit and last is not None:
+        out.update(next_cursor=cursor_text(last), examined=budget, exhausted=True)
+    return out
+
+
+def parse_scan_cursor(text: str) -> tuple[int, int]:
+    """Where an id-prefix search stopped (``<shard>:<ZSCAN cursor>``, its ``next_cursor``).
+
+    >>> parse_scan_cursor("3:1792")
+    (3, 1792)
+    >>> parse_scan_cursor("x")
+    Traceback (most recent call last):
+    ...
+    ValueError: bad cursor 'x' of an id search: pass the next_cursor an earlier search gave
+    """
+    bad = f"bad cursor {text!r} of an id search: pass the next_cursor an earlier search gave"
+    try:
+        shard, cursor = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise ValueError(bad) from None
+    if shard < 0 or cursor < 0:
+        raise ValueError(bad)
+    return shard, cursor
+
+
+def id_search(
+    store: Store,
+    default_queue: str,
+    prefix: str,
+    where: JobFilter = JobFilter(),
+    cursor: str | None = None,
+    budget: int = 200_000,
+    enough: int = 50,
+) -> dict[str, Any]:
+    """The jobs whose id is ``prefix`` or begins with it, narrowed by ``where``: the shape of
+    :func:`jobs_page` (in due order) plus ``"scan"``: what was searched.
+
+    An exact id (a waiting, leased or dead job) is looked up first (``"exact": true``);
+    otherwise :meth:`~.store.Store.search_ids` examines about ``budget`` ids from ``cursor`` on
+    (an earlier search's ``next_cursor``), stopping sooner once ``enough`` jobs matched.
+    ``next_cursor`` is None when every shard was searched; ``"complete"`` says the same.
+    ValueError: a bad cursor.
+    """
+    needle = _task_needle(where)
+
+    def keeps(record: JobRecord) -> bool:
+        score = record.lease_until_ms or record.due_ms
+        if where.start_ms is not None and score < where.start_ms:
+            return False
+        if where.end_ms is not None and score > where.end_ms:
+            return False
+        return _keeps(record, default_queue, where, needle)
+
+    scan: dict[str, Any] = {"prefix": prefix, "exact": False, "examined": 0, "stored": store.count()}
+    if cursor is None:
+        exact = store.get(prefix)
+        if exact is not None:
+            jobs = [job_view(exact, default_queue)] if keeps(exact) else []
+            scan.update(exact=True, complete=True)
+            return {"jobs": jobs, "count": len(jobs), "next_cursor": None, "scan": scan}
+    start = parse_scan_cursor(cursor) if cursor else (0, 0)
+    found = store.search_ids(prefix, start, budget, keep=keeps, enough=enough)
+    records = sorted(found.records, key=_order)
+    resume = f"{found.resume[0]}:{found.resume[1]}" if found.resume else None
+    scan.update(examined=found.examined, complete=resume is None, budget=budget)
+    return {
+        "jobs": [job_view(r, default_queue) for r in records],
+        "count": len(records),
+        "next_cursor": resume,
+        "scan": scan,
+    }
+
+
+# -- actions on jobs (``delayq cancel|reschedule|run-now`` and the dashboard's) --------------------
+
+#: What each outcome of a cancel says (a missing job: :func:`missing_text`).
+CANCEL_TEXT = {
+    CANCELLED: "cancelled",
+    DELIVERING: "removed, but a beat was delivering it at that moment: it may already be in the broker",
+}
+
+
+def point_refusal(dq: DelayQ, job_id: str, what: str) -> str | None:
+    """Why ``job_id`` may not be ``what`` (``cancel``, ``reschedule``, ``run``): it is a
+    schedule's next run; None: it is not one."""
+    name = dq.is_schedule_point(job_id)
+    if name is None:
+        return None
+    return (
+        f"{job_id!r} is the next run of schedule {name!r}: {what} it with "
+        f"`delayq schedules pause|update|rm|run-now {name}`"
+    )
+
+
+def missing_text(store: Store, job_id: str) -> str:
+    """What a job found neither waiting nor leased is: dead-lettered, or not stored at all."""
+    if store.dead_record(job_id) is not None:
+        return f"no waiting job {job_id!r}: it is dead-lettered (see `delayq dead show {job_id}`)"
+    return f"no job with id {job_id!r}"
+
+
+def cancel_result(dq: DelayQ, store: Store, job_id: str) -> dict[str, Any]:
+    """Cancel one job: ``{"id", "outcome", "message"}`` as ``delayq cancel --json`` prints it
+    (outcome ``cancelled``, ``delivering``, ``missing`` or ``schedule-point``: refused)."""
+    refusal = point_refusal(dq, job_id, "cancel")
+    if refusal:
+        return {"id": job_id, "outcome": "schedule-point", "message": refusal}
+    outcome = dq.cancel_outcome(job_id)
+    message = CANCEL_TEXT.get(outcome) or missing_text(store, job_id)
+    if outcome == DELIVERING:
+        message = f"{job_id!r} {message}"
+    return {"id": job_id, "outcome": str(outcome), "message": message}
+
+
+def move_result(
+    dq: DelayQ, store: Store, job_id: str, due_ms: int, what: str, due_text: str
+) -> dict[str, Any]:
+    """Move one waiting job to ``due_ms`` (``what``: ``reschedule``, or ``run`` for run-now):
+    ``{"id", "outcome", "message", "due"}`` as ``delayq reschedule --json`` prints it (outcome
+    ``moved``, ``delivering``, ``missing``, or ``schedule-point`` without ``due``: refused).
+    ``due_text`` is the message of a move (``due <time> (in 5m)``, as the caller writes times)."""
+    refusal = point_refusal(dq, job_id, what)
+    if refusal:
+        return {"id": job_id, "outcome": "schedule-point", "message": refusal}
+    outcome = dq.reschedule_outcome(job_id, due_ms / 1000.0)
+    if outcome == MOVED:
+        message = due_text
+    elif outcome == DELIVERING:
+        message = f"{job_id!r} not moved: a beat is delivering it now"
+    else:
+        message = missing_text(store, job_id)
+    return {"id": job_id, "outcome": str(outcome), "message": message, "due": iso(due_ms)}
 
 
 # -- dead letters -----------------------------------------------------------------------------------

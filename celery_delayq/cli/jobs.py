@@ -12,10 +12,10 @@ import click
 from rich.text import Text
 
 from ..jobs import CANCELLED, DELIVERING, MOVED
-from ..views import JOB_STATES, JobFilter, job_detail, job_view, jobs_page
+from ..views import JOB_STATES, JobFilter, cancel_result, job_detail, job_view, jobs_page, move_result
 from .base import Session, json_option, report, session
 from .errors import CliError, usage
-from .render import call_text, iso, kv_table, listing, plain_row, relative
+from .render import call_text, kv_table, listing, plain_row, relative
 
 __all__ = [
     "cancel_jobs",
@@ -158,28 +158,6 @@ def show_job(ctx: click.Context, job_id: str, as_json: bool) -> None:
         print_job(s, view)
 
 
-_CANCEL_TEXT = {
-    CANCELLED: "cancelled",
-    DELIVERING: "removed, but a beat was delivering it at that moment: it may already be in the broker",
-}
-
-
-def _point_refusal(s: Session, job_id: str, what: str) -> str | None:
-    name = s.dq.is_schedule_point(job_id)
-    if name is None:
-        return None
-    return (
-        f"{job_id!r} is the next run of schedule {name!r}: {what} it with "
-        f"`delayq schedules pause|update|rm|run-now {name}`"
-    )
-
-
-def _missing_text(s: Session, job_id: str) -> str:
-    if s.store.dead_record(job_id) is not None:
-        return f"no waiting job {job_id!r}: it is dead-lettered (see `delayq dead show {job_id}`)"
-    return f"no job with id {job_id!r}"
-
-
 @click.command("cancel", short_help="Remove waiting jobs so that they never run.")
 @click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
 @json_option
@@ -188,35 +166,14 @@ def cancel_jobs(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> 
     """Remove waiting jobs so that they never run. Exit 1 when one was not found, was being
     delivered (removed, but it may run), or is a schedule's next run."""
     s = session(ctx)
-    results = []
-    for job_id in job_ids:
-        refusal = _point_refusal(s, job_id, "cancel")
-        if refusal:
-            results.append({"id": job_id, "outcome": "schedule-point", "message": refusal})
-            continue
-        outcome = s.dq.cancel_outcome(job_id)
-        message = _CANCEL_TEXT.get(outcome) or _missing_text(s, job_id)
-        if outcome == DELIVERING:
-            message = f"{job_id!r} {message}"
-        results.append({"id": job_id, "outcome": outcome, "message": message})
+    results = [cancel_result(s.dq, s.store, job_id) for job_id in job_ids]
     report(s, results, {CANCELLED}, as_json)
 
 
 def _move(ctx: click.Context, job_id: str, due_ms: int, as_json: bool, what: str) -> None:
     s = session(ctx)
-    refusal = _point_refusal(s, job_id, what)
-    if refusal:
-        report(s, [{"id": job_id, "outcome": "schedule-point", "message": refusal}], {MOVED}, as_json)
-        return
-    outcome = s.dq.reschedule_outcome(job_id, due_ms / 1000.0)
-    if outcome == MOVED:
-        message = f"due {s.when(due_ms)} ({relative(due_ms, time.time() * 1000)})"
-    elif outcome == DELIVERING:
-        message = f"{job_id!r} not moved: a beat is delivering it now"
-    else:
-        message = _missing_text(s, job_id)
-    result = {"id": job_id, "outcome": outcome, "message": message, "due": iso(due_ms)}
-    report(s, [result], {MOVED}, as_json)
+    due_text = f"due {s.when(due_ms)} ({relative(due_ms, time.time() * 1000)})"
+    report(s, [move_result(s.dq, s.store, job_id, due_ms, what, due_text)], {MOVED}, as_json)
 
 
 @click.command("reschedule", short_help="Move a waiting job to another time.")

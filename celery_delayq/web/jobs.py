@@ -1,32 +1,112 @@
 """The jobs: a searchable, paged list of what is stored (``/jobs``), one job's detail
-(``/jobs/<id>``), and their JSON twins (``/api/jobs``: ``celery delayq ls --json``;
-``/api/jobs/<id>``: ``delayq show --json``).
+(``/jobs/<id>``), the actions on them (``POST /jobs/action``: run now, reschedule, cancel), and
+their JSON twins (``/api/jobs``: ``celery delayq ls --json``, plus ``"scan"`` for an id search;
+``/api/jobs/<id>``: ``delayq show --json``; ``POST /api/jobs/action``).
+
+A listing reads from its cursor on (O(log n) a shard and page, however many jobs are stored).
+A filter by task, queue or state reads at most ``budget`` jobs a page (:data:`FILTER_BUDGET`;
+then it says so and offers to go on); a search by id prefix looks the exact id up first, then
+examines about ``budget`` ids a request (:data:`BUDGET`; a ``ZSCAN`` of each shard,
+:meth:`~celery_delayq.store.Store.search_ids`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
-from flask import Blueprint, abort, jsonify, render_template, request
+from flask import Blueprint, abort, jsonify, make_response, render_template, request
+from werkzeug.datastructures import MultiDict
 
-from ..views import JobFilter, job_detail, jobs_page
-from .context import dashboard
+from ..jobs import CANCELLED, MOVED
+from ..views import JOB_STATES, JobFilter, cancel_result, id_search, job_detail, jobs_page, move_result
+from .context import action_response, dashboard, relative, require_actions, wants_json
 
-__all__ = ["bp"]
+__all__ = ["ACTIONS", "BUDGET", "FILTER_BUDGET", "PAGE", "bp"]
 
 bp = Blueprint("jobs", __name__)
 
-#: Jobs a page shows.
+#: Jobs a page shows (``limit``, at most :data:`MAX_PAGE`).
 PAGE = 50
+MAX_PAGE = 500
+#: Ids an id search examines a request, at most (``budget`` changes it, up to :data:`MAX_BUDGET`):
+#: ``ZSCAN`` examines about 1.3 million a second (``MATCH`` runs in Redis).
+BUDGET = 200_000
+#: Jobs a page filtered by task, queue or state reads, at most (``budget`` changes it): each is
+#: read whole, about 120,000 a second.
+FILTER_BUDGET = 50_000
+MAX_BUDGET = 5_000_000
+#: The actions of ``POST /jobs/action``.
+ACTIONS = ("run-now", "reschedule", "cancel")
+
+
+def _refuse(message: str, status: int = 400) -> NoReturn:
+    """Answer ``status`` with ``message`` now: JSON for the API, the error page for a browser."""
+    if wants_json():
+        answer = jsonify({"error": message, "status": status})
+        answer.status_code = status
+    else:
+        answer = make_response(render_template("error.html", status=status, message=message), status)
+    abort(answer)
+
+
+def _when(text: str, what: str) -> int:
+    """A WHEN as ``delayq reschedule`` takes it; relative ones count from the Redis server's clock."""
+    # Imported here: the web is a runtime module, and the runtime imports nothing of the CLI
+    # package (tests/test_cli.py); click, which the CLI package needs, comes with Flask.
+    from ..cli.timeparse import is_relative, parse_when
+
+    board = dashboard()
+    try:
+        return parse_when(text, board.app, board.store.server_now_ms() if is_relative(text) else None)
+    except ValueError as exc:
+        _refuse(f"{what}: {exc}")
+
+
+def _number(args: MultiDict[str, str], name: str, default: int, top: int) -> int:
+    text = (args.get(name) or "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        _refuse(f"{name}: {text!r} is not a whole number")
+    if not 1 <= value <= top:
+        _refuse(f"{name}: {value} is out of range (1 to {top:,})")
+    return value
+
+
+def search_args(args: MultiDict[str, str]) -> dict[str, str]:
+    """The search fields as given (the form shows them again; the pager keeps them)."""
+    names = ("q", "task", "queue", "state", "from", "until", "limit", "budget")
+    return {name: args[name] for name in names if args.get(name)}
 
 
 def _page() -> dict[str, Any]:
     board = dashboard()
-    cursor = request.args.get("cursor") or None
+    args = request.args
+    state = args.get("state") or None
+    if state is not None and state not in JOB_STATES:
+        _refuse(f"state: {state!r} is not one of {', '.join(JOB_STATES)}")
+    start, until = (args.get("from") or "").strip(), (args.get("until") or "").strip()
+    where = JobFilter(
+        task=(args.get("task") or "").strip() or None,
+        queue=(args.get("queue") or "").strip() or None,
+        state=state,
+        start_ms=_when(start, "from") if start else None,
+        end_ms=_when(until, "until") if until else None,
+    )
+    limit = _number(args, "limit", PAGE, MAX_PAGE)
+    budget = _number(args, "budget", BUDGET if args.get("q") else FILTER_BUDGET, MAX_BUDGET)
+    cursor = args.get("cursor") or None
+    prefix = args.get("q") or ""
     try:
-        return jobs_page(board.store, board.default_queue, JobFilter(), PAGE, 0, cursor)
+        if prefix:
+            return id_search(board.store, board.default_queue, prefix, where, cursor, budget, limit)
+        if where.narrowed:
+            return jobs_page(board.store, board.default_queue, where, limit, 0, cursor, budget)
+        return jobs_page(board.store, board.default_queue, where, limit, 0, cursor)
     except ValueError as exc:
-        abort(400, description=str(exc))
+        _refuse(str(exc))
 
 
 @bp.get("/api/jobs")
@@ -36,7 +116,10 @@ def api_jobs() -> Any:
 
 @bp.get("/jobs")
 def jobs() -> str:
-    return render_template("jobs.html", view=_page())
+    view = _page()
+    return render_template(
+        "jobs.html", view=view, search=search_args(request.args), states=JOB_STATES, actions=ACTIONS
+    )
 
 
 def _detail(job_id: str) -> dict[str, Any]:
@@ -55,3 +138,51 @@ def api_job(job_id: str) -> Any:
 @bp.get("/jobs/<path:job_id>")
 def job(job_id: str) -> str:
     return render_template("job.html", job=_detail(job_id))
+
+
+def act(action: str, ids: list[str], when: str | None) -> list[dict[str, Any]]:
+    """Do ``action`` to each job of ``ids``: the results ``delayq cancel|reschedule|run-now
+    --json`` prints. A bad action, no ids or a bad WHEN answers 400 before anything changes."""
+    board = dashboard()
+    if action not in ACTIONS:
+        _refuse(f"action: {action!r} is not one of {', '.join(ACTIONS)}")
+    if not ids:
+        _refuse("no job chosen: tick at least one job (ids)")
+    if action == "cancel":
+        return [cancel_result(board.dq, board.store, job_id) for job_id in ids]
+    if action == "run-now":
+        due_ms, what = board.store.server_now_ms(), "run"
+    else:
+        if not (when or "").strip():
+            _refuse("when: give the time to reschedule to (ISO-8601, UNIX s, now, +10m, -1h)")
+        due_ms, what = _when(when or "", "when"), "reschedule"
+    due_text = f"due {board.when(due_ms)} ({relative(due_ms)})"
+    return [move_result(board.dq, board.store, job_id, due_ms, what, due_text) for job_id in ids]
+
+
+def _ok(action: str) -> set[str]:
+    return {CANCELLED} if action == "cancel" else {MOVED}
+
+
+@bp.post("/jobs/action")
+def action() -> Any:
+    require_actions()
+    name = request.form.get("action", "")
+    ids = [job_id for job_id in request.form.getlist("ids") if job_id]
+    return action_response(act(name, ids, request.form.get("when")), _ok(name), "/jobs")
+
+
+@bp.post("/api/jobs/action")
+def api_action() -> Any:
+    require_actions()
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        _refuse('send a JSON object: {"action": "cancel", "ids": ["..."], "when": "+10m"}')
+    name, ids, when = body.get("action"), body.get("ids"), body.get("when")
+    if not isinstance(name, str):
+        _refuse(f"action: give one of {', '.join(ACTIONS)}")
+    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        _refuse("ids: give a list of job ids (strings)")
+    if when is not None and not isinstance(when, str):
+        _refuse("when: give a time as text (ISO-8601, UNIX s, now, +10m, -1h)")
+    return action_response(act(name, ids, when), _ok(name), "/jobs")
