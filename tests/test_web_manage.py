@@ -136,3 +136,112 @@ def test_a_schedule_named_with_markup_shows_escaped(app: Celery, dashboard: Dash
         page = client.get(path).text
         assert "<b>bold</b>" not in page and "&lt;b&gt;bold&lt;/b&gt;" in page, path
         assert "<script>alert" not in page
+
+
+def test_the_edit_form_changes_what_was_changed_and_the_json_twin_equals_the_cli(
+    app: Celery, dashboard: Dashboard, two_schedules: Schedules
+) -> None:
+    client = dashboard(allow_actions=True)
+    form = client.get("/schedules/digest/edit").text
+    assert 'id="schedule-edit"' in form and 'name="cron" value="0 18 * * 1-5"' in form
+    assert 'name="queue" value="reports"' in form
+    # The form as the browser sends it, with the rule and the queue changed.
+    fields = dict(re.findall(r'<input name="(\w+)" value="([^"]*)"', form))
+    fields.update({k: html.unescape(v) for k, v in re.findall(r'<textarea name="(\w+)"[^>]*>([^<]*)</textarea>', form)})
+    fields = {k: html.unescape(v) for k, v in fields.items()}
+    fields.update(cron="", every="5m", queue="q9", missed="once")
+    saved = client.action("/schedules/digest/edit", sorted(fields.items()))
+    assert saved.status == 303, errors_of(saved.text)
+    assert flashes_of(saved, client) == ["digest: updated"]
+    digest = two_schedules.get("digest")
+    assert digest is not None and digest.rule.to_json()["every_ms"] == 300_000
+    assert digest.options == {"queue": "q9"} and digest.args == [1, 2] and digest.tz == "Europe/Paris"
+
+    # The API twin: the fields given are the changes, answered as `schedules update --json`.
+    updated = client.api("/api/schedules/tick", {"cron": "0 9 * * *", "tz": "UTC", "args": "[]"})
+    assert updated.status == 200, updated.text
+    assert updated.json() == as_json(invoke(app, "schedules", "show", "tick", "--json"))
+    assert updated.json()["rule"] == {"type": "cron", "expr": "0 9 * * *", "tz": "UTC"}
+    assert client.api("/api/schedules/ghost", {"every": "1m"}).status == 404
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"cron": "61 * * * *", "every": ""}, "malformed cron expression '61 * * * *'"),
+        ({"tz": "Mars/Olympus"}, "unknown timezone 'Mars/Olympus'"),
+        ({"args": "{x"}, "args must be JSON"),
+        ({"kwargs": "[1]"}, "kwargs must be a JSON object"),
+        ({"task": "proj.missing"}, "task 'proj.missing' is not registered in this app"),
+        ({"every": "often", "cron": ""}, "every: bad duration 'often'"),
+        ({"every": "1m"}, "give one of cron, every or at"),
+        ({"cron": ""}, "give the rule"),
+        ({"max_missed": "x"}, "max_missed must be a whole number >= 1"),
+        ({"missed": "never"}, "missed must be one of"),
+        ({"args": "[1, 2, 3]"}, "the arguments do not fit the task of schedule 'digest'"),
+    ],
+)
+def test_the_edit_form_shows_each_error_keeps_the_input_and_stores_nothing(
+    app: Celery, redis_url: str, dashboard: Dashboard, two_schedules: Schedules, changes: dict[str, str],
+    message: str,
+) -> None:
+    client = dashboard(allow_actions=True)
+    initial = {"cron": "0 18 * * 1-5", "every": "", "at": "", "tz": "Europe/Paris", "args": "[1, 2]",
+               "kwargs": "{}", "options": '{"queue": "reports"}', "queue": "reports", "missed": "once",
+               "max_missed": "10", "grace": "60", "task": "t.add"}  # fmt: skip
+    before = snapshot(redis_url)
+    sent = {**initial, **changes}
+    answer = client.action("/schedules/digest/edit", sorted(sent.items()))
+    assert answer.status == 400
+    [error] = errors_of(answer.text)
+    assert message in error, error
+    for name, value in changes.items():
+        if value and name not in ("missed",):
+            assert html.escape(value) in answer.text, name  # the input kept
+    assert snapshot(redis_url) == before
+    if message in ("give the rule", "give one of cron, every or at"):
+        return  # the API takes the fields given as the changes: one rule field alone is one
+    api = client.api("/api/schedules/digest", {k: v for k, v in changes.items() if v})
+    assert api.status == 400 and message in api.json()["error"], api.text
+    assert snapshot(redis_url) == before
+
+
+def test_the_new_form_adds_a_schedule_as_schedules_add_does(
+    app: Celery, redis_url: str, dashboard: Dashboard
+) -> None:
+    client = dashboard(allow_actions=True)
+    assert 'id="schedule-edit"' in client.get("/schedules/new").text
+    before = snapshot(redis_url)
+    bad = [
+        ({"name": "x", "task": "t.noop", "cron": "* *"}, "cron expression must have 5 fields"),
+        ({"name": "x", "task": "proj.missing", "every": "1m"}, "task 'proj.missing' is not registered"),
+        ({"name": "x", "task": "t.add", "every": "1m"}, "the arguments do not fit task 't.add'"),
+        ({"name": "x", "task": "t.noop", "at": "-1h"}, "the one-shot time is in the past"),
+        ({"name": "x", "task": "t.noop"}, "give the rule"),
+        ({"name": "x", "task": "t.noop", "every": "1m", "options": "[]"}, "options must be a JSON object"),
+    ]
+    for form, message in bad:
+        answer = client.action("/schedules/new", sorted(form.items()))
+        assert answer.status == 400 and message in " ".join(errors_of(answer.text)), (form, answer.text[:2000])
+        assert f'value="{html.escape(form["task"])}"' in answer.text  # the input kept
+        assert snapshot(redis_url) == before
+    nameless = client.action("/schedules/new", [("task", ""), ("every", "1m")])
+    assert errors_of(nameless.text)[:2] == ["give the schedule a name", "give the task to run (its registered name)"]
+
+    made = client.action("/schedules/new", [("name", "nightly"), ("task", "t.add"), ("cron", "0 3 * * *"),
+                                            ("tz", "Europe/Paris"), ("args", "[1, 2]"), ("queue", "reports"),
+                                            ("paused", "on")])  # fmt: skip
+    assert made.status == 303 and flashes_of(made, client) == ["nightly: stored"]
+    stored = Schedules(app).get("nightly")
+    assert stored is not None and (stored.enabled, stored.args, stored.options) == (False, [1, 2], {"queue": "reports"})
+    taken = client.action("/schedules/new", [("name", "nightly"), ("task", "t.noop"), ("every", "1m")])
+    assert taken.status == 400 and "a schedule named 'nightly' exists" in errors_of(taken.text)[0]
+
+    # The API twin answers what `schedules add --json` prints; unknown tasks with no_check_task.
+    added = client.api("/api/schedules", {"name": "api", "task": "proj.missing", "every": "90s",
+                                          "no_check_task": True, "kwargs": {"k": 1}})  # fmt: skip
+    assert added.status == 200, added.text
+    assert added.json() == as_json(invoke(app, "schedules", "show", "api", "--json"))
+    assert added.json()["kwargs"] == {"k": 1} and added.json()["rule"]["every_ms"] == 90_000
+    refused = client.api("/api/schedules", {"name": "api2", "task": "t.noop", "cron": "nope nope"})
+    assert refused.status == 400 and "cron expression must have 5 fields" in refused.json()["error"]
