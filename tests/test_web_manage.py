@@ -245,3 +245,98 @@ def test_the_new_form_adds_a_schedule_as_schedules_add_does(
     assert added.json()["kwargs"] == {"k": 1} and added.json()["rule"]["every_ms"] == 90_000
     refused = client.api("/api/schedules", {"name": "api2", "task": "t.noop", "cron": "nope nope"})
     assert refused.status == 400 and "cron expression must have 5 fields" in refused.json()["error"]
+
+
+# -- dead letters ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dead_ids(app: Celery, r: redis.Redis) -> list[str]:
+    """Three dead letters of ``t.add``, buried as a beat buries them; d3 died last."""
+    now = server_ms(r)
+    ids = ["d1", "d2", "d3"]
+    for i, job_id in enumerate(ids):
+        app.tasks["t.add"].apply_at((now - 5000) / 1000, (i, i), task_id=job_id)
+        bury(app, job_id, reason=f"boom <{i}>", dead_at=now - 10_000 + i)
+    return ids
+
+
+def corrupt_dead_letter(app: Celery, r: redis.Redis, job_id: str) -> None:
+    r.hset(get_store(app).keys.for_job(job_id).dead, job_id, "{not json")
+
+
+def test_dead_letters_list_and_detail_and_their_json_twins(
+    app: Celery, r: redis.Redis, dashboard: Dashboard, dead_ids: list[str]
+) -> None:
+    client = dashboard()
+    page = client.get("/dead").text
+    assert rows(page, "data-job-id") == ["d3", "d2", "d1"]
+    assert '<td class="reason">boom &lt;2&gt;</td>' in page and 'id="requeue-all"' in page
+    assert 'id="delete-all"' in page and "data-confirm" in page and 'name="ids" value="d1"' in page
+    assert client.get("/api/dead").json() == as_json(invoke(app, "dead", "ls", "--json"))
+    assert client.get("/api/dead?task=t.add&offset=1").json() == as_json(
+        invoke(app, "dead", "ls", "--json", "--task", "t.add", "--offset", "1"))  # fmt: skip
+    assert client.get("/api/dead?offset=x").status == 400
+    detail = client.get("/dead/d2")
+    assert detail.status == 200 and 'id="dead-reason">boom &lt;1&gt;' in detail.text
+    assert client.get("/api/dead/d2").json() == as_json(invoke(app, "dead", "show", "d2", "--json"))
+    assert client.get("/dead/ghost").status == 404
+
+    corrupt_dead_letter(app, r, "bad-1")
+    listed = client.get("/dead")
+    assert listed.status == 200 and 'data-job-id="bad-1"' in listed.text
+    shown = client.get("/dead/bad-1")
+    assert shown.status == 200 and "dead-letter record of &#39;bad-1&#39;" in shown.text
+    assert client.get("/api/dead/bad-1").json()["envelope_error"]
+
+
+def test_requeue_and_delete_one_a_selection_and_all(
+    app: Celery, r: redis.Redis, redis_url: str, dashboard: Dashboard, dead_ids: list[str]
+) -> None:
+    client = dashboard(allow_actions=True)
+    store: Store = get_store(app)
+    requeued = client.action("/dead/action", [("action", "requeue"), ("ids", "d1"), ("ids", "ghost")])
+    assert requeued.status == 303
+    said = flashes_of(requeued, client)
+    assert said[0].startswith("d1: requeued, due ") and said[1] == "ghost: no dead letter with id 'ghost'"
+    job = store.get("d1")
+    assert job is not None and job.state == "waiting" and store.dead_record("d1") is None
+
+    # The API twin answers what `dead requeue --json` prints (the due time aside).
+    api = client.api("/api/dead/action", {"action": "requeue", "ids": ["d2"], "at": "+1h"})
+    assert api.status == 200
+    [result] = api.json()["results"]
+    assert (result["id"], result["outcome"]) == ("d2", "requeued")
+    job2 = store.get("d2")
+    assert job2 is not None and abs(job2.due_ms - (server_ms(r) + 3_600_000)) < 60_000
+    assert client.api("/api/dead/action", {"action": "requeue", "ids": ["d2"]}).status == 409  # gone
+
+    before = snapshot(redis_url)
+    assert client.action("/dead/action", [("action", "requeue"), ("ids", "d3"), ("at", "soon")]).status == 400
+    assert client.action("/dead/action", [("action", "delete")]).status == 400  # nothing ticked
+    assert dashboard().action("/dead/action", [("action", "delete-all")]).status == 403
+    assert client.post("/dead/action", [("action", "delete-all")]).status == 400  # no CSRF token
+    assert snapshot(redis_url) == before
+
+    deleted = client.api("/api/dead/action", {"action": "delete", "ids": ["d3", "ghost"]})
+    assert deleted.status == 409
+    assert deleted.json()["results"] == [
+        {"id": "d3", "outcome": "deleted", "message": "deleted"},
+        {"id": "ghost", "outcome": "missing", "message": "no dead letter with id 'ghost'"},
+    ]
+    assert store.count_dead() == 0
+
+    for i in range(3):
+        corrupt_dead_letter(app, r, f"c{i}")
+    everything = client.action("/dead/action", [("action", "delete-all")])
+    assert flashes_of(everything, client) == ["all dead letters: removed 3 dead letter(s)"]
+    assert store.count_dead() == 0
+
+
+def test_requeue_all(app: Celery, dashboard: Dashboard, dead_ids: list[str]) -> None:
+    client = dashboard(allow_actions=True)
+    answer = client.api("/api/dead/action", {"action": "requeue-all"})
+    assert answer.status == 200
+    assert sorted(x["id"] for x in answer.json()["results"]) == dead_ids
+    store = get_store(app)
+    assert store.count_dead() == 0 and all(store.get(job_id) is not None for job_id in dead_ids)
