@@ -33,7 +33,11 @@ def rows(page: str, attribute: str) -> list[str]:
 def errors_of(page: str) -> list[str]:
     """The texts of ``ul.errors li`` (unescaped)."""
     found = re.search(r'<ul class="errors"[^>]*>(.*?)</ul>', page, flags=re.S)
-    return [html.unescape(li) for li in re.findall(r"<li>(.*?)</li>", found.group(1), flags=re.S)] if found else []
+    return (
+        [html.unescape(li) for li in re.findall(r"<li>(.*?)</li>", found.group(1), flags=re.S)]
+        if found
+        else []
+    )
 
 
 def flashes_of(answer: Answer, client: Client) -> list[str]:
@@ -63,24 +67,36 @@ def test_schedules_list_and_detail_show_rule_timezone_state_next_and_last_run(
     page = client.get("/schedules").text
     assert rows(page, "data-schedule") == ["digest", "tick"]
     digest = page[page.index('data-schedule="digest"') :].split("</tr>")[0]
-    assert "cron &#39;0 18 * * 1-5&#39; Europe/Paris" in digest and '<td class="tz">Europe/Paris</td>' in digest
-    assert 'class="state active"' in digest and re.search(r'class="next-run">\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ', digest)
-    assert 'name="action" value="pause"' in digest and 'value="run-now"' in digest and 'value="delete"' in digest
+    assert (
+        "cron &#39;0 18 * * 1-5&#39; Europe/Paris" in digest and '<td class="tz">Europe/Paris</td>' in digest
+    )
+    assert 'class="state active"' in digest and re.search(
+        r'class="next-run">\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ', digest
+    )
+    assert (
+        'name="action" value="pause"' in digest and 'value="run-now"' in digest and 'value="delete"' in digest
+    )
     assert "disabled" in digest  # read-only: the buttons are shown disabled
 
     detail = client.get("/schedules/digest")
-    assert detail.status == 200 and 'id="schedule-rule">cron &#39;0 18 * * 1-5&#39; Europe/Paris' in detail.text
+    assert (
+        detail.status == 200 and 'id="schedule-rule">cron &#39;0 18 * * 1-5&#39; Europe/Paris' in detail.text
+    )
     assert 'id="schedule-runs">0' in detail.text and "{digest}@" in detail.text  # the next point's job
     assert client.get("/schedules/ghost").status == 404
     assert client.get("/api/schedules/ghost").json()["status"] == 404
-    assert client.get("/api/schedules/digest").json() == as_json(invoke(app, "schedules", "show", "digest", "--json"))
+    assert client.get("/api/schedules/digest").json() == as_json(
+        invoke(app, "schedules", "show", "digest", "--json")
+    )
 
 
 def test_schedule_actions_pause_resume_run_now_delete(
     app: Celery, dashboard: Dashboard, two_schedules: Schedules
 ) -> None:
     client = dashboard(allow_actions=True)
-    paused = client.action("/schedules/action", [("action", "pause"), ("name", "tick"), ("next", "/schedules")])
+    paused = client.action(
+        "/schedules/action", [("action", "pause"), ("name", "tick"), ("next", "/schedules")]
+    )
     assert paused.status == 303 and paused.location and paused.location.endswith("/schedules")
     assert flashes_of(paused, client) == ["tick: paused"]
     assert two_schedules.get("tick").enabled is False  # type: ignore[union-attr]
@@ -147,7 +163,9 @@ def test_the_edit_form_changes_what_was_changed_and_the_json_twin_equals_the_cli
     assert 'name="queue" value="reports"' in form
     # The form as the browser sends it, with the rule and the queue changed.
     fields = dict(re.findall(r'<input name="(\w+)" value="([^"]*)"', form))
-    fields.update({k: html.unescape(v) for k, v in re.findall(r'<textarea name="(\w+)"[^>]*>([^<]*)</textarea>', form)})
+    fields.update(
+        {k: html.unescape(v) for k, v in re.findall(r'<textarea name="(\w+)"[^>]*>([^<]*)</textarea>', form)}
+    )
     fields = {k: html.unescape(v) for k, v in fields.items()}
     fields.update(cron="", every="5m", queue="q9", missed="once")
     saved = client.action("/schedules/digest/edit", sorted(fields.items()))
@@ -182,7 +200,11 @@ def test_the_edit_form_changes_what_was_changed_and_the_json_twin_equals_the_cli
     ],
 )
 def test_the_edit_form_shows_each_error_keeps_the_input_and_stores_nothing(
-    app: Celery, redis_url: str, dashboard: Dashboard, two_schedules: Schedules, changes: dict[str, str],
+    app: Celery,
+    redis_url: str,
+    dashboard: Dashboard,
+    two_schedules: Schedules,
+    changes: dict[str, str],
     message: str,
 ) -> None:
     client = dashboard(allow_actions=True)
@@ -222,18 +244,28 @@ def test_the_new_form_adds_a_schedule_as_schedules_add_does(
     ]
     for form, message in bad:
         answer = client.action("/schedules/new", sorted(form.items()))
-        assert answer.status == 400 and message in " ".join(errors_of(answer.text)), (form, answer.text[:2000])
+        assert answer.status == 400 and message in " ".join(errors_of(answer.text)), (
+            form,
+            answer.text[:2000],
+        )
         assert f'value="{html.escape(form["task"])}"' in answer.text  # the input kept
         assert snapshot(redis_url) == before
     nameless = client.action("/schedules/new", [("task", ""), ("every", "1m")])
-    assert errors_of(nameless.text)[:2] == ["give the schedule a name", "give the task to run (its registered name)"]
+    assert errors_of(nameless.text)[:2] == [
+        "give the schedule a name",
+        "give the task to run (its registered name)",
+    ]
 
     made = client.action("/schedules/new", [("name", "nightly"), ("task", "t.add"), ("cron", "0 3 * * *"),
                                             ("tz", "Europe/Paris"), ("args", "[1, 2]"), ("queue", "reports"),
                                             ("paused", "on")])  # fmt: skip
     assert made.status == 303 and flashes_of(made, client) == ["nightly: stored"]
     stored = Schedules(app).get("nightly")
-    assert stored is not None and (stored.enabled, stored.args, stored.options) == (False, [1, 2], {"queue": "reports"})
+    assert stored is not None and (stored.enabled, stored.args, stored.options) == (
+        False,
+        [1, 2],
+        {"queue": "reports"},
+    )
     taken = client.action("/schedules/new", [("name", "nightly"), ("task", "t.noop"), ("every", "1m")])
     assert taken.status == 400 and "a schedule named 'nightly' exists" in errors_of(taken.text)[0]
 
@@ -340,3 +372,116 @@ def test_requeue_all(app: Celery, dashboard: Dashboard, dead_ids: list[str]) -> 
     assert sorted(x["id"] for x in answer.json()["results"]) == dead_ids
     store = get_store(app)
     assert store.count_dead() == 0 and all(store.get(job_id) is not None for job_id in dead_ids)
+
+
+# -- keys and batches --------------------------------------------------------------------------------
+
+TOKEN = "beat-web-test"
+
+
+def gate_due(app: Celery, r: redis.Redis, key: str, n: int, limit: int | None) -> None:
+    """``n`` jobs of ``key`` stored due, claimed and passed through the gate as a beat does
+    (``limit`` lets that many run; the rest wait)."""
+    store: Store = get_store(app)
+    now = server_ms(r)
+    ids = [f"{{{key}}}job-{i}" for i in range(n)]
+    for i, job_id in enumerate(ids):
+        app.tasks["t.add"].apply_at((now - 1000 + i) / 1000, (i, i), task_id=job_id)
+    shard = store.keys.shard_of(ids[0])
+    [claimed] = store.claim([shard], TOKEN)
+    assert sorted(j.id for j in claimed.jobs) == sorted(ids)
+    store.gate(TOKEN, {shard: [(job_id, Gate(key, limit)) for job_id in ids]}, 60_000)
+
+
+def test_keys_list_detail_pause_resume_and_limit(
+    app: Celery, r: redis.Redis, redis_url: str, dashboard: Dashboard
+) -> None:
+    gate_due(app, r, "tenant:42", 5, limit=2)
+    gate_due(app, r, "tenant:<7>", 1, limit=None)
+    client = dashboard(allow_actions=True)
+    page = client.get("/keys").text
+    assert rows(page, "data-key") == ["tenant:42", "tenant:<7>"]
+    row = page[page.index('data-key="tenant:42"') :].split("</tr>")[0]
+    assert '<td class="num limit">2</td>' in row and '<td class="num running">2</td>' in row
+    assert '<td class="num waiting">3</td>' in row and 'name="limit"' in row and 'value="pause"' in row
+    assert "tenant:&lt;7&gt;" in page
+    assert client.get("/api/keys").json() == as_json(invoke(app, "keys", "--json"))
+    assert client.get("/api/keys/tenant:42").json() == as_json(invoke(app, "key", "tenant:42", "--json"))
+    assert 'id="key-waiting">3' in client.get("/keys/tenant:42").text
+
+    raised = client.action("/keys/action", [("action", "limit"), ("key", "tenant:42"), ("limit", "4")])
+    assert flashes_of(raised, client) == [
+        "tenant:42: run-time limit 4; limit in force: 4; 2 waiting job(s) released"
+    ]
+    shown = as_json(invoke(app, "key", "tenant:42", "--json"))
+    assert (shown["limit"], shown["override"], shown["waiting"]) == (4, "4", 1)
+    assert re.search(r'<td class="override">4</td>', client.get("/keys").text)
+
+    paused = client.api("/api/keys/action", {"action": "pause", "key": "tenant:42"})
+    [result] = paused.json()["results"]
+    assert paused.status == 200 and (result["outcome"], result["paused"], result["released"]) == (
+        "paused",
+        True,
+        0,
+    )
+    assert without(result, "outcome", "message", "released") == as_json(
+        invoke(app, "key", "tenant:42", "--json")
+    )
+    none = client.api("/api/keys/action", {"action": "limit", "key": "tenant:42", "limit": "none"}).json()
+    assert (none["results"][0]["limit"], none["results"][0]["override"]) == (None, "none")
+    resumed = client.api("/api/keys/action", {"action": "resume", "key": "tenant:42"}).json()["results"][0]
+    assert resumed["message"] == "resumed; 1 waiting job(s) released" and resumed["paused"] is False
+    cleared = client.api("/api/keys/action", {"action": "limit", "key": "tenant:42", "limit": "clear"})
+    assert cleared.json()["results"][0]["override"] is None and cleared.json()["results"][0]["limit"] == 2
+
+    before = snapshot(redis_url)
+    for sent, message in (
+        (
+            [("action", "limit"), ("key", "tenant:42"), ("limit", "0")],
+            "a concurrency limit is a whole number >= 1",
+        ),
+        (
+            [("action", "limit"), ("key", "tenant:42"), ("limit", "x")],
+            "a limit is a whole number >= 1, or 'none'",
+        ),
+        ([("action", "limit"), ("key", "tenant:42")], "limit: give a whole number"),
+        ([("action", "pause"), ("key", "a{b}")], "a key is a non-empty string"),
+        ([("action", "stop"), ("key", "tenant:42")], "action must be pause, resume or limit"),
+    ):
+        answer = client.action("/keys/action", sent)
+        assert answer.status == 400 and message in html.unescape(answer.text), (sent, answer.text[:800])
+        api = client.api("/api/keys/action", dict(sent))
+        assert api.status == 400 and message in api.json()["error"]
+    assert dashboard().action("/keys/action", [("action", "pause"), ("key", "tenant:42")]).status == 403
+    assert client.post("/keys/action", [("action", "pause"), ("key", "tenant:42")]).status == 400
+    assert snapshot(redis_url) == before
+
+
+def test_batches_progress_detail_and_cancel(app: Celery, r: redis.Redis, dashboard: Dashboard) -> None:
+    store: Store = get_store(app)
+    now = server_ms(r)
+    assert store.open_batch("b1", 4, None, {})
+    for i in range(4):
+        app.tasks["t.add"].apply_at((now + 3_600_000) / 1000, (i, i), task_id=member_id("b1", i))
+    assert store.open_batch("b0", 1, None, {})
+    client = dashboard(allow_actions=True)
+    page = client.get("/batches").text
+    assert sorted(rows(page, "data-batch")) == ["b0", "b1"]
+    row = page[page.index('data-batch="b1"') :].split("</tr>")[0]
+    assert '<progress max="4" value="0">' in row and '<td class="num waiting">4</td>' in row
+    assert client.get("/api/batches").json() == as_json(invoke(app, "batches", "--json"))
+    assert client.get("/api/batches/b1").json() == as_json(invoke(app, "batch", "b1", "--json"))
+    assert 'id="batch-total">4' in client.get("/batches/b1").text
+    assert client.get("/batches/nope").status == 404
+
+    assert dashboard().action("/batches/action", [("action", "cancel"), ("id", "b1")]).status == 403
+    cancelled = client.action("/batches/action", [("action", "cancel"), ("id", "b1")])
+    assert flashes_of(cancelled, client) == ["b1: 4 waiting member(s) cancelled"]
+    assert store.get(member_id("b1", 0)) is None
+    after = as_json(invoke(app, "batch", "b1", "--json"))
+    assert (after["cancelled"], after["waiting"], after["done"]) == (4, 0, True)
+    assert '<progress max="4" value="4">' in client.get("/batches").text
+    again = client.api("/api/batches/action", {"action": "cancel", "id": "b1"}).json()["results"][0]
+    assert without(again, "outcome", "message") == {**after, "cancelled_now": 0}
+    missing = client.api("/api/batches/action", {"action": "cancel", "id": "nope"})
+    assert missing.status == 409 and missing.json()["results"][0]["message"] == "no batch with id 'nope'"

@@ -6,14 +6,22 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from flask import abort, request
+from flask import abort, jsonify, make_response, render_template, request
+
+from .context import wants_json
 
 __all__ = ["Fields", "fields", "refuse"]
 
 
 def refuse(message: str) -> NoReturn:
-    """Answer 400 with ``message`` (a page, or JSON ``{"error": ...}`` for the API)."""
-    abort(400, description=message)
+    """Answer 400 with ``message``: the error page, or JSON ``{"error": ..., "status": 400}``
+    for the API (as the app's own error handlers answer)."""
+    if wants_json():
+        answer = jsonify({"error": message, "status": 400})
+    else:
+        answer = make_response(render_template("error.html", status=400, message=message))
+    answer.status_code = 400
+    abort(answer)
 
 
 class Fields:

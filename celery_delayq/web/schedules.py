@@ -391,4 +391,3 @@ def api_add() -> Any:
     """``schedules add NAME TASK ... --json``."""
     require_actions()
     return _add(fields(), {"name": "", "values": {}, "new": True})
-
