@@ -15,11 +15,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq.gate import Gate, member_id
+from celery_delayq.gate import member_id
 from celery_delayq.schedules import Schedules
 from celery_delayq.store import Store, get_store
 from tests.support.cli import as_json, invoke
-from tests.support.store import bury, server_ms, snapshot
+from tests.support.store import bury, gate_due, server_ms, snapshot
 from tests.support.web import Answer, Client
 
 Dashboard = Callable[..., Client]
@@ -375,23 +375,6 @@ def test_requeue_all(app: Celery, dashboard: Dashboard, dead_ids: list[str]) -> 
 
 
 # -- keys and batches --------------------------------------------------------------------------------
-
-TOKEN = "beat-web-test"
-
-
-def gate_due(app: Celery, r: redis.Redis, key: str, n: int, limit: int | None) -> None:
-    """``n`` jobs of ``key`` stored due, claimed and passed through the gate as a beat does
-    (``limit`` lets that many run; the rest wait)."""
-    store: Store = get_store(app)
-    now = server_ms(r)
-    ids = [f"{{{key}}}job-{i}" for i in range(n)]
-    for i, job_id in enumerate(ids):
-        app.tasks["t.add"].apply_at((now - 1000 + i) / 1000, (i, i), task_id=job_id)
-    shard = store.keys.shard_of(ids[0])
-    [claimed] = store.claim([shard], TOKEN)
-    assert sorted(j.id for j in claimed.jobs) == sorted(ids)
-    store.gate(TOKEN, {shard: [(job_id, Gate(key, limit)) for job_id in ids]}, 60_000)
-
 
 def test_keys_list_detail_pause_resume_and_limit(
     app: Celery, r: redis.Redis, redis_url: str, dashboard: Dashboard

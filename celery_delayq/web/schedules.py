@@ -13,6 +13,7 @@ message, the input kept, and nothing changed. The edit form sends only what was 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -314,18 +315,25 @@ def _update(name: str, given: Fields, template_args: dict[str, Any]) -> Any:
             refuse("nothing to change: give cron/every/at, args, kwargs, tz, queue, options, ...")
         flash(f"{name}: nothing changed", "ok")
         return redirect(url_for("schedules.schedule", name=name), code=303)
+    schedules = dashboard().schedules
+    return _stored(lambda: update_schedule(schedules, name, reading.values), "updated", template_args)
+
+
+def _stored(store: Callable[[], Schedule], done: str, template_args: dict[str, Any]) -> Any:
+    """Call ``store`` (add or update): the schedule's JSON, or a flash and its page; the form
+    again with the API's error; 404 when the schedule is gone."""
     try:
-        updated = update_schedule(dashboard().schedules, name, reading.values)
-    except ScheduleNotFound:
-        abort(404, description=f"no schedule named {name!r}")
+        sch = store()
+    except ScheduleNotFound as exc:
+        abort(404, description=str(exc))
     except ScheduleError as exc:
         return _form_errors(template_args, [_message(exc)])
     except InputError as exc:
         return _form_errors(template_args, [str(exc)])
     if wants_json():
-        return jsonify(schedule_json(updated))
-    flash(f"{name}: updated", "ok")
-    return redirect(url_for("schedules.schedule", name=name), code=303)
+        return jsonify(schedule_json(sch))
+    flash(f"{sch.name}: {done}", "ok")
+    return redirect(url_for("schedules.schedule", name=sch.name), code=303)
 
 
 @bp.route("/schedules/<path:name>/edit", methods=["GET", "POST"])
@@ -359,16 +367,9 @@ def _add(given: Fields, template_args: dict[str, Any]) -> Any:
     args, kwargs = values.pop("args", None), values.pop("kwargs", None)
     values.pop("task", None)
     settings = {**values, "enabled": not given.flag("paused"), "check_task": not given.flag("no_check_task")}
-    try:
-        sch = add_schedule(dashboard().schedules, name, task, rule, args, kwargs, **settings)
-    except ScheduleError as exc:
-        return _form_errors(template_args, [_message(exc)])
-    except InputError as exc:
-        return _form_errors(template_args, [str(exc)])
-    if wants_json():
-        return jsonify(schedule_json(sch))
-    flash(f"{name}: stored", "ok")
-    return redirect(url_for("schedules.schedule", name=name), code=303)
+    schedules = dashboard().schedules
+    return _stored(lambda: add_schedule(schedules, name, task, rule, args, kwargs, **settings), "stored",
+                   template_args)  # fmt: skip
 
 
 NEW_DEFAULTS = {"args": "[]", "kwargs": "{}", "options": "{}", "missed": "once", "max_missed": "10",
