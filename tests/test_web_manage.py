@@ -15,9 +15,12 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_delayq import DelayedTask
+from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.gate import member_id
 from celery_delayq.schedules import Schedules
 from celery_delayq.store import Store, get_store
+from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke
 from tests.support.store import bury, gate_due, server_ms, snapshot
 from tests.support.web import Answer, Client
@@ -376,6 +379,7 @@ def test_requeue_all(app: Celery, dashboard: Dashboard, dead_ids: list[str]) -> 
 
 # -- keys and batches --------------------------------------------------------------------------------
 
+
 def test_keys_list_detail_pause_resume_and_limit(
     app: Celery, r: redis.Redis, redis_url: str, dashboard: Dashboard
 ) -> None:
@@ -468,3 +472,40 @@ def test_batches_progress_detail_and_cancel(app: Celery, r: redis.Redis, dashboa
     assert without(again, "outcome", "message") == {**after, "cancelled_now": 0}
     missing = client.api("/api/batches/action", {"action": "cancel", "id": "nope"})
     assert missing.status == 409 and missing.json()["results"][0]["message"] == "no batch with id 'nope'"
+
+
+# -- a full Redis ------------------------------------------------------------------------------------
+
+
+def test_a_full_redis_answers_507_and_loses_nothing(dashboard: Dashboard) -> None:
+    """With ``maxmemory`` reached (``noeviction``), a change that would grow memory is refused:
+    the page says 507 (full, nothing lost) and every key is as it was."""
+    with EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        url = server.url + "/0"
+        full = make_app(url)
+
+        @full.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        try:
+            Schedules(full).add("tick", "t.add", 60.0, [1, 2])
+            client = dashboard(full, allow_actions=True)
+            assert client.get("/schedules").status == 200
+            raw = redis.Redis.from_url(url)
+            raw.config_set("maxmemory", int(raw.info("memory")["used_memory"]) - 20_000)
+            with pytest.raises(redis.ResponseError, match="maxmemory"):
+                raw.set("probe", "x")
+            before = snapshot(url)
+            page = client.action("/schedules/new", [("name", "more"), ("task", "t.add"), ("every", "1m"),
+                                                    ("args", "[1, 2]")])  # fmt: skip
+            assert page.status == 507 and "is full (maxmemory reached)" in page.text, page.text[:500]
+            api = client.api(
+                "/api/schedules", {"name": "more", "task": "t.add", "every": "1m", "args": [1, 2]}
+            )
+            assert api.status == 507 and "nothing stored was lost" in api.json()["error"]
+            assert snapshot(url) == before
+            assert client.get("/schedules").status == 200  # reading still works
+            raw.close()
+        finally:
+            full.close()
