@@ -23,7 +23,7 @@ from celery_delayq.store import GateDecision, Store, get_store
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke
-from tests.support.store import gate_due, server_ms
+from tests.support.store import gate_due, open_batch, server_ms
 
 
 @pytest.fixture
@@ -98,9 +98,7 @@ def test_batches_batch_and_cancel(app: Celery, r: redis.Redis, cli: Any) -> None
     assert cli("batches").stdout.strip() == "no batches"
     store: Store = get_store(app)
     now = server_ms(r)
-    assert store.open_batch("b1", 4, None, {})
-    for i in range(4):
-        app.tasks["t.add"].apply_at((now + 3_600_000) / 1000, (i, i), task_id=member_id("b1", i))
+    open_batch(app, "b1", 4, (now + 3_600_000) / 1000)
     assert store.open_batch("b0", 1, None, {})
 
     listed = as_json(cli("batches", "--json"))

@@ -22,7 +22,7 @@ from celery_delayq.schedules import Schedules
 from celery_delayq.store import Store, get_store
 from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke
-from tests.support.store import bury, gate_due, server_ms, snapshot
+from tests.support.store import bury, gate_due, open_batch, server_ms, snapshot
 from tests.support.web import Answer, Client
 
 Dashboard = Callable[..., Client]
@@ -447,9 +447,7 @@ def test_keys_list_detail_pause_resume_and_limit(
 def test_batches_progress_detail_and_cancel(app: Celery, r: redis.Redis, dashboard: Dashboard) -> None:
     store: Store = get_store(app)
     now = server_ms(r)
-    assert store.open_batch("b1", 4, None, {})
-    for i in range(4):
-        app.tasks["t.add"].apply_at((now + 3_600_000) / 1000, (i, i), task_id=member_id("b1", i))
+    open_batch(app, "b1", 4, (now + 3_600_000) / 1000)
     assert store.open_batch("b0", 1, None, {})
     client = dashboard(allow_actions=True)
     page = client.get("/batches").text

@@ -16,7 +16,7 @@ from celery import Celery
 
 from celery_delayq import lateness
 from celery_delayq.config import DelayQConfig
-from celery_delayq.gate import Gate
+from celery_delayq.gate import Gate, member_id
 from celery_delayq.keys import KeySpace
 from celery_delayq.store import GateDecision, Store, get_store
 
@@ -134,3 +134,11 @@ def gate_due(
     assert sorted(j.id for j in claimed.jobs) == sorted(ids)
     gated = store.gate(token, {shard: [(job_id, Gate(key, limit)) for job_id in ids]}, 60_000)
     return {job_id: result.decision for job_id, result in gated.items()}
+
+
+def open_batch(app: Celery, batch_id: str, n: int, due_s: float) -> None:
+    """A batch of ``n`` jobs of ``t.add`` due at ``due_s`` (UNIX seconds), opened as a producer
+    opens one (the batch first, then its members)."""
+    assert get_store(app).open_batch(batch_id, n, None, {})
+    for i in range(n):
+        app.tasks["t.add"].apply_at(due_s, (i, i), task_id=member_id(batch_id, i))
