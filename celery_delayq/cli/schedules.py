@@ -9,12 +9,12 @@ from typing import Any, TypeVar
 
 import click
 
+from ..inputs import InputError, add_schedule, options_value, rule_of, update_schedule
 from ..jobs import MISSING
 from ..schedules import Schedule
 from ..views import schedule_json
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage
-from .inputs import InputError, add_schedule, options_value, rule_of, update_schedule
 from .render import iso, kv_table, listing, plain_row, relative
 
 __all__ = ["schedule_json", "schedules_group"]

@@ -12,9 +12,9 @@ from typing import Any
 
 from flask import Blueprint, abort, jsonify, render_template, url_for
 
-from ..cli.inputs import InputError, limit_of
 from ..exceptions import InvalidOptions
 from ..gate import check_key
+from ..inputs import InputError, limit_of
 from ..jobs import MISSING
 from ..views import batch_json, batches_view, key_json, keys_view
 from .context import action_response, dashboard, require_actions

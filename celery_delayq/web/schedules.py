@@ -20,12 +20,12 @@ from typing import Any
 
 from flask import Blueprint, abort, flash, jsonify, redirect, render_template, request, url_for
 
-from ..cli.inputs import InputError, add_schedule, json_value, options_value, rule_of, update_schedule
-from ..cli.timeparse import is_relative, parse_when
 from ..exceptions import ScheduleError, ScheduleExists, ScheduleNotFound, UnknownTask
+from ..inputs import InputError, add_schedule, json_value, options_value, rule_of, update_schedule
 from ..jobs import MISSING
 from ..keys import point_id
 from ..schedules import MISSED_POLICIES, Schedule
+from ..timeparse import is_relative, parse_when
 from ..views import iso, schedule_json
 from .context import action_response, dashboard, require_actions, wants_json
 from .forms import Fields, fields, refuse

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ..due import ms_to_datetime
-from ..exceptions import InvalidOptions, ScheduleError
-from ..gate import check_limit
-from ..schedules import Schedule, Schedules
+from .due import ms_to_datetime
+from .exceptions import InvalidOptions, ScheduleError
+from .gate import check_limit
+from .schedules import Schedule, Schedules
 from .timeparse import parse_duration
 
 __all__ = [
