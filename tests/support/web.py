@@ -138,8 +138,17 @@ def serve_dashboard(app: Celery, url_prefix: str = "", **options: Any) -> Iterat
     try:
         yield f"http://127.0.0.1:{server.effective_port}{url_prefix}"
     finally:
-        server.close()
+        # Stopped from inside the server's thread: its loop ends once no socket is left in its
+        # map. (server.close() from here would close sockets under a select() that is waiting
+        # on them: EBADF in the server's thread, now and then.)
+        def stop() -> None:
+            for dispatcher in list(server._map.values()):
+                dispatcher.close()
+
+        server.trigger.pull_trigger(stop)
         thread.join(5)
+        server.task_dispatcher.shutdown()
+        assert not thread.is_alive(), "the dashboard's server did not stop"
 
 
 @pytest.fixture
