@@ -502,6 +502,8 @@ def test_a_full_redis_answers_507_and_loses_nothing(dashboard: Dashboard) -> Non
                 "/api/schedules", {"name": "more", "task": "t.add", "every": "1m", "args": [1, 2]}
             )
             assert api.status == 507 and "nothing stored was lost" in api.json()["error"]
+            ran = client.api("/api/schedules/action", {"action": "run-now", "name": "tick"})
+            assert ran.status == 507 and "1 job(s) not stored" in ran.json()["error"]
             assert snapshot(url) == before
             assert client.get("/schedules").status == 200  # reading still works
             raw.close()
