@@ -509,3 +509,29 @@ def test_a_full_redis_answers_507_and_loses_nothing(dashboard: Dashboard) -> Non
             raw.close()
         finally:
             full.close()
+
+
+# -- Redis unreachable -------------------------------------------------------------------------------
+
+
+def test_with_redis_unreachable_each_page_and_action_says_503_without_the_password(
+    dashboard: Dashboard,
+) -> None:
+    away = make_app("redis://:hunter2@127.0.0.1:1/0")
+    try:
+        client = dashboard(away, allow_actions=True)
+        for path in ("/schedules", "/schedules/x", "/schedules/x/edit", "/dead", "/dead/x", "/keys/k",
+                     "/batches/b", "/api/schedules", "/api/dead/x", "/api/keys/k"):  # fmt: skip
+            answer = client.get(path)
+            assert answer.status == 503, (path, answer.status, answer.text[:300])
+            assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in html.unescape(answer.text), path
+            assert "hunter2" not in answer.text and "Traceback" not in answer.text
+        new = [("name", "n"), ("task", "t.noop"), ("every", "1m"), ("no_check_task", "on")]
+        for path, sent in (("/schedules/action", [("action", "pause"), ("name", "x")]),
+                           ("/dead/action", [("action", "delete-all")]),
+                           ("/keys/action", [("action", "pause"), ("key", "k")]),
+                           ("/schedules/new", new)):  # fmt: skip
+            answer = client.action(path, sent)
+            assert answer.status == 503 and "hunter2" not in answer.text, (path, answer.status)
+    finally:
+        away.close()
