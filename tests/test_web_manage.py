@@ -7,6 +7,7 @@ token, bad input) leaves the store as it was; each JSON twin equals what the CLI
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -125,6 +126,8 @@ def test_schedule_actions_pause_resume_run_now_delete(
         {"name": "ghost", "outcome": "missing", "message": "no schedule named 'ghost'"},
     ]
     assert two_schedules.get("digest") is None
+    printed = invoke(app, "schedules", "rm", "ghost", "--json")  # exit 1: not done
+    assert json.loads(printed.stdout)["results"] == gone.json()["results"][1:]
     missing = client.api("/api/schedules/action", {"action": "pause", "name": "ghost"})
     assert missing.status == 409 and missing.json()["results"][0]["outcome"] == "missing"
     assert client.api("/api/schedules/action", {"action": "explode", "name": "tick"}).status == 400
@@ -360,6 +363,8 @@ def test_requeue_and_delete_one_a_selection_and_all(
         {"id": "ghost", "outcome": "missing", "message": "no dead letter with id 'ghost'"},
     ]
     assert store.count_dead() == 0
+    printed = invoke(app, "dead", "rm", "d3", "ghost", "--json")  # exit 1: neither is there now
+    assert json.loads(printed.stdout)["results"][1] == deleted.json()["results"][1]
 
     for i in range(3):
         corrupt_dead_letter(app, r, f"c{i}")
