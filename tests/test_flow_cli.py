@@ -18,14 +18,12 @@ from click.testing import CliRunner, Result
 from celery_delayq.cli import delayq
 from celery_delayq.cli.errors import cli_error
 from celery_delayq.exceptions import BatchExists, InvalidBatch
-from celery_delayq.gate import Gate, member_id
+from celery_delayq.gate import member_id
 from celery_delayq.store import GateDecision, Store, get_store
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke
-from tests.support.store import server_ms
-
-TOKEN = "beat-flow-test"
+from tests.support.store import gate_due, open_batch, server_ms
 
 
 @pytest.fixture
@@ -36,20 +34,6 @@ def cli(app: Celery) -> Callable[..., Result]:
         return invoke(app, *args)
 
     return run
-
-
-def gate_due(app: Celery, r: redis.Redis, key: str, n: int, limit: int | None) -> dict[str, GateDecision]:
-    """``n`` jobs of ``key`` stored due, claimed and passed through the gate as a beat does."""
-    store: Store = get_store(app)
-    now = server_ms(r)
-    ids = [f"{{{key}}}job-{i}" for i in range(n)]
-    for i, job_id in enumerate(ids):
-        app.tasks["t.add"].apply_at((now - 1000 + i) / 1000, (i, i), task_id=job_id)
-    shard = store.keys.shard_of(ids[0])
-    [claimed] = store.claim([shard], TOKEN)
-    assert sorted(j.id for j in claimed.jobs) == sorted(ids)
-    gated = store.gate(TOKEN, {shard: [(job_id, Gate(key, limit)) for job_id in ids]}, 60_000)
-    return {job_id: result.decision for job_id, result in gated.items()}
 
 
 def test_keys_key_limit_pause_resume(app: Celery, r: redis.Redis, cli: Any) -> None:
@@ -114,9 +98,7 @@ def test_batches_batch_and_cancel(app: Celery, r: redis.Redis, cli: Any) -> None
     assert cli("batches").stdout.strip() == "no batches"
     store: Store = get_store(app)
     now = server_ms(r)
-    assert store.open_batch("b1", 4, None, {})
-    for i in range(4):
-        app.tasks["t.add"].apply_at((now + 3_600_000) / 1000, (i, i), task_id=member_id("b1", i))
+    open_batch(app, "b1", 4, (now + 3_600_000) / 1000)
     assert store.open_batch("b0", 1, None, {})
 
     listed = as_json(cli("batches", "--json"))

@@ -5,7 +5,6 @@ exceptions into one line and an exit code, and the option helpers the commands s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import tzinfo
 from typing import Any, TypeVar
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
+from .. import inputs
 from ..config import DelayQConfig, redact_url, setting_name
 from ..due import ms_to_datetime
 from ..exceptions import ConfigurationError
@@ -124,15 +124,10 @@ def json_option(f: F) -> F:
 
 def json_value(text: str | None, what: str, kind: type) -> Any:
     """The JSON array (``kind`` list) or object (dict) given to option ``what``; None stays None."""
-    if text is None:
-        return None
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        usage(f"{what} must be JSON: {exc} in {text!r}")
-    if not isinstance(value, kind):
-        usage(f"{what} must be a JSON {'array' if kind is list else 'object'}, got {text!r}")
-    return value
+        return inputs.json_value(text, what, kind)
+    except inputs.InputError as exc:
+        usage(str(exc))
 
 
 def report(s: Session, results: list[dict[str, Any]], ok: set[str], as_json: bool, key: str = "id") -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from ..gate import check_key, check_limit
+from ..gate import check_key
+from ..inputs import InputError, limit_of
 from ..views import batch_json, batches_view, key_json, keys_view
 from .base import Session, json_option, session
 from .errors import CliError, usage
@@ -130,9 +131,9 @@ def limit_key(ctx: click.Context, key: str, limit: str | None, clear: bool, as_j
         what = "run-time limit none (no cap)"
     else:
         try:
-            number = check_limit(int(limit or ""), "N")
-        except ValueError:
-            usage(f"N: a limit is a whole number >= 1, or 'none'; got {limit!r}")
+            number = limit_of(limit or "", "N")
+        except InputError as exc:
+            usage(str(exc))
         promoted = s.store.set_limit(key, number)
         what = f"run-time limit {number}"
     _changed(s, key, promoted, what, as_json, limit=True)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 import click
 
-from ..due import ms_to_datetime
-from ..exceptions import ScheduleError
+from ..inputs import InputError, add_schedule, options_value, rule_of, update_schedule
 from ..jobs import MISSING
 from ..schedules import Schedule
 from ..views import schedule_json
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage
 from .render import iso, kv_table, listing, plain_row, relative
-from .timeparse import parse_duration
 
 __all__ = ["schedule_json", "schedules_group"]
 
@@ -111,25 +109,10 @@ def schedules_show(ctx: click.Context, name: str, as_json: bool) -> None:
 
 
 def _rule_of(s: Session, cron: str | None, every: str | None, at: str | None, required: bool) -> Any:
-    given = [x for x in (cron, every, at) if x is not None]
-    if len(given) > 1:
-        usage("give one of --cron, --every or --at")
-    if not given:
-        if required:
-            usage("give the rule: --cron '0 9 * * 1-5', --every 30s or --at 2026-12-01T09:00:00Z")
-        return None
-    if cron is not None:
-        return cron
-    if every is not None:
-        try:
-            every_ms = parse_duration(every)
-        except ValueError as exc:
-            usage(f"--every: {exc}")
-        if every_ms <= 0:
-            usage(f"--every must be longer than 0, got {every!r}")
-        return timedelta(milliseconds=every_ms)
-    assert at is not None
-    return ms_to_datetime(s.parse_when(at, "--at"))
+    try:
+        return rule_of(cron, every, at, required, lambda text: s.parse_when(text, "--at"))
+    except InputError as exc:
+        usage(str(exc))
 
 
 def _schedule_options(f: F) -> F:
@@ -152,13 +135,10 @@ def _schedule_options(f: F) -> F:
 
 
 def _options_value(options_json: str | None, queue: str | None, base: dict[str, Any] | None) -> Any:
-    options = json_value(options_json, "--options", dict)
-    if options is None and queue is None:
-        return None
-    merged = dict(base or {}) if options is None else dict(options)
-    if queue is not None:
-        merged["queue"] = queue
-    return merged
+    try:
+        return options_value(options_json, queue, base)
+    except InputError as exc:
+        usage(str(exc))
 
 
 @schedules_group.command("add", short_help="Create a schedule.")
@@ -196,8 +176,6 @@ def schedules_add(
     args = json_value(args_json, "--args", list)
     kwargs = json_value(kwargs_json, "--kwargs", dict)
     options = _options_value(options_json, queue, None)
-    if not no_check_task:
-        s.app.loader.import_default_modules()  # the modules in `imports`/`include`, as a worker does
     settings: dict[str, Any] = {
         "tz": tz,
         "enabled": not paused,
@@ -210,14 +188,10 @@ def schedules_add(
         settings["max_missed"] = max_missed
     if grace is not None:
         settings["grace"] = grace
-    schedules = s.schedules
-    call = schedules.upsert if replace else schedules.add
-    try:
-        sch = call(name, task, rule, args, kwargs, **settings)
-    except TypeError as exc:  # Celery's check of the arguments against the task's signature
-        if isinstance(exc, ScheduleError):
-            raise
-        usage(f"the arguments do not fit task {task!r}: {exc}")
+    try:  # the app's modules imported first (`imports`/`include`), as a worker does
+        sch = add_schedule(s.schedules, name, task, rule, args, kwargs, replace, **settings)
+    except InputError as exc:
+        usage(str(exc))
     _print_schedule(s, sch, as_json, title=f"schedule {sch.name} stored")
 
 
@@ -269,14 +243,10 @@ def schedules_update(
         changes["options"] = _options_value(options_json, queue, current.options)
     if not changes:
         usage("nothing to change: give --cron/--every/--at, --args, --kwargs, --tz, --queue, --options, ...")
-    if task is not None:
-        s.app.loader.import_default_modules()
     try:
-        sch = schedules.update(name, **changes)
-    except TypeError as exc:
-        if isinstance(exc, ScheduleError):
-            raise
-        usage(f"the arguments do not fit the task of schedule {name!r}: {exc}")
+        sch = update_schedule(schedules, name, changes)
+    except InputError as exc:
+        usage(str(exc))
     _print_schedule(s, sch, as_json, title=f"schedule {sch.name} updated")
 
 

@@ -29,7 +29,7 @@ from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 
 from ..connection import error_text, redis_error_kind
-from ..exceptions import DelayQError
+from ..exceptions import DelayQError, StoreFull
 from . import dead, flow, jobs, overview, schedules
 from .context import REFRESH_SECONDS, Dashboard, dashboard, relative, span, wants_json
 
@@ -123,6 +123,8 @@ def create_app(
 
     @web.errorhandler(DelayQError)
     def _delayq_error(exc: DelayQError) -> Any:
+        if isinstance(exc, StoreFull):  # a full Redis, as the OOM reply of any other write
+            return _error(507, f"Redis at {dashboard().url} is full (maxmemory reached): {exc}")
         return _error(400, str(exc))
 
     @web.errorhandler(Exception)

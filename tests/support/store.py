@@ -1,7 +1,7 @@
 """What tests need of a store and of Redis itself: a :class:`Store` on a URL and the ``store`` and
 ``fast_store`` fixtures (in ``pytest_plugins``), the server's clock, ids on one shard, snapshots
 of the database, the broker's lists and the ids published there, command statistics, and jobs
-written raw or buried the way a beat does."""
+written raw, buried or passed through a key's gate (:func:`gate_due`) the way a beat does."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from celery import Celery
 
 from celery_delayq import lateness
 from celery_delayq.config import DelayQConfig
+from celery_delayq.gate import Gate, member_id
 from celery_delayq.keys import KeySpace
-from celery_delayq.store import Store, get_store
+from celery_delayq.store import GateDecision, Store, get_store
 
 
 def make_store(url: str, **settings: Any) -> Store:
@@ -117,3 +118,27 @@ def bury(app: Celery, job_id: str, reason: str = "publish failed: boom", dead_at
 def stored_lateness(r: redis.Redis, kind: str = "start") -> lateness.Snapshot:
     """A lateness histogram (the workers' start one by default), read straight from Redis."""
     return lateness.Snapshot.from_fields(r.hgetall(lateness.key_for("delayq", kind)))
+
+
+def gate_due(
+    app: Celery, r: redis.Redis, key: str, n: int, limit: int | None, token: str = "beat-flow-test"
+) -> dict[str, GateDecision]:
+    """``n`` jobs of ``key`` stored due, claimed and passed through the gate as a beat does."""
+    store: Store = get_store(app)
+    now = server_ms(r)
+    ids = [f"{{{key}}}job-{i}" for i in range(n)]
+    for i, job_id in enumerate(ids):
+        app.tasks["t.add"].apply_at((now - 1000 + i) / 1000, (i, i), task_id=job_id)
+    shard = store.keys.shard_of(ids[0])
+    [claimed] = store.claim([shard], token)
+    assert sorted(j.id for j in claimed.jobs) == sorted(ids)
+    gated = store.gate(token, {shard: [(job_id, Gate(key, limit)) for job_id in ids]}, 60_000)
+    return {job_id: result.decision for job_id, result in gated.items()}
+
+
+def open_batch(app: Celery, batch_id: str, n: int, due_s: float) -> None:
+    """A batch of ``n`` jobs of ``t.add`` due at ``due_s`` (UNIX seconds), opened as a producer
+    opens one (the batch first, then its members)."""
+    assert get_store(app).open_batch(batch_id, n, None, {})
+    for i in range(n):
+        app.tasks["t.add"].apply_at(due_s, (i, i), task_id=member_id(batch_id, i))
