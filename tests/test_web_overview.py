@@ -13,9 +13,10 @@ from celery import Celery
 
 from celery_delayq import lateness
 from celery_delayq.due import ms_to_datetime
-from celery_delayq.lateness import Histogram, key_for, minute_key, tally
+from celery_delayq.lateness import Histogram, PublishLateness, key_for, minute_key, tally
 from celery_delayq.store import Store, get_store
-from celery_delayq.views import lateness_window_view
+from celery_delayq.views import lateness_view, lateness_window_view
+from celery_delayq.worker import LatenessRecorder
 from tests.support.store import bury
 from tests.support.web import Client
 
@@ -44,6 +45,21 @@ def test_a_flushed_observation_shows_in_the_last_hour_and_in_all_time(
     assert served["lateness_last_hour"]["publish"] == window
     assert served["lateness"]["publish"]["count"] == 3  # the all-time histogram, as the CLI prints it
     assert served["lateness_last_hour"]["start"]["count"] == 0
+
+
+def test_the_beats_and_the_workers_flush_into_the_minute_too(app: Celery) -> None:
+    """Both recorders (the beat's :class:`PublishLateness`, the worker's
+    :class:`LatenessRecorder`) flush through ``Store.add_lateness``: the last hour sees them."""
+    store = get_store(app)
+    beat = PublishLateness(store, "delayq")
+    beat.record([2, 2, 900])
+    beat.flush(force=True)
+    worker = LatenessRecorder(app)
+    worker.histogram.observe(12)
+    assert worker.flush() == 1
+    assert lateness_window_view(store, "publish")["count"] == 3
+    assert lateness_window_view(store, "start")["count"] == 1
+    assert lateness_window_view(store, "start") == lateness_view(lateness.read(store, "delayq", "start"))
 
 
 def test_a_minute_older_than_the_hour_is_not_in_it_and_its_hash_expires(
@@ -172,4 +188,4 @@ def test_the_overview_says_when_the_hour_saw_nothing_but_all_time_did(
     publish = re.search(r'<figure id="lateness-publish">.*?</figure>', page, re.S)
     assert publish
     assert "last hour: none recorded" in flat(publish.group(0))
-    assert "All time: p50 ≤ 10ms, p99 ≤ 10ms, 1 jobs" in flat(publish.group(0))
+    assert "All time: p50 ≤ 10ms, p99 ≤ 10ms, 1 job" in flat(publish.group(0))
