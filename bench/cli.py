@@ -25,6 +25,7 @@ from .produce import row_apply_at, row_apply_at_many
 from .report import RowResult, notes, table
 from .resources import IdleBeat, row_idle_beat, row_redis_memory, row_worker_rss
 from .spark import row_spark
+from .web import row_web
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ ROWS: list[Row] = [
     Row("redis_memory", "Redis bytes per pending job vs Celery's ETA message", row_redis_memory),
     Row("scale", "dispatch rate with 1M pending vs 10k", row_scale),
     Row("flow", "10,000 capped jobs (100 keys, limit 2) vs uncapped; release → next start", row_flow),
+    Row("web", "the dashboard with 1M pending: page p50/p99, Redis commands/s per open page", row_web),
     # Last: its JVM and cached rows are gone before any row after it would start.
     Row("spark", 'df.write.format("delayq") on local[2] vs the plain writer in 1 process', row_spark),
 ]

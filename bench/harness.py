@@ -67,6 +67,8 @@ class Sizes:
     scale_large: int  # row 11: pending (not due) in the large store
     scale_due: int  # row 11: jobs due
     spark_rows: int  # row 12: rows written by Spark (and by the plain writer)
+    web_jobs: int  # row web: jobs pending while the dashboard's pages are timed
+    web_requests: int  # row web: loads of each page
 
 
 DEFAULT = Sizes(
@@ -85,6 +87,8 @@ DEFAULT = Sizes(
     scale_large=1_000_000,
     scale_due=50_000,
     spark_rows=200_000,
+    web_jobs=1_000_000,
+    web_requests=50,
 )
 QUICK = Sizes(
     produce_seconds=0.5,
@@ -102,6 +106,8 @@ QUICK = Sizes(
     scale_large=100_000,
     scale_due=5_000,
     spark_rows=5_000,
+    web_jobs=20_000,
+    web_requests=5,
 )
 #: The issue's sizes, where the default mode has to cut (takes about 20 minutes).
 FULL = Sizes(
@@ -120,6 +126,8 @@ FULL = Sizes(
     scale_large=1_000_000,
     scale_due=50_000,
     spark_rows=1_000_000,
+    web_jobs=1_000_000,
+    web_requests=50,
 )
 
 
@@ -258,6 +266,12 @@ class Context:
         scheduler = "bench.app.RecordingScheduler" if publish_log else "celery_delayq.Scheduler"
         args = ["-l", "info", "-S", scheduler, "--schedule", str(self.workdir / f"beat-{n}")]
         return self._spawn("beat", args, env, self.workdir / f"beat-{n}.log", publish_log=log_path)
+
+    def start_web(self, store: str, port: int) -> Child:
+        """``celery -A bench.app delayq web --port <port>``: the dashboard (waitress) on 127.0.0.1."""
+        n = self._next()
+        env = self._env(store, store, None)
+        return self._spawn("delayq", ["web", "--port", str(port)], env, self.workdir / f"web-{n}.log")
 
     def stop(self, child: Child, grace: float = 10.0) -> None:
         """SIGTERM the child's process group, SIGKILL it after ``grace`` seconds."""

@@ -13,6 +13,12 @@ of observations at most that bound and above the previous one (not cumulative), 
 recorder costs one round trip per flush, whatever the rate; the hash never holds more than
 ``len(BOUNDS) + 3`` fields.
 
+Each flush also adds the same counts, in the same pipeline, to the hash of the current minute
+(Redis server clock), ``<key>:m:<epoch minute>`` (:func:`minute_key`), which expires an hour
+after its minute ends: :func:`read_window` sums the last :data:`WINDOW_MINUTES` of them, the
+lateness "of the last hour" (the dashboard's overview). At most ``WINDOW_MINUTES + 1`` such
+hashes exist per kind, each as small as the cumulative one.
+
 >>> h = Histogram()
 >>> for ms in (0.4, 3, 3, 70, 12_000):
 ...     h.observe(ms)
@@ -33,7 +39,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["BOUNDS", "Histogram", "LatenessStore", "PublishLateness", "Snapshot", "key_for", "read", "tally"]
+__all__ = [
+    "BOUNDS",
+    "WINDOW_MINUTES",
+    "Histogram",
+    "LatenessStore",
+    "PublishLateness",
+    "Snapshot",
+    "key_for",
+    "minute_key",
+    "minute_ttl_ms",
+    "read",
+    "read_window",
+    "tally",
+]
 
 logger = logging.getLogger("celery_delayq.dispatch")
 
@@ -45,9 +64,13 @@ LATENESS_FLUSH_EVERY = 2.0
 class LatenessStore(Protocol):
     """Where histograms are kept (:class:`.store.Store`)."""
 
-    def add_lateness(self, key: str, fields: Mapping[str, float]) -> None: ...
+    def add_lateness(self, key: str, fields: Mapping[str, float], minute: int | None = None) -> None: ...
 
     def lateness_fields(self, key: str) -> dict[str, Any]: ...
+
+    def lateness_minutes(self, key: str, minutes: Iterable[int]) -> list[dict[str, Any]]: ...
+
+    def server_now_ms(self) -> int: ...
 
 #: Upper bounds of the buckets, in ms (the last bucket, ``le:inf``, takes the rest).
 BOUNDS: tuple[float, ...] = (
@@ -66,6 +89,34 @@ def key_for(prefix: str, kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"lateness kind must be one of {KINDS}, got {kind!r}")
     return f"{prefix}:lateness:{kind}"
+
+
+#: Minutes the windowed record covers: the lateness "of the last hour".
+WINDOW_MINUTES = 60
+MINUTE_MS = 60_000
+
+
+def minute_key(key: str, minute: int) -> str:
+    """The hash holding what was added to the histogram ``key`` during epoch minute ``minute``
+    (``server ms // 60000``).
+
+    >>> minute_key("delayq:lateness:start", 29_000_000)
+    'delayq:lateness:start:m:29000000'
+    """
+    return f"{key}:m:{int(minute)}"
+
+
+def minute_ttl_ms(minute: int, now_ms: int) -> int:
+    """How long the hash of ``minute`` is kept, from ``now_ms``: until :data:`WINDOW_MINUTES`
+    after its minute ends (<= 0: it is older than any window read, write nothing). So at most
+    ``WINDOW_MINUTES + 1`` minute hashes of a histogram exist at any time.
+
+    >>> minute_ttl_ms(10, 10 * 60_000 + 30_000) == 60 * 60_000 + 30_000
+    True
+    >>> minute_ttl_ms(10, 71 * 60_000)
+    0
+    """
+    return (int(minute) + WINDOW_MINUTES + 1) * MINUTE_MS - int(now_ms)
 
 
 def tally(values_ms: Iterable[float]) -> dict[str, float]:
@@ -192,6 +243,26 @@ class Snapshot:
 def read(store: LatenessStore, prefix: str, kind: str) -> Snapshot:
     """The ``kind`` histogram of ``prefix`` as it is in Redis now."""
     return Snapshot.from_fields(store.lateness_fields(key_for(prefix, kind)))
+
+
+def read_window(
+    store: LatenessStore, prefix: str, kind: str, minutes: int = WINDOW_MINUTES, now_ms: int | None = None
+) -> Snapshot:
+    """The ``kind`` histogram of ``prefix`` over the last ``minutes`` minutes (the current one,
+    partly gone, and the ``minutes - 1`` before; Redis server clock): the minute hashes summed,
+    read in one pipeline."""
+    if not 1 <= minutes <= WINDOW_MINUTES:
+        raise ValueError(f"lateness window: minutes must be 1..{WINDOW_MINUTES}, got {minutes!r}")
+    now = store.server_now_ms() if now_ms is None else int(now_ms)
+    last = now // MINUTE_MS
+    total: dict[str, float] = {}
+    for fields in store.lateness_minutes(key_for(prefix, kind), range(last - minutes + 1, last + 1)):
+        for name, value in fields.items():
+            try:
+                total[name] = total.get(name, 0.0) + float(value)
+            except (TypeError, ValueError):
+                continue  # not a number: not written by a recorder, skipped
+    return Snapshot.from_fields(total)
 
 
 class PublishLateness:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
+from . import lateness
 from .bounded import MAX_SMALL, load_json
 from .config import DelayQConfig
 from .connection import (
@@ -1273,19 +1274,37 @@ class Store:
         if tokens:
             self.client.hdel(self.keys.beats, *tokens)
 
-    def add_lateness(self, key: str, fields: Mapping[str, float]) -> None:
-        """Add a lateness histogram's counts (:mod:`.lateness`) to the hash ``key``."""
+    def add_lateness(self, key: str, fields: Mapping[str, float], minute: int | None = None) -> None:
+        """Add a lateness histogram's counts (:mod:`.lateness`) to the hash ``key`` and, in the
+        same pipeline, to the hash of ``minute`` (epoch minute; default: the server's now), which
+        expires an hour after that minute ends (:func:`.lateness.minute_ttl_ms`; a minute older
+        than that is not written)."""
+        now = self.server_now_ms()
+        minute = now // lateness.MINUTE_MS if minute is None else int(minute)
+        ttl = lateness.minute_ttl_ms(minute, now)
+        keys = [key, lateness.minute_key(key, minute)] if ttl > 0 else [key]
         with self.client.pipeline(transaction=False) as pipe:
-            for name, value in fields.items():
-                if name == "sum_ms":
-                    pipe.hincrbyfloat(key, name, round(value, 3))
-                else:
-                    pipe.hincrby(key, name, int(value))
+            for target in keys:
+                for name, value in fields.items():
+                    if name == "sum_ms":
+                        pipe.hincrbyfloat(target, name, round(value, 3))
+                    else:
+                        pipe.hincrby(target, name, int(value))
+            if ttl > 0:
+                pipe.pexpire(keys[1], ttl)
             pipe.execute()
 
     def lateness_fields(self, key: str) -> dict[str, Any]:
         """The hash ``key`` of a lateness histogram, as stored."""
         return dict(self.client.hgetall(key))
+
+    def lateness_minutes(self, key: str, minutes: Iterable[int]) -> list[dict[str, Any]]:
+        """The minute hashes (:func:`.lateness.minute_key`) of the histogram ``key`` for each of
+        ``minutes``, as stored (empty when absent), in one pipeline."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for minute in minutes:
+                pipe.hgetall(lateness.minute_key(key, minute))
+            return [dict(fields or {}) for fields in pipe.execute()]
 
     # -- flow control (lua/gate.lua and friends; the forms are celery_delayq/gate.py's) ------
 

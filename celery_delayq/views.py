@@ -49,6 +49,7 @@ __all__ = [
     "key_json",
     "keys_view",
     "lateness_view",
+    "lateness_window_view",
     "local_text",
     "missing_text",
     "move_result",
@@ -566,6 +567,15 @@ def lateness_view(snap: lateness.Snapshot) -> dict[str, Any]:
             for bound, n in zip((*lateness.BOUNDS, math.inf), snap.buckets, strict=True)
         ],
     }
+
+
+def lateness_window_view(
+    store: Store, kind: str, minutes: int = lateness.WINDOW_MINUTES, now_ms: int | None = None
+) -> dict[str, Any]:
+    """:func:`lateness_view` of the ``kind`` histogram over the last ``minutes`` minutes (the
+    per-minute record, :func:`.lateness.read_window`; ``now_ms`` defaults to the server's now):
+    the same shape."""
+    return lateness_view(lateness.read_window(store, store.config.prefix, kind, minutes, now_ms))
 
 
 def beat_view(token: str, raw: Any, now_ms: int) -> dict[str, Any]:

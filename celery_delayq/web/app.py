@@ -113,6 +113,10 @@ def create_app(
     def _csrf(exc: CSRFError) -> Any:
         return _error(400, f"refused: {exc.description} (load the page again and retry)")
 
+    @web.errorhandler(400)
+    def _bad_request(exc: Any) -> Any:
+        return _error(400, getattr(exc, "description", "bad request"))
+
     @web.errorhandler(403)
     def _forbidden(exc: Any) -> Any:
         return _error(403, getattr(exc, "description", "forbidden"))

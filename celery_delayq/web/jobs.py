@@ -18,6 +18,7 @@ from flask import Blueprint, abort, jsonify, make_response, render_template, req
 from werkzeug.datastructures import MultiDict
 
 from ..jobs import CANCELLED, MOVED
+from ..timeparse import is_relative, parse_when
 from ..views import JOB_STATES, JobFilter, cancel_result, id_search, job_detail, jobs_page, move_result
 from .context import action_response, dashboard, relative, require_actions, wants_json
 
@@ -51,10 +52,6 @@ def _refuse(message: str, status: int = 400) -> NoReturn:
 
 def _when(text: str, what: str) -> int:
     """A WHEN as ``delayq reschedule`` takes it; relative ones count from the Redis server's clock."""
-    # Imported here: the web is a runtime module, and the runtime imports nothing of the CLI
-    # package (tests/test_cli.py); click, which the CLI package needs, comes with Flask.
-    from ..cli.timeparse import is_relative, parse_when
-
     board = dashboard()
     try:
         return parse_when(text, board.app, board.store.server_now_ms() if is_relative(text) else None)

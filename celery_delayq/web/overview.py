@@ -1,7 +1,8 @@
 """The overview: pending jobs by shard, what falls due in the next hour (per minute) and the next
 24 hours (per hour), the oldest overdue job, the beats and their heartbeats, the lateness
-histograms, the dead letters. ``/api/status`` is ``celery delayq status --json`` plus
-``due_24h``.
+histograms of the last hour (all-time p50/p99 beside them), the dead letters. ``/api/status``
+is ``celery delayq status --json`` plus ``due_24h`` and ``lateness_last_hour`` (the per-minute
+record of :mod:`celery_delayq.lateness`, summed over the last 60 minutes).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 from flask import Blueprint, jsonify, render_template
 
 from .. import lateness
-from ..views import status_view
+from ..views import lateness_window_view, status_view
 from .charts import bar_chart
 from .context import dashboard
 
@@ -25,11 +26,16 @@ DAY_BUCKETS = 24
 
 
 def overview_view() -> dict[str, Any]:
-    """``status --json`` (a one-hour window, per minute) and the next 24 h per hour."""
+    """``status --json`` (a one-hour window, per minute), the next 24 h per hour and the
+    lateness histograms of the last hour."""
     board = dashboard()
     view = status_view(board.store, board.url, HOUR_MS)
-    counts = board.store.due_counts(view["now_ms"], HOUR_MS, DAY_BUCKETS)
+    now = view["now_ms"]
+    counts = board.store.due_counts(now, HOUR_MS, DAY_BUCKETS)
     view["due_24h"] = {"start": view["now"], "bucket_seconds": HOUR_MS // 1000, "counts": counts}
+    view["lateness_last_hour"] = {
+        kind: lateness_window_view(board.store, kind, lateness.WINDOW_MINUTES, now) for kind in lateness.KINDS
+    }
     return view
 
 
@@ -60,13 +66,13 @@ def overview() -> str:
             label_every=3,
         ),
     }
-    for kind in ("publish", "start"):
-        buckets = view["lateness"][kind]["buckets"]
+    for kind in lateness.KINDS:
+        buckets = view["lateness_last_hour"][kind]["buckets"]
         labels = [_bound(b["le_ms"]) for b in buckets]
         charts[kind] = bar_chart(
             [b["count"] for b in buckets],
             labels,
-            f"due → {kind} lateness, jobs per bucket",
+            f"due → {kind} lateness in the last hour, jobs per bucket",
             height=110,
             label_every=2,
         )
