@@ -127,16 +127,21 @@ def require_actions() -> None:
 
 
 def local_target(target: str | None, default: str) -> str:
-    """``target`` when it is a path on this site (``/jobs?task=x``), else ``default``: a form's
-    ``next`` never sends the browser elsewhere.
+    r"""``target`` when it is a path on this site (``/jobs?task=x``), else ``default``: a form's
+    ``next`` never sends the browser elsewhere. A backslash or a control character is refused
+    too: browsers read ``/\evil.example`` as ``//evil.example``.
 
     >>> local_target("/jobs?q=1", "/"), local_target("https://evil.example/", "/"), local_target("//x", "/")
     ('/jobs?q=1', '/', '/')
+    >>> local_target("/\\evil.example/", "/"), local_target("/\t/evil.example", "/")
+    ('/', '/')
     """
     if not target:
         return default
     parts = urlsplit(target)
     if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return default
+    if "\\" in target or not target.isprintable():
         return default
     return target
 
