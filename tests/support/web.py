@@ -138,18 +138,8 @@ def serve_dashboard(app: Celery, url_prefix: str = "", **options: Any) -> Iterat
     try:
         yield f"http://127.0.0.1:{server.effective_port}{url_prefix}"
     finally:
-        _stop(server, thread)
-
-
-def _stop(server: Any, thread: threading.Thread) -> None:
-    """Stop a waitress server running in ``thread``: its request threads first, then every
-    channel closed from inside its own loop (closing them from here raced the loop's
-    ``select`` on a kept-alive browser connection: EBADF in the server thread)."""
-    import waitress.wasyncore
-
-    server.task_dispatcher.shutdown()
-    server.trigger.pull_trigger(lambda: waitress.wasyncore.close_all(server._map))
-    thread.join(5)
+        server.close()
+        thread.join(5)
 
 
 @pytest.fixture
