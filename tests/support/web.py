@@ -129,16 +129,27 @@ def csrf_of(html: str) -> str:
 def serve_dashboard(app: Celery, url_prefix: str = "", **options: Any) -> Iterator[str]:
     """``create_app(app, **options)`` served by waitress on a free loopback port: its base URL."""
     import waitress.server
+    from waitress import wasyncore
 
     server = waitress.server.create_server(
         create_app(app, **options), host="127.0.0.1", port=0, threads=4, url_prefix=url_prefix
     )
-    thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
+    stopping = threading.Event()
+
+    def run() -> None:
+        # The loop's own thread closes the sockets once told to stop: closed from another
+        # thread, its select() could meet a closed descriptor (EBADF, a thread exception).
+        while not stopping.is_set():
+            wasyncore.loop(timeout=0.05, map=server._map, count=1)
+        server.task_dispatcher.shutdown()
+        wasyncore.close_all(server._map)
+
+    thread = threading.Thread(target=run, name="dashboard", daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.effective_port}{url_prefix}"
     finally:
-        server.close()
+        stopping.set()
         thread.join(5)
 
 
