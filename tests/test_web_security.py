@@ -333,6 +333,28 @@ def test_url_prefix_serves_every_page_under_it_and_links_carry_it(
         assert links and all(link.startswith("/delayq/") for link in links), (path, links)
 
 
+def test_url_prefix_every_forms_next_carries_it(app: Celery, dashboard: Callable[..., Client]) -> None:
+    """Where a form sends the browser back after its action (its ``next``, whether the page
+    writes it with the prefix or the action adds it) is under the prefix too: a proxy that
+    forwards only ``/delayq/...`` would answer 404 anywhere else."""
+    names = stored(app)
+    client = dashboard(allow_actions=True, url_prefix="/delayq")
+    details = [f"/jobs/{names['job']}", f"/dead/{names['dead']}", f"/schedules/{names['schedule']}",
+               f"/keys/{names['key']}", f"/batches/{names['batch']}", f"/schedules/{names['schedule']}/edit",
+               "/schedules/new"]  # fmt: skip
+    nexts: set[str] = set()
+    for path in [*PAGES, *details]:
+        page = client.get(path + ("?task=t.add" if path in ("/jobs", "/dead") else ""))
+        assert page.status == 200, (path, page.status)
+        nexts.update(re.findall(r'name="next" value="([^"]*)"', page.text))
+    assert nexts
+    for target in sorted(nexts):
+        fields = [("action", "reschedule"), ("ids", names["job"]), ("when", "+2h"), ("next", target)]
+        answer = client.action("/jobs/action", fields)
+        location = answer.location or ""
+        assert answer.status == 303 and location.startswith("/delayq/"), (target, location)
+
+
 def test_url_prefix_an_action_redirects_under_the_prefix(
     app: Celery, dashboard: Callable[..., Client]
 ) -> None:
