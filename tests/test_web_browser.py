@@ -26,6 +26,8 @@ from celery import Celery
 from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.bulk import write_rows
 from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.store import get_store
+from celery_delayq.views import keys_view
 from tests.support.browser import Browser
 from tests.support.processes import Procs
 from tests.support.stack import Producer, env_for, runs, start_stack, starts_by_id, warm_up
@@ -74,9 +76,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         producer = Producer(url, url)
         procs = Procs(tmp_path_factory.mktemp("stack"))
         try:
-            dead = producer.record.apply_at(time.time() - 1, args=("dead letter",),
-                                            task_id=f"dead-{uuid.uuid4().hex[:8]}")  # fmt: skip
-            bury(producer.app, dead.id, reason="publish failed: broker down (made by the test)")
+            dead = producer.record.apply_at(time.time() - 1, args=("charge", 1000),
+                                            task_id=f"charge-{uuid.uuid4().hex[:8]}")  # fmt: skip
+            bury(producer.app, dead.id, reason="publish failed: connection to the broker lost")
             start_stack(procs, env_for(url, url, {"delayq_record_lateness": True}))
             warm_up(producer, r, procs)
             with serve_dashboard(producer.app, allow_actions=True, refresh_seconds=1.0) as base:
@@ -108,6 +110,9 @@ def _populate(stack: Stack) -> str:
     for report in range(4):
         record.apply_in(timedelta(hours=1), args=(42, report), concurrency_key="tenant:42",
                         concurrency_limit=2)  # fmt: skip
+    for key, limit in (("tenant:42", 3), ("tenant:7", 1), ("export:s3", None)):
+        stack.dq.set_limit(key, limit)
+    stack.dq.pause("export:s3")
     schedules = Schedules(stack.app)
     for name, rule, args in (("nightly-report", "0 3 * * *", ["daily"]), ("hourly-sync", "15 * * * *", [])):
         if schedules.get(name) is None:
@@ -210,6 +215,26 @@ def test_a_schedule_paused_from_the_schedules_page_is_paused(page: Browser, stac
     assert stored is not None and not stored.enabled
 
 
+def test_a_key_paused_and_a_batch_cancelled_from_their_pages(page: Browser, stack: Stack) -> None:
+    """The flow-control pages' buttons post their forms: a key paused on /keys is paused in the
+    store, a batch cancelled on /batches has its waiting members cancelled."""
+    record = stack.producer.record
+    key = f"tenant:{uuid.uuid4().hex[:6]}"
+    stack.dq.set_limit(key, 2)  # a run-time limit: the key is listed before any job of it is due
+    batch = stack.dq.batch([record.s("member", i) for i in range(3)], eta=time.time() + 3600)
+    page.open("/keys")
+    page.accept_confirms()
+    row = f'table#keys tr[data-key="{key}"]'
+    page.find(f"{row} button[name=action][value=pause]").click()
+    page.wait(lambda: page.text(f"{row} .state") == "paused", 15, "the key paused")
+    assert [k["paused"] for k in keys_view(get_store(stack.app))["keys"] if k["key"] == key] == [True]
+    page.open("/batches")
+    page.accept_confirms()
+    page.find(f'table#batches tr[data-batch="{batch.id}"] button[name=action][value=cancel]').click()
+    page.wait(lambda: batch.id in page.text("#flashes li.ok"), 15, "the batch's flash")
+    assert batch.progress()["cancelled"] == 3
+
+
 def test_a_requeued_dead_letter_runs(page: Browser, stack: Stack) -> None:
     """The dead letter the stack buried before its beat started: requeued from /dead, the beat
     publishes it and the worker runs it."""
@@ -217,7 +242,7 @@ def test_a_requeued_dead_letter_runs(page: Browser, stack: Stack) -> None:
     page.open("/dead")
     page.accept_confirms()
     row = f'form#dead-bulk tr[data-job-id="{job_id}"]'
-    assert "broker down" in page.text(f"{row} td.reason")
+    assert "broker lost" in page.text(f"{row} td.reason")
     page.find(f'{row} input[name=ids][value="{job_id}"]').click()
     page.find("form#dead-bulk button[name=action][value=requeue]").click()
     page.wait(lambda: job_id in page.text("#flashes li.ok"), 15, "the requeue's flash")
