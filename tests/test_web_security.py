@@ -334,8 +334,11 @@ def test_url_prefix_serves_every_page_under_it_and_links_carry_it(
         assert links and all(link.startswith("/delayq/") for link in links), (path, links)
 
 
-def test_url_prefix_every_forms_next_carries_it(app: Celery, dashboard: Callable[..., Client]) -> None:
-    """Where a form sends the browser back after its action (its ``next``, whether the page
+def test_url_prefix_every_form_posts_to_a_page_and_returns_under_it(
+    app: Celery, dashboard: Callable[..., Client]
+) -> None:
+    """Every form posts under the prefix, to a page's route (not its ``/api/`` twin, which reads
+    JSON), and where it sends the browser back after its action (its ``next``, whether the page
     writes it with the prefix or the action adds it) is under the prefix too: a proxy that
     forwards only ``/delayq/...`` would answer 404 anywhere else."""
     names = stored(app)
@@ -348,6 +351,9 @@ def test_url_prefix_every_forms_next_carries_it(app: Celery, dashboard: Callable
         page = client.get(path + ("?task=t.add" if path in ("/jobs", "/dead") else ""))
         assert page.status == 200, (path, page.status)
         nexts.update(re.findall(r'name="next" value="([^"]*)"', page.text))
+        posts = re.findall(r'<form method="post"[^>]*\saction="([^"]*)"', page.text)
+        # a page's form posts to a page route: the /api/ twin reads a JSON body, not a form
+        assert all(p.startswith("/delayq/") and "/api/" not in p for p in posts), (path, posts)
     assert nexts
     for target in sorted(nexts):
         fields = [("action", "reschedule"), ("ids", names["job"]), ("when", "+2h"), ("next", target)]
