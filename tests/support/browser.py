@@ -109,6 +109,26 @@ class Browser:
                 )
             time.sleep(0.1)
 
+    def click_and_load(self, css: str, timeout: float = 60.0) -> float:
+        """Click ``css`` and wait for the page it leads to: the old page gone (its ``<html>``
+        stale), the new one loaded. Returns the seconds that took."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        old = self.find("html")
+        started = time.monotonic()
+        self.find(css).click()
+
+        def gone() -> bool:
+            try:
+                return not old.is_enabled()  # a live <html> is enabled
+            except StaleElementReferenceException:
+                return True
+
+        self.wait(gone, timeout, f"a new page after clicking {css}")
+        self.wait(lambda: self.driver.execute_script("return document.readyState") == "complete", timeout,
+                  "the new page to load")  # fmt: skip
+        return time.monotonic() - started
+
     def console_errors(self) -> list[str]:
         """The console's SEVERE messages since the last call (empty when the driver keeps none)."""
         try:
