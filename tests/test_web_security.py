@@ -206,6 +206,7 @@ def served_by_the_cli(*args: str, tmp_path: Path) -> Iterator[str]:
         stop_processes([proc])
 
 
+@pytest.mark.slow  # starts the real command in a subprocess
 def test_a_token_files_token_works_as_bearer_and_a_wrong_one_is_401(redis_url: str, tmp_path: Path) -> None:
     token = "t0ken-0123456789abcdef"
     (tmp_path / "token").write_text(token + "\n")
@@ -373,6 +374,7 @@ def test_url_prefix_an_action_redirects_under_the_prefix(
     assert client.get(origin + (answer.location or "")).status == 200
 
 
+@pytest.mark.slow  # starts the real command in a subprocess
 def test_behind_proxy_honours_x_forwarded_prefix(redis_url: str, tmp_path: Path) -> None:
     forwarded = {
         "X-Forwarded-Prefix": "/ops/delayq",
@@ -389,6 +391,7 @@ def test_behind_proxy_honours_x_forwarded_prefix(redis_url: str, tmp_path: Path)
         assert not [link for link in links_of(page.text) if "/ops/" in link]
 
 
+@pytest.mark.slow  # starts the real command in a subprocess
 def test_url_prefix_of_the_cli(redis_url: str, tmp_path: Path) -> None:
     with served_by_the_cli("--url", redis_url, "--url-prefix", "/delayq", tmp_path=tmp_path) as base:
         page = Client(base).get("/delayq/schedules")
