@@ -151,6 +151,7 @@ def serve_dashboard(app: Celery, url_prefix: str = "", **options: Any) -> Iterat
     finally:
         stopping.set()
         thread.join(5)
+        assert not thread.is_alive(), "the dashboard's server did not stop"
 
 
 @pytest.fixture
