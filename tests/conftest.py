@@ -27,6 +27,7 @@ pytest_plugins = [
     "tests.support.stack",
     "tests.support.wake",
     "tests.support.web",
+    "tests.support.browser",
 ]
 
 

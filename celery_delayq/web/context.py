@@ -28,6 +28,7 @@ __all__ = [
     "relative",
     "require_actions",
     "span",
+    "under_root",
     "wants_json",
 ]
 
@@ -120,16 +121,21 @@ def require_actions() -> None:
 
 
 def local_target(target: str | None, default: str) -> str:
-    """``target`` when it is a path on this site (``/jobs?task=x``), else ``default``: a form's
-    ``next`` never sends the browser elsewhere.
+    r"""``target`` when it is a path on this site (``/jobs?task=x``), else ``default``: a form's
+    ``next`` never sends the browser elsewhere. A backslash or a control character is refused
+    too: browsers read ``/\evil.example`` as ``//evil.example``.
 
     >>> local_target("/jobs?q=1", "/"), local_target("https://evil.example/", "/"), local_target("//x", "/")
     ('/jobs?q=1', '/', '/')
+    >>> local_target("/\\evil.example/", "/"), local_target("/\t/evil.example", "/")
+    ('/', '/')
     """
     if not target:
         return default
     parts = urlsplit(target)
     if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return default
+    if "\\" in target or not target.isprintable():
         return default
     return target
 
@@ -147,4 +153,18 @@ def action_response(results: Iterable[Mapping[str, Any]], ok: set[str], default_
     for r in listed:
         name = r.get("id") or r.get("name") or r.get("key") or ""
         flash(f"{name}: {r.get('message', r.get('outcome'))}", "ok" if r.get("outcome") in ok else "error")
-    return redirect(local_target(request.form.get("next"), default_next), code=303)
+    return redirect(under_root(local_target(request.form.get("next"), default_next)), code=303)
+
+
+def under_root(path: str, root: str | None = None) -> str:
+    """``path`` under the app's root (``request.script_root``: ``--url-prefix`` or a proxy's
+    ``X-Forwarded-Prefix``) unless it already is: a redirect after an action stays where the
+    proxy forwards, whether the form's ``next`` was written with the prefix or without.
+
+    >>> under_root("/jobs?q=a", "/delayq"), under_root("/delayq/jobs", "/delayq"), under_root("/jobs", "")
+    ('/delayq/jobs?q=a', '/delayq/jobs', '/jobs')
+    """
+    root = request.script_root if root is None else root
+    if not root or path == root or path.startswith(root + "/") or path.startswith(root + "?"):
+        return path
+    return root + path
