@@ -115,8 +115,8 @@ def delete_results(ids: list[str]) -> list[dict[str, Any]]:
     return results
 
 
-@bp.post("/dead/action")
 @bp.post("/api/dead/action")
+@bp.post("/dead/action")  # the last applied, first registered: url_for builds this one
 def action() -> Any:
     """``action``: requeue or delete the dead letters ``ids`` (requeue ``at`` WHEN, default
     now), or requeue-all / delete-all."""

@@ -85,8 +85,8 @@ def key_action(action: str, key: str, limit: str | None) -> dict[str, Any]:
     return {**view, "released": released, "outcome": outcome, "message": what}
 
 
-@bp.post("/keys/action")
 @bp.post("/api/keys/action")
+@bp.post("/keys/action")  # the last applied, first registered: url_for builds this one
 def keys_action() -> Any:
     """``action`` pause, resume or limit (``limit``: n, none, clear) on gate key ``key``."""
     require_actions()
@@ -143,8 +143,8 @@ def _cancel(batch_id: str) -> dict[str, Any]:
             "message": f"{cancelled:,} waiting member(s) cancelled"}  # fmt: skip
 
 
-@bp.post("/batches/action")
 @bp.post("/api/batches/action")
+@bp.post("/batches/action")  # the last applied, first registered: url_for builds this one
 def batches_action() -> Any:
     """``action`` cancel on batch ``id``: its members not released yet are removed."""
     require_actions()

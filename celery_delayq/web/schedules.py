@@ -117,8 +117,8 @@ def _one(action: str, name: str) -> dict[str, Any]:
     return {**schedule_json(sch), "outcome": done, "message": done}
 
 
-@bp.post("/schedules/action")
 @bp.post("/api/schedules/action")
+@bp.post("/schedules/action")  # the last applied, first registered: url_for builds this one
 def action() -> Any:
     """``action`` (pause, resume, run-now, delete) on the schedule(s) ``name``."""
     require_actions()
