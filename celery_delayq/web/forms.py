@@ -1,27 +1,20 @@
-"""What the management pages (schedules, dead letters, keys, batches) share: the fields of an
-action read the same way from a form or from an ``/api/...`` JSON body, and a refusal of bad
-input that says why (400) without changing anything."""
+"""What the action pages share: the fields of an action read the same way from a form or from
+an ``/api/...`` JSON body, and a refusal of bad input that says why (400) without changing
+anything."""
 
 from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from flask import abort, jsonify, make_response, render_template, request
-
-from .context import wants_json
+from flask import abort, request
 
 __all__ = ["Fields", "fields", "refuse"]
 
 
 def refuse(message: str) -> NoReturn:
-    """Answer 400 with ``message``: the error page, or JSON ``{"error": ..., "status": 400}``
-    for the API (as the app's own error handlers answer)."""
-    if wants_json():
-        answer = jsonify({"error": message, "status": 400})
-    else:
-        answer = make_response(render_template("error.html", status=400, message=message))
-    answer.status_code = 400
-    abort(answer)
+    """Answer 400 with ``message`` now, through the app's 400 handler: the error page, or JSON
+    ``{"error": ..., "status": 400}`` for the API, as every other error answers."""
+    abort(400, description=message)
 
 
 class Fields:

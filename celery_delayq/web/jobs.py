@@ -12,15 +12,16 @@ examines about ``budget`` ids a request (:data:`BUDGET`; a ``ZSCAN`` of each sha
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any
 
-from flask import Blueprint, abort, jsonify, make_response, render_template, request
+from flask import Blueprint, abort, jsonify, render_template, request
 from werkzeug.datastructures import MultiDict
 
 from ..jobs import CANCELLED, MOVED
 from ..timeparse import is_relative, parse_when
 from ..views import JOB_STATES, JobFilter, cancel_result, id_search, job_detail, jobs_page, move_result
-from .context import action_response, dashboard, relative, require_actions, wants_json
+from .context import action_response, dashboard, relative, require_actions
+from .forms import refuse
 
 __all__ = ["ACTIONS", "BUDGET", "FILTER_BUDGET", "PAGE", "bp"]
 
@@ -40,23 +41,13 @@ MAX_BUDGET = 5_000_000
 ACTIONS = ("run-now", "reschedule", "cancel")
 
 
-def _refuse(message: str, status: int = 400) -> NoReturn:
-    """Answer ``status`` with ``message`` now: JSON for the API, the error page for a browser."""
-    if wants_json():
-        answer = jsonify({"error": message, "status": status})
-        answer.status_code = status
-    else:
-        answer = make_response(render_template("error.html", status=status, message=message), status)
-    abort(answer)
-
-
 def _when(text: str, what: str) -> int:
     """A WHEN as ``delayq reschedule`` takes it; relative ones count from the Redis server's clock."""
     board = dashboard()
     try:
         return parse_when(text, board.app, board.store.server_now_ms() if is_relative(text) else None)
     except ValueError as exc:
-        _refuse(f"{what}: {exc}")
+        refuse(f"{what}: {exc}")
 
 
 def _number(args: MultiDict[str, str], name: str, default: int, top: int) -> int:
@@ -66,9 +57,9 @@ def _number(args: MultiDict[str, str], name: str, default: int, top: int) -> int
     try:
         value = int(text)
     except ValueError:
-        _refuse(f"{name}: {text!r} is not a whole number")
+        refuse(f"{name}: {text!r} is not a whole number")
     if not 1 <= value <= top:
-        _refuse(f"{name}: {value} is out of range (1 to {top:,})")
+        refuse(f"{name}: {value} is out of range (1 to {top:,})")
     return value
 
 
@@ -83,7 +74,7 @@ def _page() -> dict[str, Any]:
     args = request.args
     state = args.get("state") or None
     if state is not None and state not in JOB_STATES:
-        _refuse(f"state: {state!r} is not one of {', '.join(JOB_STATES)}")
+        refuse(f"state: {state!r} is not one of {', '.join(JOB_STATES)}")
     start, until = (args.get("from") or "").strip(), (args.get("until") or "").strip()
     where = JobFilter(
         task=(args.get("task") or "").strip() or None,
@@ -103,7 +94,7 @@ def _page() -> dict[str, Any]:
             return jobs_page(board.store, board.default_queue, where, limit, 0, cursor, budget)
         return jobs_page(board.store, board.default_queue, where, limit, 0, cursor)
     except ValueError as exc:
-        _refuse(str(exc))
+        refuse(str(exc))
 
 
 @bp.get("/api/jobs")
@@ -142,16 +133,16 @@ def act(action: str, ids: list[str], when: str | None) -> list[dict[str, Any]]:
     --json`` prints. A bad action, no ids or a bad WHEN answers 400 before anything changes."""
     board = dashboard()
     if action not in ACTIONS:
-        _refuse(f"action: {action!r} is not one of {', '.join(ACTIONS)}")
+        refuse(f"action: {action!r} is not one of {', '.join(ACTIONS)}")
     if not ids:
-        _refuse("no job chosen: tick at least one job (ids)")
+        refuse("no job chosen: tick at least one job (ids)")
     if action == "cancel":
         return [cancel_result(board.dq, board.store, job_id) for job_id in ids]
     if action == "run-now":
         due_ms, what = board.store.server_now_ms(), "run"
     else:
         if not (when or "").strip():
-            _refuse("when: give the time to reschedule to (ISO-8601, UNIX s, now, +10m, -1h)")
+            refuse("when: give the time to reschedule to (ISO-8601, UNIX s, now, +10m, -1h)")
         due_ms, what = _when(when or "", "when"), "reschedule"
     due_text = f"due {board.when(due_ms)} ({relative(due_ms)})"
     return [move_result(board.dq, board.store, job_id, due_ms, what, due_text) for job_id in ids]
@@ -174,12 +165,12 @@ def api_action() -> Any:
     require_actions()
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
-        _refuse('send a JSON object: {"action": "cancel", "ids": ["..."], "when": "+10m"}')
+        refuse('send a JSON object: {"action": "cancel", "ids": ["..."], "when": "+10m"}')
     name, ids, when = body.get("action"), body.get("ids"), body.get("when")
     if not isinstance(name, str):
-        _refuse(f"action: give one of {', '.join(ACTIONS)}")
+        refuse(f"action: give one of {', '.join(ACTIONS)}")
     if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
-        _refuse("ids: give a list of job ids (strings)")
+        refuse("ids: give a list of job ids (strings)")
     if when is not None and not isinstance(when, str):
-        _refuse("when: give a time as text (ISO-8601, UNIX s, now, +10m, -1h)")
+        refuse("when: give a time as text (ISO-8601, UNIX s, now, +10m, -1h)")
     return action_response(act(name, ids, when), _ok(name), "/jobs")
