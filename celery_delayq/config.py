@@ -57,6 +57,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "When the broker is the store's Redis server and database, push each message and remove "
         "its job in one script (no duplicate window); False: always publish through kombu.",
     ),
+    "delayq_in_redis": (
+        True,
+        "On the atomic path, jobs whose message has a stored template are claimed, pushed and "
+        "removed inside Redis by one script, with no round trip through the beat; False: the beat "
+        "builds every message.",
+    ),
     "delayq_cluster": (
         False,
         "delayq_url names a node of a Redis Cluster: the store uses a cluster client.",
@@ -215,6 +221,7 @@ class DelayQConfig:
     dead_letter_unknown: bool
     max_payload: int
     atomic_publish: bool = True
+    in_redis: bool = True
     cluster: bool = False
     wait_replicas: int = 0
     record_lateness: bool = False
@@ -281,6 +288,7 @@ class DelayQConfig:
             dead_letter_unknown=_flag(n["delayq_dead_letter_unknown"], get["delayq_dead_letter_unknown"]),
             max_payload=_number(n["delayq_max_payload"], get["delayq_max_payload"], int, 1024),
             atomic_publish=_flag(n["delayq_atomic_publish"], get["delayq_atomic_publish"]),
+            in_redis=_flag(n["delayq_in_redis"], get["delayq_in_redis"]),
             cluster=cluster,
             wait_replicas=_number(n["delayq_wait_replicas"], get["delayq_wait_replicas"], int, 0),
             record_lateness=_flag(n["delayq_record_lateness"], get["delayq_record_lateness"]),

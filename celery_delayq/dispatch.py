@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -48,13 +49,23 @@ from .config import setting_name
 from .envelope import Envelope, decode_envelope
 from .fence import FENCE_FRACTION, Fence, LeaseLost
 from .firing import FireCall, ScheduleFiring
+from .gate import BATCH_DONE_HEADER, GATE_HEADER
 from .heartbeat import BEAT_FORGET_MS, HEARTBEAT_EVERY, PRUNE_EVERY, Heartbeat
 from .lateness import LATENESS_FLUSH_EVERY, Histogram, PublishLateness
 from .lua_formats import parse_wake
 from .publish import PUBLISH_ATTEMPTS, AtomicPublisher, Outcome, Publisher, Publishing
 from .schedules import Schedules, StallSweep
 from .stats import CLAIM_SIZE_BOUNDS, DispatchStats
-from .store import REDIS_ERRORS, ClaimedJob, Store, error_text, get_store, redis_error_kind
+from .store import (
+    REDIS_ERRORS,
+    ClaimedJob,
+    ClaimResult,
+    PushResult,
+    Store,
+    error_text,
+    get_store,
+    redis_error_kind,
+)
 
 __all__ = [
     "BEAT_FORGET_MS",
@@ -121,6 +132,8 @@ class Dispatcher:
         self._stalls: StallSweep | None = None  # built at its first step
         self._stall_sweep_at = 0.0  # clock time: the first chores run one
         self._holds: dict[int, list[tuple[str, str]]] = {}  # the last pass's, for _settle
+        # the pass's jobs lua/push.lua asked a template for: (shard, templates-hash field) -> job
+        self._misses: dict[tuple[int, str], ClaimedJob] = {}
 
     # -- what the beat shows --------------------------------------------------------------------
 
@@ -227,7 +240,7 @@ class Dispatcher:
         # the others.
         failed: list[Exception] = []
         claim_sent = self.clock()  # the leases expire at the earliest at claim_sent + TTL
-        results = self.store.claim(shards, self.token, failed=failed)
+        results = self._claim(shards, failed)
         self.fence.claimed(claim_sent)
         received = self.wall()
         self.stats.passes += 1
@@ -235,13 +248,14 @@ class Dispatcher:
         claimed: list[tuple[int, ClaimedJob]] = []
         sizes = self.stats.claim_sizes
         for result in results:
-            if result.jobs:
-                sizes[bisect.bisect_left(CLAIM_SIZE_BOUNDS, len(result.jobs))] += 1
+            taken = len(result.jobs) + (result.pushed if isinstance(result, PushResult) else 0)
+            if taken:
+                sizes[bisect.bisect_left(CLAIM_SIZE_BOUNDS, taken)] += 1
             self._offset_ms = result.now_ms - (sent + received) * 500.0
             self._next[result.shard] = result.next_ms
             if result.next_ms is None:
                 self._next[result.shard] = float("inf")
-            if len(result.jobs) >= self.config.batch_size:
+            if taken >= self.config.batch_size:
                 full = True
                 self._next[result.shard] = None
             claimed.extend((result.shard, job) for job in result.jobs)
@@ -254,12 +268,22 @@ class Dispatcher:
                     result.repaired,
                 )
         if claimed:
-            self.stats.claimed += len(claimed)
+            self.stats.claimed += len(claimed)  # (what lua/push.lua delivered: _count_pushed)
             jobs: dict[int, list[str]] = defaultdict(list)
             for shard, job in claimed:
                 jobs[shard].append(job.id)
             self.fence.start(jobs)
-            to_ack, fires = self.publish_claimed(claimed)
+            self._misses = {
+                (result.shard, name): job
+                for result in results
+                if isinstance(result, PushResult)
+                for job in result.jobs
+                if (name := result.misses.get(job.id))
+            }
+            try:
+                to_ack, fires = self.publish_claimed(claimed)
+            finally:
+                self._misses = {}
             self._settle(to_ack, fires)
             if full:
                 logger.debug("delayq: a claimed batch was full; passing again at once")
@@ -284,6 +308,52 @@ class Dispatcher:
                 error_text(failed[0]),
                 CLUSTER_RETRY_MS / 1000,
             )
+
+    def _claim(self, shards: list[int], failed: list[Exception]) -> list[ClaimResult | PushResult]:
+        """Claim ``shards``: with ``lua/push.lua`` on the in-Redis path (what it pushed itself is
+        counted here), else with ``lua/claim.lua``. A shard whose push call was refused for memory
+        (nothing written) is claimed with claim.lua in the same pass, which a full Redis runs."""
+        space = self.publishing.probe() if self.config.in_redis else None
+        if space is None:
+            return [*self.store.claim(shards, self.token, failed=failed)]
+        tag = str(uuid.uuid4())[:24]
+        args = [space, tag, self.config.max_payload, GATE_HEADER, BATCH_DONE_HEADER]
+        refused: list[tuple[int, Exception]] = []
+        results: list[ClaimResult | PushResult] = []
+        results.extend(self.store.push(shards, self.token, args, failed=refused))
+        full = [shard for shard, exc in refused if redis_error_kind(exc) == "oom"]
+        failed.extend(exc for shard, exc in refused if shard not in full)
+        if full:
+            results.extend(self.store.claim(full, self.token, failed=failed))
+        self._count_pushed(results)
+        return results
+
+    def _count_pushed(self, results: list[ClaimResult | PushResult]) -> None:
+        """Count what ``lua/push.lua`` pushed: claimed, published and acked in one step; its
+        lateness; its queues declared once (as the beat declares those it pushes to)."""
+        pushed = 0
+        queues: set[str] = set()
+        late: list[float] = []
+        for result in results:
+            if not isinstance(result, PushResult) or not result.pushed:
+                continue
+            pushed += result.pushed
+            for ms, count in result.lateness:
+                late.extend(itertools.repeat(float(ms), count))
+            queues.update(queue for queue, _, _ in result.used)
+        if not pushed:
+            return
+        stats = self.stats
+        stats.claimed += pushed
+        stats.published += pushed
+        stats.acked += pushed
+        stats.in_redis += pushed
+        self.publish_lateness.record(late)
+        if self._keep_lateness:
+            room = self._keep_lateness - len(stats.lateness_ms)
+            stats.lateness_ms.extend(late[: max(0, room)])
+        self.publishing.declare_pushed(sorted(queues))
+        self._broker_state(False, True)
 
     def _settle(self, to_ack: dict[int, list[str]], fires: list[FireCall]) -> None:
         """Hold the published released gated jobs for their workers, ack the other published
@@ -435,6 +505,8 @@ class Dispatcher:
                 to_ack, fires, sent, to_hold, released = defaultdict(list), [], [], defaultdict(list), []
             if atomic is not None:
                 sent.extend(atomic.deliver())
+                if self._misses:
+                    publishing.add_lua_templates(atomic.templates, self._misses)
         self._fence_report(atomic.wired_ids() if atomic is not None else set())
         self._broker_state(outage, bool(sent or to_ack or released))
         now = self.server_now_ms()

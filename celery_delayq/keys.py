@@ -116,6 +116,12 @@ class ShardKeys:
         return self._key("wake")
 
     @property
+    def wire(self) -> str:
+        """Hash: ``"<space>|<shape>"`` -> the message template of that job shape (JSON) or ``"-"``
+        (``lua/push.lua``, the in-Redis path; written by :meth:`.Store.add_templates`)."""
+        return self._key("wire")
+
+    @property
     def dead(self) -> str:
         """Hash: job id -> dead-letter record (JSON: reason, envelope, times)."""
         return self._key("dead")

@@ -31,7 +31,7 @@ import json
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
@@ -54,7 +54,7 @@ from .store import (
     error_text,
     redis_error_kind,
 )
-from .wire import WireTemplates, wire_message
+from .wire import WireTemplates, template_space, wire_message
 
 __all__ = [
     "PERMANENT_ERRORS",
@@ -160,6 +160,11 @@ class Publishing:
         self.direct = False  # whether this pass skips send_task_message (see can_publish_direct)
         self.buffering = False  # whether kombu buffers this pass's publishes until the flush
         self.wire = False  # whether the last pass pushed messages with deliver.lua
+        #: the template space of lua/push.lua (wire.template_space) while the broker is the store's
+        #: Redis and the atomic path applies; None: claim with claim.lua
+        self.space: str | None = None
+        self.probed = False  # whether a pass (or probe) has set wire and space
+        self._queues_declared: set[str] = set()  # queues lua/push.lua pushed to, declared once
 
     # -- one pass -----------------------------------------------------------------------------
 
@@ -177,13 +182,62 @@ class Publishing:
                 "connected, or task_send_sent_event is on: Celery's send_task_message must run)"
             )
         self.wire = channel is not None
+        self.probed = True
         conf = self.app.conf
         names = ("task_compression", "task_default_delivery_mode", "task_default_routing_key")
         self.conf = {name: conf[name] for name in (*names, "task_serializer")}
         self.buffering = getattr(producer, "batch", None) is not None and transport_batches(producer)
-        if channel is not None:
-            return AtomicPublisher(self, channel, self._templates_for(channel, producer))
-        return KombuPublisher(self) if self.direct else CeleryPublisher(self)
+        if channel is None:
+            self.space = None
+            return KombuPublisher(self) if self.direct else CeleryPublisher(self)
+        templates = self._templates_for(channel, producer)
+        if self.config.in_redis:
+            self.space = templates.space
+        return AtomicPublisher(self, channel, templates)
+
+    def probe(self) -> str | None:
+        """Before the first pass: find out whether the atomic path applies (one look at the
+        broker), so that the first claim already takes the in-Redis path. The template space,
+        or None."""
+        if not self.probed:
+            try:
+                with self.app.producer_or_acquire() as producer:
+                    self.begin(producer)
+            except Exception as exc:  # the broker is unreachable: the pass reports it
+                logger.debug("delayq: cannot look at the broker before the first pass: %r", exc)
+                return None
+        return self.space
+
+    def declare_pushed(self, queues: Iterable[str]) -> None:
+        """Declare, once per beat, the queues ``lua/push.lua`` pushed to (as
+        :meth:`declare_name` does for the messages the beat pushes itself; kombu keeps a
+        declared queue per connection). Never raises: the messages are in their lists."""
+        new = [q for q in queues if q not in self._queues_declared]
+        if not new:
+            return
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for qname in new:
+                    queue = self.app.amqp.queues.get(qname)
+                    if queue is not None and not isinstance(queue, Broadcast):
+                        producer.maybe_declare(queue)
+                    self._queues_declared.add(qname)
+        except Exception as exc:  # the broker went away: declared at the next pass
+            logger.warning("delayq: declaring queue(s) %s failed: %r", ", ".join(new), exc)
+
+    def add_lua_templates(self, templates: WireTemplates, found: dict[tuple[int, str], ClaimedJob]) -> None:
+        """Store the templates ``lua/push.lua`` asked for (``found``: (shard, templates-hash
+        field) -> a job of that shape claimed from that shard) so that from the next pass on it
+        pushes such jobs itself. Never raises: without them the jobs go this beat's way."""
+        registered = self.app.tasks
+        known = (lambda task: task in registered) if self.config.dead_letter_unknown else (lambda task: True)
+        by_shard: dict[int, dict[str, str]] = defaultdict(dict)
+        for (shard, name), job in found.items():
+            by_shard[shard][name] = templates.lua_template(job.envelope, known)
+        try:
+            self.store.add_templates(by_shard)
+        except REDIS_ERRORS as exc:
+            logger.warning("delayq: storing %d message template(s) failed: %s", len(found), error_text(exc))
 
     def kombu(self) -> Publisher:
         """This pass's strategy for what must go through kombu (schedule points): kombu direct,
@@ -436,6 +490,7 @@ class Publishing:
         templates = self._templates
         if templates is None or templates.channel is not channel:
             templates = self._templates = WireTemplates(channel, producer, self.direct_args)
+            templates.space = template_space(channel, producer, self.app.conf)
         templates.producer = producer
         return templates
 

@@ -53,6 +53,7 @@ from .lua_formats import parse_lease
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 __all__ = [
+    "MAX_STORED_TEMPLATES",
     "OOM_REPLY",
     "REDIS_ERRORS",
     "BatchState",
@@ -68,6 +69,7 @@ __all__ = [
     "IdSearch",
     "JobRecord",
     "KeyState",
+    "PushResult",
     "ReleaseResult",
     "RequeueOutcome",
     "RescheduleOutcome",
@@ -210,6 +212,31 @@ class ClaimResult:
     jobs: list[ClaimedJob]
     #: lease entries of claimed jobs that did not read and were replaced (see lua/claim.lua)
     repaired: int = 0
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What one ``lua/push.lua`` call did on a shard (the in-Redis path)."""
+
+    shard: int
+    now_ms: int
+    next_ms: int | None
+    #: the jobs returned to the beat, leased as ``claim`` leases them
+    jobs: list[ClaimedJob]
+    repaired: int
+    #: how many jobs were pushed into their queues and removed
+    pushed: int
+    #: (lateness ms, count) of the pushed jobs: the server's time after the push - due
+    lateness: list[tuple[int, int]]
+    #: (queue, task, count) of the pushed jobs
+    used: list[tuple[str, str, int]]
+    #: job id -> the templates-hash field to fill for that job's shape
+    misses: dict[str, str]
+
+
+#: Most templates a shard's ``wire`` hash takes (one per job shape and beat settings): past it,
+#: new shapes go the beat's way (``lua/push.lua``), so a header unique to each job cannot grow it.
+MAX_STORED_TEMPLATES = 1000
 
 
 @dataclass(frozen=True)
@@ -611,6 +638,73 @@ class Store:
             next_due = None if next_ms < 0 else next_ms
             results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2])))
         return results
+
+    def push(
+        self,
+        shards: Iterable[int],
+        token: str,
+        push_args: Sequence[Any],
+        failed: list[tuple[int, Exception]] | None = None,
+    ) -> list[PushResult]:
+        """The in-Redis path: on each of ``shards``, push the due jobs whose message has a
+        template and remove them, and lease the others to ``token`` as :meth:`claim` does
+        (``lua/push.lua``, one round trip). ``push_args``: the script's ARGV[4..] (template
+        space, delivery tag prefix, payload limit, the two header names).
+
+        With ``failed``, a shard whose call failed is left out and ``(shard, error)`` appended
+        (as :meth:`claim`); a Redis over ``maxmemory`` fails the call with nothing written.
+        """
+        shard_list = list(shards)
+        ttl_ms = int(self.config.reclaim_ttl * 1000)
+        head = [token, self.config.batch_size, ttl_ms, *push_args]
+        calls = [ScriptCall(SCRIPTS["push"], self.keys.shard(s).core, head) for s in shard_list]
+        results: list[PushResult] = []
+        raws = run_pipelined(self.client, calls, raise_errors=failed is None)
+        for shard, raw in zip(shard_list, raws, strict=True):
+            if isinstance(raw, Exception):
+                assert failed is not None
+                failed.append((shard, raw))
+                continue
+            i = 5
+            lateness = [(int(raw[i + 2 * n]), int(raw[i + 2 * n + 1])) for n in range(int(raw[4]))]
+            i += 2 * int(raw[4])
+            count, i = int(raw[i]), i + 1
+            used = [(str(raw[k]), str(raw[k + 1]), int(raw[k + 2])) for k in range(i, i + 3 * count, 3)]
+            i += 3 * count
+            jobs: list[ClaimedJob] = []
+            misses: dict[str, str] = {}
+            for j in range(i, len(raw), 5):
+                job_id = raw[j]
+                envelope = loaded_form(job_id, raw[j + 1])
+                jobs.append(ClaimedJob(job_id, envelope, int(raw[j + 2]), int(raw[j + 3])))
+                if raw[j + 4]:
+                    misses[job_id] = raw[j + 4]
+            next_ms = int(raw[1])
+            results.append(
+                PushResult(
+                    shard, int(raw[0]), None if next_ms < 0 else next_ms, jobs, int(raw[2]), int(raw[3]),
+                    lateness, used, misses,
+                )
+            )  # fmt: skip
+        return results
+
+    def add_templates(self, templates: dict[int, dict[str, str]]) -> int:
+        """Store message templates (``{shard: {field: template JSON or "-"}}``) for
+        ``lua/push.lua``, unless the shard's hash holds :data:`MAX_STORED_TEMPLATES` already;
+        how many were stored. Two round trips; only a pass that met a new job shape calls it."""
+        shards = [s for s, fields in templates.items() if fields]
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.hlen(self.keys.shard(shard).wire)
+            sizes = pipe.execute()
+        stored = 0
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard, size in zip(shards, sizes, strict=True):
+                if int(size) < MAX_STORED_TEMPLATES:
+                    pipe.hset(self.keys.shard(shard).wire, mapping=templates[shard])
+                    stored += len(templates[shard])
+            pipe.execute()
+        return stored
 
     def ack(self, token: str, ids_by_shard: dict[int, list[str]]) -> dict[str, bool]:
         """Remove delivered jobs still leased with ``token``; ``{id: removed}``."""

@@ -25,6 +25,7 @@ module does not read the envelope format itself.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import uuid
@@ -39,7 +40,7 @@ from kombu.utils.json import dumps as kombu_dumps
 from .due import due_iso
 from .envelope import Envelope, shape_envelope, template_fields
 
-__all__ = ["WireTemplates", "wire_message"]
+__all__ = ["TEMPLATE_FORMAT", "WireTemplates", "template_space", "wire_message"]
 
 # Placeholders: values no real job has, found again in the reference message's JSON.
 _ID, _ARGS, _KWARGS, _TAG = "\u2603id\u2603", "\u2603args\u2603", "\u2603kwargs\u2603", "\u2603tag\u2603"
@@ -47,6 +48,14 @@ _BODY = b"\xe2\x98\x83body\xe2\x98\x83"
 _DUE_MS = 9_876_543_210_123
 #: Most templates kept (one per task, producer and set of options seen recently).
 MAX_TEMPLATES = 1024
+#: The version of the templates ``lua/push.lua`` reads (part of every template space).
+TEMPLATE_FORMAT = 1
+#: Settings a message depends on beyond its job's shape (part of the template space).
+_SPACE_SETTINGS = (
+    "task_default_queue", "task_default_exchange", "task_default_exchange_type", "task_default_routing_key",
+    "task_default_delivery_mode", "task_default_priority", "task_queue_max_priority", "task_routes",
+    "task_queues", "task_create_missing_queues", "task_serializer", "task_compression", "delayq_publish_eta",
+)  # fmt: skip
 
 
 def wire_message(
@@ -131,6 +140,42 @@ def _wire(
     return getattr(channel, "global_keyprefix", "") + key, text
 
 
+def template_space(channel: Any, producer: Any, conf: Any) -> str:
+    """The namespace of the message templates a beat stores for ``lua/push.lua``: a digest of
+    what a message depends on besides its job's shape (the channel's key prefix, priority steps
+    and body encoding, the producer's exchange, the app's routing and publishing settings, the
+    library versions). Beats with the same settings share templates; others never do.
+
+    >>> len(template_space(None, None, {}))
+    16
+    """
+    import celery
+    import kombu
+
+    exchange = getattr(producer, "exchange", None)
+    parts = [
+        TEMPLATE_FORMAT, celery.__version__, kombu.__version__,
+        getattr(channel, "global_keyprefix", ""), getattr(channel, "priority_steps", None),
+        getattr(channel, "sep", None), getattr(channel, "body_encoding", None),
+        getattr(channel, "default_priority", None), getattr(exchange, "name", None),
+        getattr(exchange, "delivery_mode", None),
+        *(repr(conf.get(name)) for name in _SPACE_SETTINGS),
+    ]  # fmt: skip
+    return hashlib.sha1(repr(parts).encode("utf-8", "backslashreplace")).hexdigest()[:16]
+
+
+def _whole_numbers_only(value: Any) -> bool:
+    """True when every number in ``value`` is an int (a float would share ``lua/push.lua``'s shape
+    key with the int of the same value) and no object or array is empty (cjson reads both the same)."""
+    if isinstance(value, float):
+        return False
+    if isinstance(value, dict):
+        return bool(value) and all(_whole_numbers_only(v) for v in value.values())
+    if isinstance(value, list):
+        return bool(value) and all(_whole_numbers_only(v) for v in value)
+    return True
+
+
 @dataclass(frozen=True)
 class _Template:
     key: str  # the list to push to
@@ -160,6 +205,8 @@ class WireTemplates:
         self.producer = producer
         self.args_for = args_for
         self._templates: dict[tuple[Any, ...], Any] = {}
+        #: the template space of lua/push.lua (set by the owner: publish.Publishing)
+        self.space = ""
 
     def build(self, raw: str, due_ms: int) -> tuple[str, str, str, str] | None:
         """``(list key, message JSON, queue, task name)`` for the envelope ``raw`` due at ``due_ms``, or
@@ -201,6 +248,38 @@ class WireTemplates:
             parts.append(values[hole])
             parts.append(literals[n])
         return template.key, "".join(parts), template.queue, template.task
+
+    def lua_template(self, raw: str, registered: Callable[[str], bool]) -> str:
+        """The template ``lua/push.lua`` fills in for jobs of the shape of the envelope ``raw``,
+        as JSON: literals ``l`` around holes ``h`` (0 id, 1 argsrepr, 2 kwargsrepr, 3 body,
+        4 due seconds, 5 delivery tag, 6 eta), the list key ``k``, ``b`` 1 for a base64 body, and
+        the queue ``q`` and task ``t``. ``"-"`` when that shape must go the beat's way: no
+        template (see :meth:`build`), a task ``registered`` refuses, a body not UTF-8 (the
+        script encodes UTF-8 only), or a number that is not whole in the shape."""
+        cut = template_fields(raw)
+        if cut is None:
+            return "-"
+        shape_key, data = cut[0], cut[1]
+        template = self._templates.get(shape_key)
+        if template is None:
+            template = self._make(data)
+            self._templates[shape_key] = template
+        if (
+            not isinstance(template, _Template)
+            or template.content_encoding != "utf-8"
+            or not registered(template.task)
+            or not _whole_numbers_only(data)
+        ):
+            return "-"
+        spec = {
+            "l": list(template.literals),
+            "h": list(template.holes),
+            "k": template.key,
+            "b": 1 if template.body_encoding == "base64" else 0,
+            "q": template.queue,
+            "t": template.task,
+        }
+        return json.dumps(spec, separators=(",", ":"))
 
     def _make(self, shape: dict[str, Any]) -> Any:
         """The template of one shape: the reference message of a job of that shape with

@@ -87,11 +87,5 @@ for i = 1, #found, 2 do
 end
 out[3] = repaired
 call_sliced('ZADD', KEYS[1], zargs, 2)
-local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if head[2] then
-  out[2] = tonumber(head[2])
-  redis.call('SET', KEYS[4], head[2])
-else
-  redis.call('SET', KEYS[4], WAKE_NEVER)
-end
+out[2] = rearm()
 return out

@@ -20,3 +20,14 @@ local function wake(channel, shard, due, text)
     redis.call('PUBLISH', channel, wake_message(shard, text))
   end
 end
+-- rearm(): set the marker to the earliest score left in the shard (KEYS[1]), or to WAKE_NEVER
+-- when it is empty; that score as a number, or -1 (claim's and push's "next").
+local function rearm()
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if head[2] then
+    redis.call('SET', KEYS[4], head[2])
+    return tonumber(head[2])
+  end
+  redis.call('SET', KEYS[4], WAKE_NEVER)
+  return -1
+end
