@@ -79,6 +79,14 @@ def comparable(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
+#: Generated jobs: any argument text, any due time from 1970 to 9999.
+JOB_VALUES = given(
+    args=st.text(max_size=40),
+    kwargs=st.text(max_size=40),
+    due_ms=st.integers(min_value=0, max_value=253_402_300_799_999),
+)
+WITH_AND_WITHOUT_ETA = pytest.mark.parametrize("publish_eta", [False, True], ids=["no-eta", "publish-eta"])
+
 #: (id, args, kwargs, options)
 OptionSet = tuple[str, tuple[Any, ...], dict[str, Any], dict[str, Any]]
 
@@ -132,13 +140,9 @@ def test_the_atomic_path_pushes_what_kombu_pushes(
         assert key.endswith("\x06\x16" + str(options["priority"] // 3 * 3))
 
 
-@given(
-    args=st.text(max_size=40),
-    kwargs=st.text(max_size=40),
-    due_ms=st.integers(min_value=0, max_value=253_402_300_799_999),
-)
+@JOB_VALUES
 @settings(max_examples=150, deadline=None)
-@pytest.mark.parametrize("publish_eta", [False, True], ids=["no-eta", "publish-eta"])
+@WITH_AND_WITHOUT_ETA
 def test_templates_equal_the_reference_message(
     template_env: Callable[[bool], tuple[Celery, Any, Dispatcher, WireTemplates]],
     publish_eta: bool,
