@@ -149,6 +149,12 @@ class DispatcherCollector(Collector):
         counters = (
             ("delayq_dispatched", "Jobs this beat published into their Celery queues.", stats.published),
             ("delayq_claimed", "Jobs this beat claimed (leased) from the store.", stats.claimed),
+            (
+                "delayq_dispatched_in_redis",
+                "Jobs lua/push.lua delivered inside Redis for this beat (the in-Redis path; also in "
+                "delayq_dispatched_total).",
+                stats.in_redis,
+            ),
             ("delayq_dead_lettered", "Jobs this beat moved to the dead letters.", stats.dead_lettered),
             (
                 "delayq_publish_errors",

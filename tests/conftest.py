@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.support.processes",
     "tests.support.cluster",
     "tests.support.spark",
+    "tests.support.wire",
     "tests.support.store",
     "tests.support.stack",
     "tests.support.wake",

@@ -224,6 +224,7 @@ ONE_BAD_VALUE: dict[str, Any] = {
     "delayq_dead_letter_unknown": 2,
     "delayq_max_payload": 100,
     "delayq_atomic_publish": "maybe",
+    "delayq_in_redis": "maybe",
     "delayq_cluster": "maybe",
     "delayq_wait_replicas": -1,
     "delayq_record_lateness": "maybe",

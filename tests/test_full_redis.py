@@ -38,7 +38,7 @@ from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import delete_queue, rabbitmq_or_skip
-from tests.support.store import make_store, server_ms
+from tests.support.store import make_full, make_store, server_ms
 
 
 @pytest.fixture
@@ -46,16 +46,6 @@ def server(server_binary: tuple[str, str]) -> Iterator[EmbeddedRedis]:
     """A server of each kind for this test alone, ``noeviction``."""
     with EmbeddedRedis(binary=server_binary[1], extra_args=["--maxmemory-policy", "noeviction"]) as srv:
         yield srv
-
-
-def make_full(client: redis.Redis, margin: int = 20_000) -> int:
-    """Set ``maxmemory`` ``margin`` bytes under the memory used now: every write that may grow
-    memory is refused from then on. Returns the limit."""
-    limit = int(client.info("memory")["used_memory"]) - margin
-    client.config_set("maxmemory", limit)
-    with pytest.raises(redis.ResponseError, match="maxmemory"):
-        client.set("delayq-test:probe", "x")
-    return limit
 
 
 def refused(client: redis.Redis) -> bool:

@@ -37,20 +37,16 @@ from celery_delayq.wire import WireTemplates
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.test_full_redis import make_full
-from tests.test_wire import (
+from tests.support.store import make_full
+from tests.support.wire import (
     JOB_VALUES,
     OPTION_SETS,
     WITH_AND_WITHOUT_ETA,
+    AppFactory,
     OptionSet,
-    app_factory,
     comparable,
     take_lists,
 )
-
-__all__ = ["app_factory"]  # the fixture, shared with test_wire
-
-AppFactory = Callable[..., Celery]
 
 #: Every option set of test_wire's differential test, and a compressed body.
 ALL_SETS: list[OptionSet] = [*OPTION_SETS, ("compressed", (1,), {}, {"compression": "zlib"})]
@@ -77,9 +73,7 @@ def warm_up(application: Celery, args: tuple[Any, ...] = (0,), **options: Any) -
     assert dispatcher.stats.in_redis == 0 and dispatcher.stats.published == 1
 
 
-@pytest.mark.parametrize(
-    ("name", "args", "kwargs", "options"), ALL_SETS, ids=[o[0] for o in ALL_SETS]
-)
+@pytest.mark.parametrize(("name", "args", "kwargs", "options"), ALL_SETS, ids=[o[0] for o in ALL_SETS])
 def test_the_in_redis_path_pushes_what_kombu_pushes(
     app_factory: AppFactory,
     r: redis.Redis,

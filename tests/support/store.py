@@ -142,3 +142,13 @@ def open_batch(app: Celery, batch_id: str, n: int, due_s: float) -> None:
     assert get_store(app).open_batch(batch_id, n, None, {})
     for i in range(n):
         app.tasks["t.add"].apply_at(due_s, (i, i), task_id=member_id(batch_id, i))
+
+
+def make_full(client: redis.Redis, margin: int = 20_000) -> int:
+    """Set ``maxmemory`` ``margin`` bytes under the memory used now: every write that may grow
+    memory is refused from then on. Returns the limit."""
+    limit = int(client.info("memory")["used_memory"]) - margin
+    client.config_set("maxmemory", limit)
+    with pytest.raises(redis.ResponseError, match="maxmemory"):
+        client.set("delayq-test:probe", "x")
+    return limit

@@ -1,0 +1,99 @@
+"""The atomic path's differential tests, shared by tests/test_wire.py and tests/test_in_redis.py:
+the ``app_factory`` fixture (apps with ``t.add`` and queues ``celery``/``q2``), the option sets
+compared with kombu, the generated job values, and the broker lists taken and compared."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from hypothesis import given
+from hypothesis import strategies as st
+from kombu import Queue
+
+from celery_delayq import DelayedTask
+from tests.support.apps import make_app
+
+__all__ = [
+    "JOB_VALUES",
+    "OPTION_SETS",
+    "WITH_AND_WITHOUT_ETA",
+    "AppFactory",
+    "OptionSet",
+    "app_factory",
+    "comparable",
+    "take_lists",
+]
+
+AppFactory = Callable[..., Celery]
+
+
+@pytest.fixture
+def app_factory(redis_url: str) -> Iterator[AppFactory]:
+    """Apps with ``t.add`` and queues ``celery``/``q2``; broker and store default to the test server."""
+    apps: list[Celery] = []
+
+    def factory(broker: str | None = None, **conf: Any) -> Celery:
+        conf.setdefault("task_queues", [Queue("celery"), Queue("q2")])
+        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
+
+        @application.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: Any, y: Any = None) -> Any:
+            return x
+
+        apps.append(application)
+        return application
+
+    yield factory
+    for application in apps:
+        application.close()
+
+
+def take_lists(r: redis.Redis) -> dict[str, list[dict[str, Any]]]:
+    """Every list (queue) with its messages decoded, then delete them."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key in r.keys("*"):
+        if r.type(key) == "list":
+            out[key] = [json.loads(m) for m in reversed(r.lrange(key, 0, -1))]
+            r.delete(key)
+    return out
+
+
+def comparable(message: dict[str, Any]) -> dict[str, Any]:
+    """A message less what differs between two publishes of one job by design."""
+    message = json.loads(json.dumps(message))
+    props = message["properties"]
+    assert isinstance(props.pop("delivery_tag"), str)
+    props.pop("reply_to")  # each app has its own reply-to oid
+    if "expiration" in props:  # the time left, computed at publish
+        props["expiration"] = "<set>"
+    return message
+
+
+#: Generated jobs: any argument text, any due time from 1970 to 9999.
+JOB_VALUES = given(
+    args=st.text(max_size=40),
+    kwargs=st.text(max_size=40),
+    due_ms=st.integers(min_value=0, max_value=253_402_300_799_999),
+)
+WITH_AND_WITHOUT_ETA = pytest.mark.parametrize("publish_eta", [False, True], ids=["no-eta", "publish-eta"])
+
+#: (id, args, kwargs, options)
+OptionSet = tuple[str, tuple[Any, ...], dict[str, Any], dict[str, Any]]
+
+OPTION_SETS: list[OptionSet] = [
+    ("plain", (1,), {}, {}),
+    ("queue", (1,), {}, {"queue": "q2"}),
+    ("priority", (1,), {}, {"priority": 3}),
+    ("priority-queue", (1,), {}, {"priority": 9, "queue": "q2"}),
+    ("headers", (1,), {}, {"headers": {"h": 1, "nested": {"x": [1, "\u00e9"]}}}),
+    ("text", ('quote " back \\ \u00e9 \u2603 \U0001f600',), {"y": [None, True, 1.5, {"z": "\n"}]}, {}),
+    ("ids", (1,), {}, {"shadow": "nick", "root_id": "root-1", "parent_id": "parent-1"}),
+    ("transient", (1,), {}, {"delivery_mode": "transient"}),
+    ("expires", (1,), {}, {"expires": 600}),
+    ("pickle", ({1, 2},), {}, {"serializer": "pickle"}),
+]
