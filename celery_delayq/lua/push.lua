@@ -379,19 +379,26 @@ local function prepare(stored)
   if not (fixed[1] and fixed[2] and body) then
     return false
   end
+  -- the delivery tag's quotes and prefix join the literals around it: its hole takes 12 hex digits
   local pieces, run = {}, {t.l[1]}
   for n, hole in ipairs(t.h) do
     if fixed[hole] then
       run[#run + 1] = fixed[hole]
     else
+      if hole == 5 then
+        run[#run + 1] = '"' .. tag_prefix
+      end
       pieces[#pieces + 1] = table.concat(run)
       pieces[#pieces + 1] = hole
-      run = {}
+      run = hole == 5 and {'"'} or {}
     end
     run[#run + 1] = t.l[n + 1]
   end
   pieces[#pieces + 1] = table.concat(run)
-  return {pieces, t}
+  -- Celery's message as kombu writes it: id, root_id, due, correlation_id, tag (one concatenation)
+  local usual = #pieces == 11 and pieces[2] == 0 and pieces[4] == 0 and pieces[6] == 4 and pieces[8] == 0
+    and pieces[10] == 5
+  return {pieces, t, usual}
 end
 
 -- message(id, stored, due): the list key, the message and the template, or nil and the miss field.
@@ -431,8 +438,13 @@ local function message(id, stored, due)
     when[2] = iso(due)
   end
   tags = tags + 1
-  local values = {[0] = idj, [4] = when[1], [5] = '"' .. tag_prefix .. format('%012x', tags) .. '"', [6] = when[2]}
+  local tag = format('%012x', tags)
   local pieces = ready[1]
+  if ready[3] then
+    local p = pieces
+    return t.k, p[1] .. idj .. p[3] .. idj .. p[5] .. when[1] .. p[7] .. idj .. p[9] .. tag .. p[11], t
+  end
+  local values = {[0] = idj, [4] = when[1], [5] = tag, [6] = when[2]}
   local parts = {}
   for n = 1, #pieces do
     local piece = pieces[n]
