@@ -86,14 +86,16 @@ def commandstats(client: Any) -> Counter[str]:
 
 
 def server_delta(before: Counter[str], after: Counter[str]) -> Counter[str]:
-    """The commands run between two :func:`commandstats` snapshots, less the first one's
-    ``INFO`` (counted by the second; the second does not count itself).
+    """The commands run between two :func:`commandstats` snapshots, less the measure's own:
+    the first snapshot's ``INFO`` (counted by the second, which does not count itself) and the
+    ``MONITOR`` started after it.
 
-    >>> server_delta(Counter(INFO=3, GET=1), Counter(INFO=4, GET=5, SET=2))
+    >>> server_delta(Counter(INFO=3, GET=1), Counter(INFO=4, GET=5, SET=2, MONITOR=1))
     Counter({'GET': 4, 'SET': 2})
     """
     delta = after - before
     delta["INFO"] -= 1
+    delta["MONITOR"] -= 1
     return +delta
 
 
@@ -180,8 +182,8 @@ class IdleBeat:
         result.notes.append(
             f"one beat, nothing stored, on a Redis server of its own (broker and store), {elapsed:.1f} s; "
             f"run: {ran_total} commands per the server's INFO commandstats (commands run inside Lua "
-            f"scripts included, the measure's INFO left out): {ran_breakdown}; sent: {total} commands "
-            f"from {clients} connection(s) counted with MONITOR (what scripts run not counted): "
+            f"scripts included, the measure's INFO and MONITOR left out): {ran_breakdown}; sent: {total} "
+            f"commands from {clients} connection(s) counted with MONITOR (what scripts run not counted): "
             f"{breakdown}; CPU = user+system time of the beat process ({cpu * 1000:.0f} ms); the "
             "window runs while the other rows run"
         )

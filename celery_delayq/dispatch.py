@@ -90,6 +90,10 @@ PUBLISH_BATCH_MAX = 1_000_000
 #: Seconds between two steps of the sweep for stalled schedules (see schedules.StallSweep).
 STALL_SWEEP_EVERY = 10.0
 
+#: The safety poll claims a shard whose wake marker is due within this (ms) of the server's
+#: now: the clocks of a cluster's nodes differ by a little.
+MARKER_MARGIN_MS = 1000.0
+
 #: How soon (ms) a beat claims again the shards of a cluster node that failed while others
 #: answered (a primary failing over).
 CLUSTER_RETRY_MS = 1000.0
@@ -184,14 +188,43 @@ class Dispatcher:
     # -- one pass ----------------------------------------------------------------------------
 
     def _shards_to_claim(self) -> list[int]:
-        now = self.server_now_ms()
         if self.clock() - self._last_full >= self.config.max_sleep:
             self._last_full = self.clock()
-            shards = list(range(self.config.shards))
-        else:
-            shards = [i for i, nxt in enumerate(self._next) if nxt is None or nxt <= now]
+            self._safety_poll()
+        now = self.server_now_ms()
+        shards = [i for i, nxt in enumerate(self._next) if nxt is None or nxt <= now]
         random.shuffle(shards)  # beats start on different shards
         return shards
+
+    def _safety_poll(self) -> None:
+        """Every ``delayq_max_sleep`` s: learn what no wake message said (a lost message, a
+        job another beat leased, a slot expiry) from the shards' wake markers, read with the
+        server's clock in one round trip (:meth:`.Store.wake_markers`).
+
+        The scripts keep each marker no later than its shard's earliest score (see
+        ``lua/includes/wake.lua``), so a shard whose marker is in the future has nothing due
+        before it: it is claimed then. A shard whose marker is due (within
+        ``MARKER_MARGIN_MS``), missing or unreadable is claimed now, and the claim sets its
+        marker again. When the markers cannot be read, every shard is claimed (that claim
+        reports the error)."""
+        if all(nxt is None for nxt in self._next):
+            return  # every shard is claimed anyway
+        sent = self.wall()
+        try:
+            now_ms, markers = self.store.wake_markers()
+        except REDIS_ERRORS as exc:
+            logger.debug("delayq: the wake markers could not be read (%r); claiming every shard", exc)
+            self._next = [None] * self.config.shards
+            return
+        received = self.wall()
+        self._offset_ms = now_ms - (sent + received) * 500.0
+        horizon = now_ms + MARKER_MARGIN_MS
+        for shard, marker in enumerate(markers):
+            current = self._next[shard]
+            if marker is None or marker <= horizon:
+                self._next[shard] = None
+            elif current is not None:
+                self._next[shard] = min(current, marker)
 
     def run_once(self) -> float:
         """Claim, publish and ack one batch from every shard that may have due jobs.

@@ -698,7 +698,9 @@ class StallSweep:
     one ``HSCAN`` page (``page`` names) per shard, at most one lap of the shards, continuing
     where the last step stopped, with the run states of the names found (``HMGET``); only a
     schedule whose next run is over :data:`STALL_AFTER_MS` past costs one more read (is its
-    point stored?) and, when it is stalled, the repair script.
+    point stored?) and, when it is stalled, the repair script. A lap starts with one look
+    whether any shard holds a schedule (:meth:`.Store.may_hold_schedules`): with none, that
+    is the whole step, so an idle beat with no schedules costs one command a step.
     """
 
     def __init__(self, schedules: Schedules, page: int = 500) -> None:
@@ -712,6 +714,8 @@ class StallSweep:
         Returns the ``(name, stalled point id)`` of those repaired."""
         shards, store = self.schedules.keys.shards, self.schedules.store
         repaired: builtins.list[tuple[str, str]] = []
+        if self._shard == 0 and self._cursor == 0 and not store.may_hold_schedules():
+            return repaired
         for _ in range(shards):
             shard = self._shard
             self._cursor, found = store.schedule_page(shard, self._cursor, self.page)

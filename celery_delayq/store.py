@@ -22,6 +22,7 @@ import heapq
 import json
 import logging
 import math
+import re
 import time
 import zlib
 from collections import defaultdict
@@ -157,6 +158,24 @@ _RESCHEDULE = (RescheduleOutcome.MISSING, RescheduleOutcome.MOVED, RescheduleOut
 _REQUEUE = tuple(RequeueOutcome)  # 0 missing, 1 requeued, 2 stored, 3 no-envelope
 _FIRE = (FireOutcome.STALE, FireOutcome.FIRED, FireOutcome.STOPPED, FireOutcome.HISTORY_RESET)
 _DELIVER = (_NOT_HELD, _PUSHED)  # an error text stands for REFUSED
+
+#: A wake marker as the scripts write it: ms, digits (a score Redis prints may have a fraction).
+_MARKER = re.compile(r"-?[0-9]{1,17}(\.[0-9]{1,17})?")
+
+
+def read_marker(raw: Any) -> float | None:
+    """A shard's wake marker (ms), or None when it is missing or does not read as one: Lua's
+    ``tonumber`` reads every text this accepts as the same number, so a marker the scripts
+    would take as missing is never trusted here.
+
+    >>> read_marker("1700000000000"), read_marker("9999999999999999"), read_marker("12.5")
+    (1700000000000.0, 1e+16, 12.5)
+    >>> read_marker(None), read_marker("soon"), read_marker("1e3"), read_marker(" 12"), read_marker("nan")
+    (None, None, None, None, None)
+    """
+    if not isinstance(raw, str) or not _MARKER.fullmatch(raw):
+        return None
+    return float(raw)
 _DONE = (False, True)  # 0 nothing done, 1 done (bury, sched_del)
 _PUT = (False, True, False)  # sched_put: 0 refused (exists), 1 stored, 2 not stalled
 
@@ -1234,6 +1253,13 @@ class Store:
         states = self.client.hmget(keys.history, names)
         return int(cursor), list(zip(names, found.values(), states, strict=True))
 
+    def may_hold_schedules(self) -> bool:
+        """Whether any shard may hold a schedule definition: on one server, one ``EXISTS`` of
+        every shard's hash; on a Cluster (keys of many slots), always True."""
+        if self.is_cluster:
+            return True
+        return int(self.client.exists(*(shard.schedules for shard in self.keys.all_shards()))) > 0
+
     def count_schedules(self) -> int:
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keys.all_shards():
@@ -1310,6 +1336,25 @@ class Store:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.keys.wake_channel)
         return pubsub
+
+    def wake_markers(self) -> tuple[int, list[float | None]]:
+        """The server's now (ms, ``TIME``) and every shard's wake marker (ms), read for the
+        safety poll in one round trip: ``TIME`` and one ``MGET`` on one server (2 commands); on a
+        Cluster, ``TIME`` of one node and a ``GET`` per shard, pipelined by node.
+
+        A marker that is missing, or not a decimal number of ms (see :func:`read_marker`), is
+        None: the shard must be claimed to know.
+        """
+        names = [shard.wake for shard in self.keys.all_shards()]
+        if self.is_cluster:
+            now = self.client.time()
+            raws = self.client.mget_nonatomic(names)
+        else:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.time()
+                pipe.mget(names)
+                now, raws = pipe.execute()
+        return int(now[0]) * 1000 + int(now[1]) // 1000, [read_marker(raw) for raw in raws]
 
     def is_single_server(self) -> bool:
         """Whether the store is one plain Redis server (no cluster): the only case where it can

@@ -537,3 +537,36 @@ def test_wait_replicas_with_replicas_is_confirmed(
                 client.close()
     finally:
         s.close()
+
+
+def test_the_safety_poll_reads_the_markers_of_every_node(
+    app: Celery, broker: redis.Redis, r: RedisCluster, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """On a cluster the markers are read with a GET per shard, pipelined by node: a job on any
+    node whose wake message the beat never read is claimed at the next safety poll, and only
+    its shard; an unreadable marker on any node means its shard is claimed."""
+    clock = [time.monotonic()]
+    beat = dispatchers(app, clock=lambda: clock[0])
+    beat.run_once()
+    store = get_store(app)
+    due = (server_ms(r) - 1000) / 1000
+    results = app.tasks["t.add"].apply_at_many([(due, (i, i), None) for i in range(5)])
+    due_shards = {store.keys.shard_of(res.id) for res in results}
+    spoiled = next(s for s in range(store.config.shards) if s not in due_shards)
+    r.set(store.keys.shard(spoiled).wake, "spoiled")
+    now_ms, markers = store.wake_markers()
+    assert abs(now_ms - server_ms(r)) < 1000
+    assert markers[spoiled] is None and all(markers[s] is not None for s in due_shards)
+    claims: list[list[int]] = []
+    claim = store.claim
+
+    def spy(shards: Any, *args: Any, **kwargs: Any) -> Any:
+        claims.append(sorted(shards))
+        return claim(sorted(shards), *args, **kwargs)
+
+    beat.store.claim = spy  # type: ignore[method-assign]
+    clock[0] += beat.config.max_sleep
+    beat.run_once()
+    assert claims == [sorted(due_shards | {spoiled})]
+    ids = [m["headers"]["id"] for m in broker_lists(broker)["celery"]]
+    assert sorted(ids) == sorted(res.id for res in results)

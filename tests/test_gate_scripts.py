@@ -36,6 +36,7 @@ from celery_delayq.store import (
     ReleaseResult,
     Store,
     is_oom,
+    read_marker,
 )
 from tests.support.acl import STORE_PASSWORD, documented_rule, server_kind
 from tests.support.polling import wait_for
@@ -921,3 +922,31 @@ def test_the_documented_acl_user_runs_flow_control(acl_admin: tuple[EmbeddedRedi
         subscription.close()
         r.close()
         store.close()
+
+
+def test_a_slot_expiry_earlier_than_the_marker_lowers_it(store: Store, r: redis.Redis) -> None:
+    """hold.lua and slot_renew.lua move a job's score earlier (a start or slot TTL shorter than
+    the time in the marker): the marker follows, so the safety poll claims the shard by then
+    if the worker dies."""
+    [job] = ids_of("k", 1)
+    put(store, r, [job])
+    claim_and_gate(store, "beat-a", {job: Gate("k", 1)})
+    wake = store.keys.for_job(job).wake
+    lease_end = read_marker(r.get(wake))
+    assert lease_end is not None and lease_end >= server_ms(r) + 20_000  # the lease (30 s)
+    assert hold(store, "beat-a", [(job, "k")], slot_ms=5_000) == {job: True}
+    marker = read_marker(r.get(wake))
+    assert marker is not None and marker == r.zscore(store.keys.for_job(job).due, job) < lease_end
+    # A long start TTL, then the worker's shorter slot TTL.
+    r.zadd(store.keys.for_job(job).due, {job: server_ms(r) + 3_600_000})
+    r.set(wake, str(server_ms(r) + 3_600_000))
+    assert store.renew_slots([(job, "k")], 5_000) == {job: True}
+    marker = read_marker(r.get(wake))
+    assert marker is not None and marker == r.zscore(store.keys.for_job(job).due, job) <= server_ms(r) + 5_000
+    # A later expiry never raises the marker; a missing marker is left for the poll.
+    assert store.renew_slots([(job, "k")], 60_000) == {job: True}
+    assert read_marker(r.get(wake)) == marker
+    r.delete(wake)
+    assert store.renew_slots([(job, "k")], 1_000) == {job: True}
+    assert r.get(wake) is None
+

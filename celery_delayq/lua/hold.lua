@@ -4,7 +4,8 @@
 KEYS[1] due        each held job's score becomes its slot expiry (now + TTL)
 KEYS[2] jobs       not used here (the envelope stays: the job is stored while it runs)
 KEYS[3] leases     read (held by the caller?), then the entry's token becomes "run"
-KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+KEYS[4] wake       lowered to the slot expiry when that is earlier (includes/wake.lua)
+KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>.
 
@@ -40,6 +41,7 @@ redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (se
 local now = server_now()
 local expiry = now + ttl
 local out = {}
+local held = false
 for i = 3, #ARGV, 2 do
   local id, key = ARGV[i], ARGV[i + 1]
   local entry = redis.call('HGET', KEYS[3], id)
@@ -52,6 +54,7 @@ for i = 3, #ARGV, 2 do
     redis.call('HSET', KEYS[3], id, lease_entry(due, tries, RUN_TOKEN))
     redis.call('ZADD', KEYS[1], expiry, id)
     redis.call('ZADD', rkey, expiry, id)
+    held = true
     out[#out + 1] = 1
   elseif redis.call('ZSCORE', rkey, id) then
     if entry and lease_holds(entry, RUN_TOKEN) then
@@ -64,5 +67,8 @@ for i = 3, #ARGV, 2 do
   else
     out[#out + 1] = 0
   end
+end
+if held then
+  lower_marker(expiry)  -- a start TTL shorter than the lease: the safety poll must see it
 end
 return out

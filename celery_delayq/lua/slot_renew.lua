@@ -3,7 +3,9 @@
 
 KEYS[1] due        a running job's score (its slot expiry) becomes now + TTL
 KEYS[3] leases     read (is the job held back, token "gate"?); a beat's entry becomes "run"
-KEYS[2] jobs, KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
+KEYS[4] wake       lowered to the new expiry when that is earlier (includes/wake.lua): the
+                   slot TTL is shorter than the start TTL hold.lua gave
+KEYS[2] jobs, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>.
 
@@ -32,6 +34,7 @@ end
 redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
 local expiry = server_now() + ttl
 local out = {}
+local renewed = false
 for i = 2, #ARGV, 2 do
   local id, key = ARGV[i], ARGV[i + 1]
   local rkey = run_key(key)
@@ -46,10 +49,14 @@ for i = 2, #ARGV, 2 do
         end
       end
       redis.call('ZADD', KEYS[1], expiry, id)
+      renewed = true
     end
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
+end
+if renewed then
+  lower_marker(expiry)
 end
 return out
