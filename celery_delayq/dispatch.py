@@ -16,8 +16,10 @@ worker's :mod:`.slots` gives it back. Parked and deferred ones stay stored, out 
 Between passes the dispatcher sleeps until the earliest due time it knows of,
 on a pub/sub subscription: the enqueue script publishes on the wake channel
 when it stores a job earlier than the shard's wake marker, which wakes every
-beat at once. Every ``delayq_max_sleep`` seconds all shards are claimed anyway
-(the safety poll), and after any lost subscription.
+beat at once. Every ``delayq_max_sleep`` seconds the safety poll reads every shard's wake
+marker with the server's clock (one round trip) and claims the shards whose marker is due,
+missing or unreadable (:meth:`Dispatcher._safety_poll`); after any lost subscription all
+shards are claimed.
 
 Besides delivering, a dispatcher keeps things that cost no Redis call per job
 (:meth:`Dispatcher.chores`, run after a pass and from the sleep): the due -> publish
