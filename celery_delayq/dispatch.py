@@ -126,6 +126,7 @@ class Dispatcher:
         self._next: list[float | None] = [None] * shards
         self._offset_ms = 0.0  # server clock - local clock, measured at each claim
         self._last_full = 0.0
+        self._markers_failed = False  # the last safety poll could not read the markers (logged)
         self._pubsub: Any = None
         self.fence = Fence(self.store, self.token, self.stats, clock)
         self.publishing = Publishing(app, self.store, self.token, self.stats, self.fence, self.server_now_ms)
@@ -215,9 +216,13 @@ class Dispatcher:
         try:
             now_ms, markers = self.store.wake_markers()
         except REDIS_ERRORS as exc:
-            logger.debug("delayq: the wake markers could not be read (%r); claiming every shard", exc)
+            log = logger.debug if self._markers_failed else logger.warning
+            self._markers_failed = True
+            log("delayq: the shards' wake markers could not be read (%s); every shard is claimed "
+                "instead (a Redis ACL user needs +mget, see docs/security.md)", error_text(exc))
             self._next = [None] * self.config.shards
             return
+        self._markers_failed = False
         received = self.wall()
         self._offset_ms = now_ms - (sent + received) * 500.0
         horizon = now_ms + MARKER_MARGIN_MS

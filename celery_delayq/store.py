@@ -1255,10 +1255,14 @@ class Store:
 
     def may_hold_schedules(self) -> bool:
         """Whether any shard may hold a schedule definition: on one server, one ``EXISTS`` of
-        every shard's hash; on a Cluster (keys of many slots), always True."""
+        every shard's hash; on a Cluster (keys of many slots), or for a user whose ACL has no
+        ``EXISTS`` (the rule of an older version), always True."""
         if self.is_cluster:
             return True
-        return int(self.client.exists(*(shard.schedules for shard in self.keys.all_shards()))) > 0
+        try:
+            return int(self.client.exists(*(shard.schedules for shard in self.keys.all_shards()))) > 0
+        except redis.exceptions.NoPermissionError:
+            return True
 
     def count_schedules(self) -> int:
         with self.client.pipeline(transaction=False) as pipe:

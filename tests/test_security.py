@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import pickle
 import socket
 import ssl
@@ -239,6 +240,36 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
     assert top_level(used_commands(admin)) - {"config"} == top_level(rule_commands(server_rule(admin)))
     # Refused: CONFIG GET only (check_server skips it); redis-py's CLIENT SETINFO is allowed.
     assert top_level({obj for _, obj in denied(admin)}) == {"config"}
+
+
+def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
+    admin: redis.Redis,
+    acl_server: EmbeddedRedis,
+    redis_url: str,
+    r: redis.Redis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The rule of an older version has no +mget (the safety poll's markers) and no +exists
+    (the stall sweep's look): the safety poll claims every shard instead, with one warning,
+    and the sweep does its lap."""
+    set_user(admin, [*server_rule(admin), "-mget", "-exists"])
+    app = apps(redis_url, acl_url(acl_server, db=1))
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))  # its wake message is not read
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.dispatch"):
+        for _ in range(2):
+            dispatcher._last_full -= dispatcher.config.max_sleep  # a safety poll now
+            dispatcher.run_once()
+    assert published(r) == [res.id]
+    lines = [rec.getMessage() for rec in caplog.records]
+    warned = [line for line in lines if "wake markers could not be read" in line]
+    assert len(warned) == 1 and "+mget" in warned[0], warned
+    assert not [line for line in lines if "sweep for stalled schedules failed" in line]
+    assert dispatcher.sweep_stalls() == 0
+    assert top_level({obj for _, obj in denied(admin)}) == {"mget", "exists"}
 
 
 def test_the_documented_rule_as_written_on_each_server(admin: redis.Redis) -> None:
