@@ -66,6 +66,7 @@ from .store import (
     Store,
     error_text,
     get_store,
+    is_acl_refusal,
     redis_error_kind,
 )
 
@@ -218,8 +219,9 @@ class Dispatcher:
         except REDIS_ERRORS as exc:
             log = logger.debug if self._markers_failed else logger.warning
             self._markers_failed = True
+            hint = " (the Redis ACL user needs +mget: see docs/security.md)" if is_acl_refusal(exc) else ""
             log("delayq: the shards' wake markers could not be read (%s); every shard is claimed "
-                "instead (a Redis ACL user needs +mget, see docs/security.md)", error_text(exc))
+                "instead%s", error_text(exc), hint)
             self._next = [None] * self.config.shards
             return
         self._markers_failed = False

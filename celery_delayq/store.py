@@ -163,6 +163,15 @@ _DELIVER = (_NOT_HELD, _PUSHED)  # an error text stands for REFUSED
 _MARKER = re.compile(r"-?[0-9]{1,17}(\.[0-9]{1,17})?")
 
 
+def is_acl_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a command to the user's ACL (``NOPERM``).
+
+    >>> is_acl_refusal(redis.exceptions.NoPermissionError("no permissions")), is_acl_refusal(ValueError())
+    (True, False)
+    """
+    return isinstance(exc, redis.exceptions.NoPermissionError)
+
+
 def read_marker(raw: Any) -> float | None:
     """A shard's wake marker (ms), or None when it is missing or does not read as one: Lua's
     ``tonumber`` reads every text this accepts as the same number, so a marker the scripts
