@@ -43,6 +43,7 @@ from tests.support.stack import (
     starts_by_id,
     warm_up,
 )
+from tests.support.store import server_ms
 
 pytestmark = pytest.mark.e2e
 
@@ -89,6 +90,33 @@ def test_job_2s_ahead_starts_promptly_after_a_wake(
     bound = float(os.environ.get("DELAYQ_WAKE_BOUND", "2.0"))
     assert -CLOCK_TOL <= lateness <= bound, f"lateness {lateness * 1000:.1f} ms\n{procs.logs()}"
     assert runs(r) == {res.id: 1}
+
+
+def test_jobs_whose_wake_message_was_lost_run_at_the_safety_poll(
+    redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
+) -> None:
+    """A real beat (``delayq_max_sleep`` 2 s) and worker. Three jobs stored an hour ahead (the
+    beat hears of them) are made due now behind the beat's back: with the marker lowered as
+    enqueue.lua does (its wake message lost), deleted, or spoiled. The safety poll reads the
+    markers and claims their shards: each runs once, within a few polls."""
+    conf = {"delayq_max_sleep": 2.0}
+    producer = producers(redis_url, redis_url, **conf)
+    start_stack(procs, subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=json.dumps(conf)))
+    warm_up(producer, r, procs)
+    keys = get_store(producer.app).keys
+    jobs = [producer.record.apply_in(3600) for _ in range(3)]
+    time.sleep(0.5)  # the beat heard the wake messages: it sleeps towards the safety poll
+    now_ms = server_ms(r)
+    for res, marker in zip(jobs, (str(now_ms), None, "spoiled"), strict=True):
+        shard = keys.for_job(res.id)
+        r.zadd(shard.due, {res.id: now_ms})
+        if marker is None:
+            r.delete(shard.wake)
+        else:
+            r.set(shard.wake, marker)
+    ran = wait_for(lambda: all(r.hexists("e2e:runs", res.id) for res in jobs), 15)
+    assert ran, procs.logs()
+    assert runs(r) == {res.id: 1 for res in jobs}
 
 
 def test_cancelled_job_never_runs(
