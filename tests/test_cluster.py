@@ -558,13 +558,13 @@ def test_the_safety_poll_reads_the_markers_of_every_node(
     assert abs(now_ms - server_ms(r)) < 1000
     assert markers[spoiled] is None and all(markers[s] is not None for s in due_shards)
     claims: list[list[int]] = []
-    claim = store.claim
+    claim = beat._claim
 
-    def spy(shards: Any, *args: Any, **kwargs: Any) -> Any:
+    def spy(shards: list[int], failed: list[Exception]) -> Any:
         claims.append(sorted(shards))
-        return claim(sorted(shards), *args, **kwargs)
+        return claim(shards, failed)
 
-    beat.store.claim = spy  # type: ignore[method-assign]
+    beat._claim = spy  # type: ignore[method-assign]
     clock[0] += beat.config.max_sleep
     beat.run_once()
     assert claims == [sorted(due_shards | {spoiled})]

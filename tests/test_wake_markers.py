@@ -45,16 +45,15 @@ def idle_beat(app: Celery, dispatchers: Callable[..., Dispatcher], **kwargs: Any
 
 
 def spy_claims(beat: Dispatcher) -> list[list[int]]:
-    """The shards of each claim the beat sends, from now on."""
+    """The shards of each claim the beat sends from now on (claim.lua or push.lua)."""
     calls: list[list[int]] = []
-    claim = beat.store.claim
+    claim = beat._claim
 
-    def spy(shards: Any, *args: Any, **kwargs: Any) -> Any:
-        shards = list(shards)
+    def spy(shards: list[int], failed: list[Exception]) -> Any:
         calls.append(sorted(shards))
-        return claim(shards, *args, **kwargs)
+        return claim(shards, failed)
 
-    beat.store.claim = spy  # type: ignore[method-assign]
+    beat._claim = spy  # type: ignore[method-assign]
     return calls
 
 
