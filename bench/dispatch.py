@@ -179,6 +179,13 @@ def redis_limit(client: Any, n: int, pid: int | None = None,
     return (n - 1) / took, share
 
 
+def _starved(share: float) -> str:
+    """A warning when the server had under 90% of a core for a move that should fill one."""
+    if share >= 90.0:
+        return ""
+    return " (under 90%: other processes took the server's CPU, so this limit is understated)"
+
+
 def kombu_message(p: Producer) -> str:
     """The JSON kombu's Redis transport LPUSHes for ``bench.job()`` (sent through Celery into
     the broker list, then taken back out)."""
@@ -232,14 +239,15 @@ def row_dispatch(ctx: Context) -> RowResult:
         f"the Redis limit: {n:,} uuid members of one sorted set, all due, moved into a list on the same "
         f"server by a bare Lua script (ZRANGE BYSCORE LIMIT {LIMIT_CHUNK:,}, one LPUSH, one ZREM per call; "
         f"{LIMIT_DEPTH} calls per pipelined round trip) until none is left: {limit:,.0f} jobs/s, "
-        f"the server at {limit_cpu:.0f}% of one core; it pushes ids, not messages (bench/dispatch.py "
-        "LIMIT_SCRIPT)"
+        f"the server at {limit_cpu:.0f}% of one core{_starved(limit_cpu)}; it pushes ids, not messages "
+        "(bench/dispatch.py LIMIT_SCRIPT)"
     )
     result.notes.append(
         f"the limit with messages: the same, but each member has its own copy of bench.job's kombu message "
         f"({len(message):,} B, taken from a real broker list) in a hash, and each call reads them "
         f"(one HMGET), pushes the messages and removes the members from the zset and the hash "
-        f"(LIMIT_MESSAGES_SCRIPT): {limit_msg:,.0f} jobs/s, the server at {limit_msg_cpu:.0f}% of one core; "
+        f"(LIMIT_MESSAGES_SCRIPT): {limit_msg:,.0f} jobs/s, the server at {limit_msg_cpu:.0f}% of one core"
+        f"{_starved(limit_msg_cpu)}; "
         "no target, a figure for an in-Redis delivery that stores the whole message"
     )
     if n < 1_000_000:
