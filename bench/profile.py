@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiled, text, _ = drain(app, args.n, profile=True, show_all=args.show_all)
         client.close()
         app.close()
-    path = "atomic (deliver.lua)" if dispatcher.wire else "kombu publish batch"
+    path = "atomic (deliver.lua)" if getattr(dispatcher, "wire", None) else "kombu publish batch"
     print(f"dispatch path: {path}; broker: {_broker_text(args.broker)}; "
           f"{args.n:,} jobs due at once, one in-process Dispatcher")
     print(f"without the profiler: {args.n / plain:,.0f} jobs/s ({plain / args.n * 1e6:.1f} us/job); "
