@@ -44,6 +44,7 @@ class Drained:
     filled: Fill
     cpu: dict[str, float] = field(default_factory=dict)
     machine: float = float("nan")  # % of one core, all processes (others' included)
+    after: Any = None  # what ``before_stop`` returned
 
 
 def drain(ctx: Context, p: Producer, broker: str, store: str, beats: int, n: int,
@@ -58,7 +59,7 @@ def drain(ctx: Context, p: Producer, broker: str, store: str, beats: int, n: int
 def drain_measured(ctx: Context, p: Producer, broker: str, store: str, beats: int, n: int,
                    published: Callable[[], int], store_due: Callable[[], Fill],
                    conf: dict[str, Any] | None = None, servers: dict[str, int] | None = None,
-                   subscribers: Any = None) -> Drained:
+                   subscribers: Any = None, before_stop: Callable[[], Any] | None = None) -> Drained:
     """``beats`` beats publish ``n`` jobs due at once.
 
     The beats start on a store with nothing due, and once they are in their claim loop (asleep)
@@ -66,6 +67,7 @@ def drain_measured(ctx: Context, p: Producer, broker: str, store: str, beats: in
     measure holds no start-up, no fill, and no beat starting before another. The CPU time of
     each beat and of each of ``servers`` (name: pid) is read from the thaw until the last job
     is published. ``subscribers`` answers ``pubsub_numsub`` (default: the producer's client).
+    ``before_stop`` runs after the drain, while the beats still run; its result is ``after``.
     """
     children = [ctx.start_beat(broker, store, conf) for _ in range(beats)]
     try:
@@ -83,9 +85,10 @@ def drain_measured(ctx: Context, p: Producer, broker: str, store: str, beats: in
                         what=f"{beats} beat(s) publishing {n:,} jobs")
         used = cpu.used()
         machine = 100.0 * (_busy_seconds() - machine0) / (time.time() - start)
+        after = before_stop() if before_stop else None
     finally:
         ctx.stop_all(children)
-    return Drained(rate_between(samples, n), samples[-1][0] - start, filled, used, machine)
+    return Drained(rate_between(samples, n), samples[-1][0] - start, filled, used, machine, after)
 
 
 def _busy_seconds() -> float:
