@@ -97,8 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         client.close()
         app.close()
     path = "atomic (deliver.lua)" if getattr(dispatcher, "wire", None) else "kombu publish batch"
-    print(f"dispatch path: {path}; broker: {_broker_text(args.broker)}; "
-          f"{args.n:,} jobs due at once, one in-process Dispatcher")
+    print(f"dispatch path: {path}; {args.n:,} jobs due at once, one in-process Dispatcher; "
+          f"broker: {_broker_text(args.broker)}")
     print(f"without the profiler: {args.n / plain:,.0f} jobs/s ({plain / args.n * 1e6:.1f} us/job); "
           f"with it: {args.n / profiled:,.0f} jobs/s ({profiled / args.n * 1e6:.1f} us/job)")
     count, p99, most = dispatcher.fence_window()
