@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from types import FrameType
 
+from .cluster import row_cluster_dispatch
 from .dispatch import row_dispatch, row_dispatch_rabbitmq, row_scale
 from .flow import row_flow
 from .harness import DEFAULT, FULL, QUICK, Context, Sizes
@@ -46,7 +47,9 @@ ROWS: list[Row] = [
     Row("wakeup", "an earlier job wakes a sleeping beat", row_wakeup),
     Row("worker_rss", "worker RSS with jobs pending in delayq vs none, vs Celery ETA", row_worker_rss),
     Row("redis_memory", "Redis bytes per pending job vs Celery's ETA message", row_redis_memory),
-    Row("scale", "dispatch rate with 1M pending vs 10k", row_scale),
+    Row("scale", "dispatch rate with 1M pending vs 10k (--full: 10M)", row_scale),
+    Row("cluster_dispatch", "jobs/s from a 3-primary Redis Cluster by 1 and 4 beats (kombu path)",
+        row_cluster_dispatch),
     Row("flow", "10,000 capped jobs (100 keys, limit 2) vs uncapped; release → next start", row_flow),
     Row("web", "the dashboard with 1M pending: page p50/p99, Redis commands/s per open page", row_web),
     # Last: its JVM and cached rows are gone before any row after it would start.
@@ -60,7 +63,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
     size.add_argument("--full", action="store_true",
-                      help="the issue's full sizes where the default cuts (1M due, 100k Celery ETA; ~20 min)")
+                      help="the issue's full sizes where the default cuts (1M due, 10M pending, 100k ETA)")
     parser.add_argument("--only", metavar="ROW", action="append", default=[],
                         help=f"run only this row (repeatable, or comma-separated): {', '.join(NAMES)}")
     parser.add_argument("--list", action="store_true", help="list the rows and exit")

@@ -69,6 +69,7 @@ class Sizes:
     spark_rows: int  # row 12: rows written by Spark (and by the plain writer)
     web_jobs: int  # row web: jobs pending while the dashboard's pages are timed
     web_requests: int  # row web: loads of each page
+    cluster_jobs: int  # row cluster_dispatch: jobs due at once on a 3-primary cluster
 
 
 DEFAULT = Sizes(
@@ -85,10 +86,11 @@ DEFAULT = Sizes(
     memory_jobs=100_000,
     scale_small=10_000,
     scale_large=1_000_000,
-    scale_due=50_000,
+    scale_due=100_000,
     spark_rows=200_000,
     web_jobs=1_000_000,
     web_requests=50,
+    cluster_jobs=200_000,
 )
 QUICK = Sizes(
     produce_seconds=0.5,
@@ -108,6 +110,7 @@ QUICK = Sizes(
     spark_rows=5_000,
     web_jobs=20_000,
     web_requests=5,
+    cluster_jobs=20_000,
 )
 #: The issue's sizes, where the default mode has to cut (takes about 20 minutes).
 FULL = Sizes(
@@ -116,18 +119,19 @@ FULL = Sizes(
     dispatch_jobs=1_000_000,
     rabbit_jobs=100_000,
     steady_seconds=60.0,
-    burst_jobs=100_000,
+    burst_jobs=1_000_000,
     eta_jobs=100_000,
     idle_seconds=60.0,
     wake_tries=200,
     rss_jobs=100_000,
     memory_jobs=100_000,
     scale_small=10_000,
-    scale_large=1_000_000,
-    scale_due=50_000,
+    scale_large=10_000_000,
+    scale_due=100_000,
     spark_rows=1_000_000,
     web_jobs=1_000_000,
     web_requests=50,
+    cluster_jobs=1_000_000,
 )
 
 
@@ -591,11 +595,14 @@ class CpuWatch:
         self.before = {name: self._cpu(proc) for name, proc in self.procs.items()}
         return self
 
-    def stop(self) -> str:
+    def used(self) -> dict[str, float]:
+        """Each process's user+system time since :meth:`start`, in % of one core."""
         elapsed = time.monotonic() - self.t0
-        used = {name: 100.0 * (self._cpu(proc) - self.before[name]) / elapsed
+        return {name: 100.0 * (self._cpu(proc) - self.before[name]) / elapsed
                 for name, proc in self.procs.items()}
-        return ", ".join(f"{name} {pct:.0f}%" for name, pct in used.items())
+
+    def stop(self) -> str:
+        return ", ".join(f"{name} {pct:.0f}%" for name, pct in self.used().items())
 
 
 def used_memory(client: Any) -> int:

@@ -290,11 +290,17 @@ def row_lateness_burst(ctx: Context) -> RowResult:
         result.lines.append(Line(
             f"lateness_burst: {n:,} due in 1 s, last published, {beats} beat{'s' if beats > 1 else ''}",
             took[(n, beats)], "s", baseline=eta.last_started_s, ratio=None if same else nan,
-            baseline_at_least=eta.not_started > 0))
+            baseline_at_least=eta.not_started > 0, target="<=10" if beats == 1 else "", on="ours"))
     if not same:
         result.lines.append(Line(
             f"lateness_burst: {eta.n:,} due in 1 s, last published, 1 beat (Celery's size)",
             took[(eta.n, 1)], "s", baseline=eta.last_started_s, baseline_at_least=eta.not_started > 0))
+    if n < 1_000_000:
+        result.notes.append(
+            f"{n:,} jobs due in the second, not the issue's 1,000,000 (the target, <= 10 s for the last, is "
+            "set for 1M; filling 1M takes most of a minute here): python -m bench --full --only "
+            "lateness_burst runs 1M"
+        )
     result.notes.append(
         "time from the start of the due second until the last job is in the broker list (LLEN "
         "sampled every 10 ms); beats running and idle before the jobs are stored; no worker"

@@ -1,11 +1,15 @@
-"""``python -m bench.profile [N] [--kombu]``: a pyinstrument profile of the dispatch path.
+"""``python -m bench.profile [N] [--kombu] [--broker same|redis|rabbitmq]``: a pyinstrument
+profile of the dispatch path.
 
-Starts a throwaway Redis server (broker and store), stores ``N`` (default 100,000)
+Starts a throwaway Redis server (the store, and by default the broker), stores ``N`` (default 100,000)
 no-argument jobs due now with ``apply_at_many``, then drains them with one in-process
 :class:`~celery_delayq.dispatch.Dispatcher` (``run_once()`` until all are published)
 under pyinstrument, and prints the call tree (frames under 2% of the time are left
 out) and the rate with and without the profiler. ``--kombu`` sets
-``delayq_atomic_publish=False`` to profile the path through kombu's publish batch. It also
+``delayq_atomic_publish=False`` to profile the path through kombu's publish batch.
+``--broker redis`` puts the broker on a second throwaway Redis server, ``--broker rabbitmq``
+on RabbitMQ at 127.0.0.1:5672 (a queue of its own, deleted after): both take the kombu path,
+as a deployment with the broker elsewhere does. It also
 prints the fence's figures of the plain run (see ``FENCE_FRACTION`` in
 :mod:`celery_delayq.dispatch`): renewals, and the residual window from the last lease check to
 the end of each publish or batch flush.
@@ -17,7 +21,9 @@ than the plain one printed next to it; the shares of the tree are what it is for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+import uuid
 from collections.abc import Sequence
 
 import redis
@@ -27,8 +33,10 @@ from celery_delayq import DelayedTask
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.dispatch import Dispatcher
 
+from .dispatch import RABBITMQ_URL
 
-def drain(app: Celery, n: int, profile: bool) -> tuple[float, str, Dispatcher]:
+
+def drain(app: Celery, n: int, profile: bool, show_all: bool = False) -> tuple[float, str, Dispatcher]:
     """Store ``n`` due jobs, publish them all; return (seconds, profile text, the dispatcher)."""
     job = app.tasks["bench.job"]
     now = time.time()
@@ -48,7 +56,8 @@ def drain(app: Celery, n: int, profile: bool) -> tuple[float, str, Dispatcher]:
     text = ""
     if profiler is not None:
         profiler.stop()
-        text = profiler.output_text(unicode=True, color=False, show_all=False, time="percent_of_total")
+        text = profiler.output_text(unicode=True, color=False, show_all=show_all,
+                                    time="percent_of_total")
     dispatcher.close()
     return elapsed, text, dispatcher
 
@@ -57,11 +66,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("n", nargs="?", type=int, default=100_000, help="jobs due at once (default 100,000)")
     parser.add_argument("--kombu", action="store_true", help="delayq_atomic_publish=False")
+    parser.add_argument("--broker", choices=["same", "redis", "rabbitmq"], default="same",
+                        help="the store's server (default), a second Redis server, or RabbitMQ")
+    parser.add_argument("--show-all", action="store_true", help="library frames too (kombu, redis-py)")
     args = parser.parse_args(argv)
-    with EmbeddedRedis() as server:
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(EmbeddedRedis())
         url = server.url + "/0"
-        app = Celery("bench", broker=url, set_as_current=False)
-        app.conf.update(delayq_url=url, task_ignore_result=True, delayq_atomic_publish=not args.kombu)
+        broker = url
+        queue = "celery"
+        if args.broker == "redis":
+            broker = stack.enter_context(EmbeddedRedis()).url + "/0"
+        elif args.broker == "rabbitmq":
+            broker = RABBITMQ_URL
+            queue = f"delayq-profile-{uuid.uuid4().hex[:12]}"
+        app = Celery("bench", broker=broker, set_as_current=False)
+        app.conf.update(delayq_url=url, task_ignore_result=True, delayq_atomic_publish=not args.kombu,
+                        task_default_queue=queue, broker_heartbeat=0)
+        if args.broker == "rabbitmq":
+            stack.callback(_delete_queue, app, queue)
 
         @app.task(base=DelayedTask, name="bench.job", shared=False)
         def job() -> None:
@@ -70,12 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         client = redis.Redis.from_url(url)
         plain, _, dispatcher = drain(app, args.n, profile=False)
         client.flushdb()
-        profiled, text, _ = drain(app, args.n, profile=True)
+        profiled, text, _ = drain(app, args.n, profile=True, show_all=args.show_all)
         client.close()
         app.close()
-    path = "atomic (deliver.lua)" if dispatcher.wire else "kombu publish batch"
-    print(f"dispatch path: {path}; {args.n:,} jobs due at once, one in-process Dispatcher")
-    print(f"without the profiler: {args.n / plain:,.0f} jobs/s; with it: {args.n / profiled:,.0f} jobs/s")
+    path = "atomic (deliver.lua)" if getattr(dispatcher, "wire", None) else "kombu publish batch"
+    print(f"dispatch path: {path}; {args.n:,} jobs due at once, one in-process Dispatcher; "
+          f"broker: {_broker_text(args.broker)}")
+    print(f"without the profiler: {args.n / plain:,.0f} jobs/s ({plain / args.n * 1e6:.1f} us/job); "
+          f"with it: {args.n / profiled:,.0f} jobs/s ({profiled / args.n * 1e6:.1f} us/job)")
     count, p99, most = dispatcher.fence_window()
     print(
         f"fence (without the profiler): {dispatcher.stats.passes} passes, {dispatcher.stats.renewals} "
@@ -84,6 +109,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(text)
     return 0
+
+
+def _broker_text(kind: str) -> str:
+    return {"same": "the store's Redis server", "redis": "a second Redis server",
+            "rabbitmq": "RabbitMQ at 127.0.0.1:5672"}[kind]
+
+
+def _delete_queue(app: Celery, queue: str) -> None:
+    """Purge and delete the profile's RabbitMQ queue (and its exchange)."""
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for call in (channel.queue_purge, channel.queue_delete, channel.exchange_delete):
+            with contextlib.suppress(Exception):
+                call(queue)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ inside Lua scripts included, less the ``INFO`` call of the measure). The target 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -21,6 +23,7 @@ import redis
 from celery_delayq.devtools.embedded import EmbeddedRedis
 
 from .celery_eta import celery_eta
+from .dispatch import kombu_message
 from .harness import (
     BenchError,
     Child,
@@ -254,12 +257,46 @@ def row_redis_memory(ctx: Context) -> RowResult:
         before = used_memory(p.client)
         filled = fill(p, n, lambda i: later + i * 0.01, 5.0)
         per_job = (used_memory(p.client) - before) / n
+        message = kombu_message(p)
+        p.client.flushall()
+        whole = _whole_messages(p.client, n, message, later)
     ctx.stop_redis(server)
     eta = celery_eta(ctx, result.notes)
     result.lines.append(Line("redis_memory: bytes per pending job (no-arg task)", per_job, "B",
                              baseline=eta.bytes_per_message, target="<=500", on="ours"))
+    result.lines.append(Line("redis_memory: a whole kombu message per job (the other design) vs ours", whole,
+                             "B", baseline=per_job))
+    result.notes.append(
+        f"the other design: each job's own kombu message ({len(message):,} B: the JSON kombu's Redis "
+        f"transport LPUSHed for bench.job(), taken from a real broker list, task id and delivery tag "
+        f"replaced by new uuids per job) in a hash by job id, and the job id in a sorted set by due time, "
+        f"over {WHOLE_SHARDS} shards as delayq spreads its jobs; {n:,} jobs, "
+        "(used_memory after - before) / N on the same server, emptied first"
+    )
     result.notes.append(
         f"(used_memory after - before) / N on a dedicated server: {n:,} delayq jobs ({filled.method}), "
         f"vs {eta.n:,} Celery apply_async(eta=) messages of the same task in a Redis broker list"
     )
     return result
+
+
+#: Shards of the other design's hashes and sorted sets (delayq's default count).
+WHOLE_SHARDS = 16
+
+
+def _whole_messages(client: Any, n: int, message: str, due: float) -> float:
+    """Bytes per job when each job stores its whole kombu message (see :func:`row_redis_memory`)."""
+    parsed = json.loads(message)
+    task_id = parsed["headers"]["id"]
+    tag = parsed["properties"]["delivery_tag"]
+    before = used_memory(client)
+    for start in range(0, n, 10_000):
+        with client.pipeline(transaction=False) as pipe:
+            for i in range(start, min(n, start + 10_000)):
+                job_id = str(uuid.uuid4())
+                shard = i % WHOLE_SHARDS
+                pipe.hset(f"other:{{{shard}}}:msgs", job_id,
+                          message.replace(task_id, job_id).replace(tag, str(uuid.uuid4())))
+                pipe.zadd(f"other:{{{shard}}}:due", {job_id: round(due * 1000) + i})
+            pipe.execute()
+    return (used_memory(client) - before) / n
