@@ -143,7 +143,7 @@ end
 local ESCAPES = {['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t',
   ['\b'] = '\\b', ['\f'] = '\\f'}
 local function jstr(s)
-  if not find(s, '[%z\1-\31"\\\127-\255]') then
+  if not find(s, '[^ -~]') and not find(s, '"', 1, true) and not find(s, '\\', 1, true) then
     return '"' .. s .. '"'
   end
   local out, i, n = {'"'}, 1, #s
