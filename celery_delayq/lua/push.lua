@@ -476,7 +476,10 @@ for i = 1, #found, 2 do
   ids[#ids + 1] = found[i]
 end
 local envelopes = hmget(KEYS[2], ids)
-local leases = hmget(KEYS[3], ids)
+local leases = {}  -- (no job of a shard whose leases hash is empty has a lease: one HLEN)
+if redis.call('HLEN', KEYS[3]) > 0 then
+  leases = hmget(KEYS[3], ids)
+end
 local repaired = 0
 local lists, order = {}, {}  -- list key -> {messages, job indexes}; keys in first-seen order
 local due_of, tries_of, made_by = {}, {}, {}  -- by job index: due ms, tries, template
