@@ -287,7 +287,9 @@ class DirectCalls:
         try:
             return conn.retry.call_with_retry(send, lambda _error: conn.disconnect())
         finally:
-            if conn.should_reconnect():  # the server announced maintenance (as the pool does)
+            # The server announced maintenance (redis-py 7+): closed, as the pool does.
+            reconnect = getattr(conn, "should_reconnect", None)
+            if reconnect is not None and reconnect():
                 conn.disconnect()
             idle.append(conn)
 
