@@ -51,7 +51,7 @@ from .exceptions import CorruptData, ReservedTaskId, StoreError, StoreFull, Unsu
 from .gate import GATE_TOKEN, PARK_MS, RUN_TOKEN, Gate, batch_key, member_id
 from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
-from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
+from .scripts import SCRIPTS, DirectCalls, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 __all__ = [
     "MAX_STORED_TEMPLATES",
@@ -484,6 +484,7 @@ class Store:
             client = make_client(config.url, config.cluster, connect_timeout)
         self.client = client
         self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
+        self._direct = DirectCalls.for_client(client)
         self._warned_past = False
 
     @classmethod
@@ -505,6 +506,9 @@ class Store:
         ``delayq_wait_replicas``, only return once that many replicas have it (``WAIT``)."""
         if self.config.wait_replicas:
             return run_replicated(self.client, [ScriptCall(script, keys, args)], self.config.wait_replicas)[0]
+        direct = self._direct
+        if direct is not None and direct.client is self.client:
+            return direct.call(script, keys, args)
         return script(self.client, keys, args)
 
     def _write_outcome(
@@ -1340,6 +1344,8 @@ class Store:
         self.client.ping()
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
         self.client.close()
 
     # -- for the beat (dispatcher) --

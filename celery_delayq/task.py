@@ -144,7 +144,7 @@ class DelayQTaskMixin:
         """
         app = self._delayq_app()
         due_ms = due_ms_from_eta(eta, app)
-        return self._delayq_schedule([(due_ms, args, kwargs)], options)[0]
+        return self._delayq_schedule([(due_ms, args, kwargs)], options, app=app)[0]
 
     def apply_in(self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
         """Schedule the task to run after ``delay`` (seconds, or a ``timedelta``), counted from the
@@ -174,6 +174,7 @@ class DelayQTaskMixin:
         options: dict[str, Any],
         base: int | None = None,
         store_id: str | None = None,
+        app: Any = None,
     ) -> list[ScheduledResult]:
         """Store ``items``: ``(due ms, args, kwargs)``. With ``base`` (the server's now as
         ``Store.server_now_ms`` estimates it), each due is ``base`` plus a delay, and the enqueue
@@ -181,13 +182,17 @@ class DelayQTaskMixin:
         clock, and the envelope (an expiry counted from the due time) agrees with it to the
         estimate's error (milliseconds). With ``store_id`` (one item: a retry of a schedule's
         run, :func:`retry_store_id`), the job is stored under that id; its message keeps its
-        task id."""
-        app = self._delayq_app()
-        options = dict(options)
-        replace = bool(options.pop("replace", False))
-        given_id = options.pop("task_id", None)
+        task id. ``app``: the task's app, when the caller has it at hand."""
+        if app is None:
+            app = self._delayq_app()
         state = app_state(app)
-        gate = take_gate(app, options, ask_store=not state.always_eager) or carried_gate(options)
+        if options:
+            options = dict(options)
+            replace = bool(options.pop("replace", False))
+            given_id = options.pop("task_id", None)
+            gate = take_gate(app, options, ask_store=not state.always_eager) or carried_gate(options)
+        else:  # no option: no gate (what take_gate and carried_gate find in an empty dict)
+            options, replace, given_id, gate = {}, False, None, None
         if state.always_eager:
             # Celery's eager mode runs tasks at once and ignores eta; do the same.
             return [self.apply_async(args, kwargs, task_id=given_id, **options) for _, args, kwargs in items]
@@ -196,13 +201,22 @@ class DelayQTaskMixin:
             ids = gate_ids(gate, given_id, len(items), options)
         else:
             ids = [given_id] * len(items) if given_id else new_task_ids(len(items))
-        to_build = [(job_id, due, a, k) for job_id, (due, a, k) in zip(ids, items, strict=True)]
-        envelopes = build_envelopes(app, self, to_build, options, max_payload=config.max_payload, state=state)
         shift = base or 0
-        jobs = [
-            (store_id or task_id, due_ms - shift, envelope)
-            for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
-        ]
+        if len(items) == 1:  # one job (apply_at, apply_in): the same steps, without the lists
+            ((due_ms, args, kwargs),) = items
+            task_id = ids[0]
+            one = [(task_id, due_ms, args, kwargs)]
+            envelopes = build_envelopes(app, self, one, options, max_payload=config.max_payload, state=state)
+            jobs = [(store_id or task_id, due_ms - shift, envelopes[0])]
+        else:
+            to_build = [(job_id, due, a, k) for job_id, (due, a, k) in zip(ids, items, strict=True)]
+            envelopes = build_envelopes(
+                app, self, to_build, options, max_payload=config.max_payload, state=state
+            )
+            jobs = [
+                (store_id or task_id, due_ms - shift, envelope)
+                for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
+            ]
         statuses = Store.for_app(app).enqueue(jobs, replace=replace, relative=base is not None)
         return scheduled_results(app, self.name, ids, statuses)
 
