@@ -57,6 +57,7 @@ __all__ = [
     "MAX_STORED_TEMPLATES",
     "OOM_REPLY",
     "REDIS_ERRORS",
+    "TEMPLATES_TTL_MS",
     "BatchState",
     "CancelOutcome",
     "ClaimResult",
@@ -265,6 +266,11 @@ class PushResult:
 #: Most templates a shard's ``wire`` hash takes (one per job shape and beat settings): past it,
 #: new shapes go the beat's way (``lua/push.lua``), so a header unique to each job cannot grow it.
 MAX_STORED_TEMPLATES = 1000
+#: How long (ms) a shard's ``wire`` hash lives after the last template added to it. A job's shape
+#: names its producer (origin, reply-to), so each producer process adds its own shapes; the hash
+#: of a shard that takes no new shape for a day is dropped and refilled on demand, and a full one
+#: is dropped a day after it filled.
+TEMPLATES_TTL_MS = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -722,8 +728,9 @@ class Store:
 
     def add_templates(self, templates: dict[int, dict[str, str]]) -> int:
         """Store message templates (``{shard: {field: template JSON or "-"}}``) for
-        ``lua/push.lua``, unless the shard's hash holds :data:`MAX_STORED_TEMPLATES` already;
-        how many were stored. Two round trips; only a pass that met a new job shape calls it."""
+        ``lua/push.lua``, unless the shard's hash holds :data:`MAX_STORED_TEMPLATES` already, and
+        give the hash :data:`TEMPLATES_TTL_MS` to live; how many were stored. Two round trips;
+        only a pass that met a new job shape calls it."""
         shards = [s for s, fields in templates.items() if fields]
         with self.client.pipeline(transaction=False) as pipe:
             for shard in shards:
@@ -733,7 +740,9 @@ class Store:
         with self.client.pipeline(transaction=False) as pipe:
             for shard, size in zip(shards, sizes, strict=True):
                 if int(size) < MAX_STORED_TEMPLATES:
-                    pipe.hset(self.keys.shard(shard).wire, mapping=templates[shard])
+                    wire = self.keys.shard(shard).wire
+                    pipe.hset(wire, mapping=templates[shard])
+                    pipe.pexpire(wire, TEMPLATES_TTL_MS)
                     stored += len(templates[shard])
             pipe.execute()
         return stored

@@ -32,7 +32,7 @@ from celery_delayq.dispatch import Dispatcher
 from celery_delayq.envelope import loaded_form
 from celery_delayq.gate import BATCH_DONE_HEADER, GATE_HEADER
 from celery_delayq.schedules import Schedules
-from celery_delayq.store import MAX_STORED_TEMPLATES, get_store
+from celery_delayq.store import MAX_STORED_TEMPLATES, TEMPLATES_TTL_MS, get_store
 from celery_delayq.wire import WireTemplates
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
@@ -313,7 +313,23 @@ def test_the_templates_hash_is_bounded(app_factory: AppFactory, r: redis.Redis) 
     add.apply_at(time.time() - 1, (1,))
     beat = drain(application)
     assert beat.stats.in_redis == 0 and beat.stats.published == 1
-    assert r.hlen(wire) == MAX_STORED_TEMPLATES
+    assert r.hlen(wire) == MAX_STORED_TEMPLATES and r.pttl(wire) == -1  # nothing added, no TTL set
+
+
+def test_the_templates_hash_lives_a_day_after_its_last_template(
+    app_factory: AppFactory, r: redis.Redis
+) -> None:
+    """A shard's templates name their producers (origin, reply-to): the hash of a shard that takes
+    no new shape for a day expires and is refilled on demand; a template-less shard still delivers."""
+    application = app_factory(delayq_shards=1)
+    wire = get_store(application).keys.shard(0).wire
+    warm_up(application)
+    assert 0 < r.pttl(wire) <= TEMPLATES_TTL_MS
+    r.delete(wire)  # as when it expires
+    application.tasks["t.add"].apply_at(time.time() - 1, (1,))
+    assert drain(application).stats.in_redis == 0 and r.hlen(wire) == 1
+    application.tasks["t.add"].apply_at(time.time() - 1, (2,))
+    assert drain(application).stats.in_redis == 1
 
 
 @pytest.fixture
