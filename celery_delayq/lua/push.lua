@@ -550,7 +550,7 @@ call_sliced('HDEL', KEYS[2], pushed, 1)
 call_sliced('HDEL', KEYS[3], leased, 1)
 call_sliced('ZREM', KEYS[1], gone, 1)
 call_sliced('HDEL', KEYS[3], gone, 1)
-local after = server_ms()
+local after = #pushed > 0 and server_ms() or now  -- (the lateness clock: only when something went)
 local out = {now, -1, repaired, #pushed, 0}
 local late = {}
 for due, count in pairs(dues) do
