@@ -358,8 +358,7 @@ class Dispatcher:
         space = self.publishing.probe() if self.config.in_redis else None
         if space is None:
             return [*self.store.claim(shards, self.token, failed=failed)]
-        tag = str(uuid.uuid4())[:24]
-        args = [space, tag, self.config.max_payload, GATE_HEADER, BATCH_DONE_HEADER]
+        args = [space, self.config.max_payload, GATE_HEADER, BATCH_DONE_HEADER]
         refused: list[tuple[int, Exception]] = []
         results: list[ClaimResult | PushResult] = []
         results.extend(self.store.push(shards, self.token, args, failed=refused))

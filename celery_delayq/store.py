@@ -24,6 +24,7 @@ import logging
 import math
 import re
 import time
+import uuid
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -686,16 +687,25 @@ class Store:
     ) -> list[PushResult]:
         """The in-Redis path: on each of ``shards``, push the due jobs whose message has a
         template and remove them, and lease the others to ``token`` as :meth:`claim` does
-        (``lua/push.lua``, one round trip). ``push_args``: the script's ARGV[4..] (template
-        space, delivery tag prefix, payload limit, the two header names).
+        (``lua/push.lua``, one round trip). ``push_args``: the template space, the payload limit
+        and the two header names; each call gets a delivery tag prefix of its own.
 
         With ``failed``, a shard whose call failed is left out and ``(shard, error)`` appended
         (as :meth:`claim`); a Redis over ``maxmemory`` fails the call with nothing written.
         """
         shard_list = list(shards)
         ttl_ms = int(self.config.reclaim_ttl * 1000)
-        head = [token, self.config.batch_size, ttl_ms, *push_args]
-        calls = [ScriptCall(SCRIPTS["push"], self.keys.shard(s).core, head) for s in shard_list]
+        space, *rest = push_args
+        # a delivery tag prefix of its own for each call: the script counts from 1 in each, and
+        # kombu keys a worker's unacked messages by their tag (two alike: one is lost on restore)
+        calls = [
+            ScriptCall(
+                SCRIPTS["push"],
+                self.keys.shard(s).core,
+                [token, self.config.batch_size, ttl_ms, space, str(uuid.uuid4())[:24], *rest],
+            )
+            for s in shard_list
+        ]
         results: list[PushResult] = []
         raws = run_pipelined(self.client, calls, raise_errors=failed is None)
         for shard, raw in zip(shard_list, raws, strict=True):
