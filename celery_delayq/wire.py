@@ -216,12 +216,7 @@ class WireTemplates:
         if cut is None:  # (a corrupt envelope goes the reference way, which buries it)
             return None
         shape, data, job_id, args, kwargs, text = cut
-        template = self._templates.get(shape)
-        if template is None:
-            template = self._make(data)
-            if len(self._templates) >= MAX_TEMPLATES:
-                self._templates.clear()
-            self._templates[shape] = template
+        template = self._template(shape, data)
         if template is _NOT_WIRE:
             return None
         assert isinstance(template, _Template)
@@ -260,10 +255,7 @@ class WireTemplates:
         if cut is None:
             return "-"
         shape_key, data = cut[0], cut[1]
-        template = self._templates.get(shape_key)
-        if template is None:
-            template = self._make(data)
-            self._templates[shape_key] = template
+        template = self._template(shape_key, data)
         if (
             not isinstance(template, _Template)
             or template.content_encoding != "utf-8"
@@ -280,6 +272,17 @@ class WireTemplates:
             "t": template.task,
         }
         return json.dumps(spec, separators=(",", ":"))
+
+    def _template(self, key: tuple[Any, ...], shape: dict[str, Any]) -> Any:
+        """The kept template of the shape ``key`` (made from ``shape`` the first time; the kept
+        ones are dropped when :data:`MAX_TEMPLATES` are kept)."""
+        template = self._templates.get(key)
+        if template is None:
+            template = self._make(shape)
+            if len(self._templates) >= MAX_TEMPLATES:
+                self._templates.clear()
+            self._templates[key] = template
+        return template
 
     def _make(self, shape: dict[str, Any]) -> Any:
         """The template of one shape: the reference message of a job of that shape with
