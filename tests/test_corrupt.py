@@ -15,10 +15,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
+from celery_delayq import CorruptData, DelayedTask, DelayQ, InvalidOptions, Schedules
 from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
 from celery_delayq.dispatch import CLUSTER_RETRY_MS, Dispatcher
 from celery_delayq.envelope import decode_envelope
+from celery_delayq.lateness import Snapshot, key_for
 from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
@@ -375,3 +376,57 @@ def test_beat_schedule_sync_replaces_a_definition_that_does_not_read(
     r.hset(key, "tick", "[1]")
     assert schedules.sync_config({})["removed"] == ["tick"]  # gone from beat_schedule: deleted
     assert not r.hexists(key, "tick")
+
+
+#: Publish paths of a beat whose broker is the store's Redis: push.lua (in Redis), deliver.lua
+#: (the atomic path) and kombu's.
+PATHS = {
+    "in-redis": {},
+    "atomic": {"delayq_in_redis": False},
+    "kombu": {"delayq_atomic_publish": False},
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_due_time_out_of_range_is_dead_lettered_and_never_counted(
+    app_factory: Callable[..., Celery],
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+    path: str,
+) -> None:
+    """A lease entry whose due time reads but is no time (``99999999999999999999999|1|x``:
+    Redis turns it into -9.2e18 ms; ``9999999999999999|1|x``: past year 9999), or a score
+    before 1970: the job is dead-lettered with the reason, on every publish path, and never
+    reaches the broker or the lateness histogram (whose sum stayed at 9.2e18 for good)."""
+    app = app_factory(**PATHS[path])
+    store = get_store(app)
+    add = app.tasks["t.add"]
+    bad = {
+        "overflow": "99999999999999999999999|1|x",
+        "past-9999": "9999999999999999|1|x",
+    }
+    for job_id, lease in bad.items():
+        add.apply_in(0, args=(1, 2), task_id=job_id)
+        r.hset(store.keys.for_job(job_id).leases, job_id, lease)
+    add.apply_in(0, args=(1, 2), task_id="before-1970")
+    r.zadd(store.keys.for_job("before-1970").due, {"before-1970": -1e23})
+    add.apply_in(0, args=(3, 4), task_id="good")
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dispatcher.stats.corrupt["due"] == 3, dict(dispatcher.stats.corrupt)
+    for job_id in (*bad, "before-1970"):
+        record = store.dead_record(job_id)
+        assert record is not None, job_id
+        assert record["reason"].startswith("corrupt due time: "), record["reason"]
+        assert "is not a time from 1970 to year 9999" in record["reason"]
+        assert record["due"] == 0  # unknown; the job reads (DelayQ.get, the command line)
+        job = DelayQ(app).get(job_id)
+        assert job is not None and job.state == "dead", job_id
+    assert store.count() == 0 and store.dead_record("good") is None
+    queued = [json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1)]
+    assert queued == ["good"], queued
+    seen = dispatcher.lateness_seen.snapshot()
+    assert seen.count == 1 and 0 <= seen.sum_ms < 60_000, (seen.count, seen.sum_ms)
+    dispatcher.chores(force=True)
+    stored = Snapshot.from_fields(store.lateness_fields(key_for(store.config.prefix, "publish")))
+    assert stored.count == 1 and 0 <= stored.sum_ms < 60_000, stored
