@@ -28,7 +28,7 @@ from celery_delayq.store import DeliverOutcome, Delivery, FireOutcome, Store, ge
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
-from tests.support.store import server_ms
+from tests.support.store import ids_on_shard, server_ms
 
 __all__ = ["redis_server"]  # a fixture, used by name
 
@@ -430,3 +430,71 @@ def test_a_due_time_out_of_range_is_dead_lettered_and_never_counted(
     dispatcher.chores(force=True)
     stored = Snapshot.from_fields(store.lateness_fields(key_for(store.config.prefix, "publish")))
     assert stored.count == 1 and 0 <= stored.sum_ms < 60_000, stored
+
+
+@pytest.mark.parametrize("route", [{"q": ""}, {"q": {"queue": ""}}], ids=["name", "routed"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_an_empty_queue_name_is_dead_lettered(
+    app_factory: Callable[..., Celery],
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+    path: str,
+    route: dict[str, Any],
+) -> None:
+    """A stored envelope whose queue name is empty (``"q": ""``) was pushed to a Redis list
+    named ``""`` that no worker reads. On every publish path it is dead-lettered with the
+    reason, and the job beside it is delivered."""
+    app = app_factory(**PATHS[path])
+    store = get_store(app)
+    add = app.tasks["t.add"]
+    for job_id in ("warm", "empty-queue", "good"):  # warm: the shape's template is made first
+        add.apply_in(0 if job_id != "empty-queue" else 3600, args=(1, 2), task_id=job_id)
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    keys = store.keys.for_job("empty-queue")
+    data = json.loads(r.hget(keys.jobs, "empty-queue") or "")
+    r.hset(keys.jobs, "empty-queue", json.dumps({**data, **route}, separators=(",", ":")))
+    assert store.reschedule("empty-queue", server_ms(r) - 1) == "moved"
+    dispatchers(app).run_once()  # a beat that looks at every shard (the other's wake is not read)
+    record = store.dead_record("empty-queue")
+    assert record is not None, path
+    assert "queue name is empty" in record["reason"], record["reason"]
+    assert not r.exists(""), r.lrange("", 0, -1)
+    queued = sorted(json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1))
+    assert queued == ["good", "warm"], queued
+    assert store.count() == 0
+
+
+def test_push_lua_never_pushes_to_an_empty_queue_from_a_stored_template(
+    app_factory: Callable[..., Celery],
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+) -> None:
+    """A template in Redis for a shape whose queue is empty (stored by a beat before this
+    check, or by hand) is a miss for ``lua/push.lua``: the job goes to the beat, which
+    dead-letters it, and nothing is pushed to a list named ``""``."""
+    app = app_factory()
+    store = get_store(app)
+    add = app.tasks["t.add"]
+    first, second, warm = ids_on_shard(store.keys, 3, 3, stem="q")
+    for job_id in (first, second):
+        add.apply_in(3600, args=(1, 2), task_id=job_id)
+    add.apply_in(0, args=(1, 2), task_id=warm)
+    jobs_key = store.keys.shard(3).jobs
+    for job_id in (first, second):
+        data = json.loads(r.hget(jobs_key, job_id) or "")
+        r.hset(jobs_key, job_id, json.dumps({**data, "q": ""}, separators=(",", ":")))
+    dispatchers(app).run_once()  # warm's shape gets a template
+    assert store.reschedule(first, server_ms(r) - 1) == "moved"
+    dispatchers(app).run_once()  # first: dead-lettered; its shape marked "-" (no template)
+    assert store.dead_record(first) is not None
+    wire = store.keys.shard(3).due[: -len("due")] + "wire"
+    fields = r.hgetall(wire)
+    [(empty_shape, _)] = [(f, v) for f, v in fields.items() if v == "-"]
+    [template] = [json.loads(v) for v in fields.values() if v != "-"]
+    r.hset(wire, empty_shape, json.dumps({**template, "q": "", "k": ""}))
+    assert store.reschedule(second, server_ms(r) - 1) == "moved"
+    dispatchers(app).run_once()
+    record = store.dead_record(second)
+    assert record is not None and "queue name is empty" in record["reason"], record
+    assert not r.exists(""), r.lrange("", 0, -1)
