@@ -308,7 +308,7 @@ def parse_rule(spec: Any, tz: str = "UTC", anchor_ms: int = 0, app: Any = None) 
         except (OverflowError, ValueError, OSError) as exc:
             raise InvalidSchedule(f"datetime {spec!r} is out of range: {exc}") from exc
         if at_ms > MAX_DUE_MS:
-            raise InvalidSchedule(f"datetime {spec.isoformat()} is after 9999-12-31T23:59:59.999Z (year 9999)")
+            raise InvalidSchedule(f"datetime {spec.isoformat()} is after 9999-12-31T23:59:59.999Z")
         return OnceRule(at_ms)
     if isinstance(spec, Mapping):
         return rule_from_json(spec)
@@ -333,6 +333,8 @@ def _interval(value: Any, anchor_ms: int) -> IntervalRule:
 
 
 def rule_from_json(data: Mapping[str, Any]) -> Rule:
+    if not isinstance(data, Mapping):
+        raise InvalidSchedule(f"malformed rule {data!r}: not a JSON object")
     kind = data.get("type")
     try:
         if kind == "cron":

@@ -66,6 +66,19 @@ MISSED_POLICIES = ("once", "skip", "all")
 DEFINITION_VERSION = 1
 
 
+def can_plan(definition: dict[str, Any]) -> bool:
+    """Can the beat plan points from this stored definition: a rule that reads, and a missed-run
+    policy it knows? A definition that reads but cannot plan stops its schedule (its point is
+    dead-lettered as ``schedule stopped: ...``) until it is stored again."""
+    try:
+        rule_from_json(definition["rule"])
+        int(definition["max_missed"])
+        int(float(definition["grace"]) * 1000)
+    except (KeyError, TypeError, ValueError, OverflowError):  # (InvalidSchedule is a ValueError)
+        return False
+    return definition.get("missed") in MISSED_POLICIES
+
+
 def _grace_ok(grace: Any) -> bool:
     """Is ``grace`` a finite number of seconds >= 0 (at most the span to year 9999)?"""
     if isinstance(grace, bool) or not isinstance(grace, int | float):
@@ -749,6 +762,8 @@ class StallSweep:
             run = read_state(state)
             if not (isinstance(definition, dict) and definition.get("enabled") and isinstance(run, dict)):
                 continue
+            if not can_plan(definition):
+                continue  # its point was dead-lettered as "schedule stopped" (firing.py): nor this
             cur, due = run.get("cur"), run.get("next")
             if isinstance(cur, str) and isinstance(due, int | float) and due < now_ms - STALL_AFTER_MS:
                 candidates.append((name, cur, int(due), str(definition.get("missed"))))

@@ -23,7 +23,7 @@ from celery_delayq.lateness import Snapshot, key_for
 from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
-from celery_delayq.schedules import point_id
+from celery_delayq.schedules import StallSweep, point_id
 from celery_delayq.store import DeliverOutcome, Delivery, FireOutcome, Store, get_store, redis_error_kind
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
@@ -498,3 +498,47 @@ def test_push_lua_never_pushes_to_an_empty_queue_from_a_stored_template(
     record = store.dead_record(second)
     assert record is not None and "queue name is empty" in record["reason"], record
     assert not r.exists(""), r.lrange("", 0, -1)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"type": "interval", "every_ms": 0, "anchor_ms": 0},
+        {"type": "interval", "every_ms": -5, "anchor_ms": 0},
+        {"type": "hourly", "at": 5},
+        {"type": "interval"},
+        "every day",
+    ],
+    ids=["every-0", "every-minus-5", "unknown-type", "no-every", "not-an-object"],
+)
+def test_a_rule_that_cannot_plan_a_point_stops_its_schedule_in_the_dead_letters(
+    sched_app: Celery,
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+    rule: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A definition that reads (JSON, an object) but whose rule cannot produce a point: the due
+    point is dead-lettered as ``schedule stopped: <reason>``, not published once and then
+    stopped with one log line; later passes and the stall sweep publish nothing either."""
+    schedules = Schedules(sched_app)
+    store = get_store(sched_app)
+    schedules.add("bad", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    keys = store.keys.for_job("{bad}")
+    definition = json.loads(r.hget(keys.schedules, "bad") or "")
+    r.hset(keys.schedules, "bad", json.dumps({**definition, "rule": rule}))
+    dispatcher = dispatchers(sched_app)
+    wait_for(lambda: dispatcher.run_once() is not None and store.count_dead() == 1, timeout=5)
+    [(point, record)] = list(store.dead())
+    assert point.startswith("{bad}@")
+    assert record["reason"].startswith("schedule stopped: the rule or policy of schedule 'bad' "), record
+    assert dispatcher.stats.corrupt["definition"] == 1
+    assert r.llen("celery") == 0
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        # The stall sweep, a minute later: not stalled but stopped, so neither re-armed nor
+        # an error line every sweep.
+        assert StallSweep(schedules).step(server_ms(r) + 60_000) == []
+        dispatcher.run_once()
+    assert caplog.text == "", caplog.text
+    assert r.llen("celery") == 0 and store.count() == 0
