@@ -194,8 +194,10 @@ _OPTION_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("headers", lambda v: isinstance(v, Mapping), "a dict (a mapping)"),
     ("compression", _compression_ok,
      f"a compression kombu knows ({', '.join(sorted(kombu.compression._aliases))})"),
+    # (Any other number: RabbitMQ closes the channel, PRECONDITION_FAILED delivery_mode_unknown.)
     ("delivery_mode",
-     lambda v: isinstance(v, numbers.Integral) or (isinstance(v, str) and v in DELIVERY_MODES),
+     lambda v: (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v in (1, 2))
+     or (isinstance(v, str) and v in DELIVERY_MODES),
      "1, 2, 'transient' or 'persistent'"),
     ("time_limit", _time_limit_ok, "a finite number of seconds >= 0"),
     ("soft_time_limit", _time_limit_ok, "a finite number of seconds >= 0"),

@@ -74,6 +74,9 @@ CASES = [
     Case("headers not JSON", True, {"headers": {"x": object()}}),
     Case("an option not JSON", True, {"bogusopt": object()}),
     # Accepted by Celery at the call, but they cannot work: refused by delayq.
+    Case("delivery_mode 5", False, {"delivery_mode": 5}),  # RabbitMQ: PRECONDITION_FAILED
+    Case("delivery_mode 0", False, {"delivery_mode": 0}),
+    Case("delivery_mode past a byte", False, {"delivery_mode": 10**400}),
     Case("time_limit a string", False, {"time_limit": "x"}),
     Case("soft_time_limit a string", False, {"soft_time_limit": "x"}),
     Case("time_limit negative", False, {"time_limit": -1}),
