@@ -289,7 +289,7 @@ def _extreme_calls(app: Celery) -> dict[str, tuple[Callable[[Any], Any], type[De
     """Each entry point and option the docs say is checked: ``name -> (call with the value,
     the documented error)``."""
     add = app.tasks["t.add"]
-    sch = Schedules(app)
+    sch, dq = Schedules(app), DelayQ(app)
     later = time.time() + 3600
     return {
         "apply_at eta": (lambda v: add.apply_at(v, (1, 2)), InvalidDueTime),
@@ -311,6 +311,16 @@ def _extreme_calls(app: Celery) -> dict[str, tuple[Callable[[Any], Any], type[De
         ),
         "apply_in time_limit": (lambda v: add.apply_in(1, (1, 2), time_limit=v), InvalidOptions),
         "apply_in soft_time_limit": (lambda v: add.apply_in(1, (1, 2), soft_time_limit=v), InvalidOptions),
+        "apply_in concurrency_limit": (
+            lambda v: add.apply_in(1, (1, 2), concurrency_limit=v, concurrency_key="k"),
+            InvalidOptions,
+        ),
+        "apply_in rate_limit": (
+            lambda v: add.apply_in(1, (1, 2), rate_limit=v, rate_limit_key="k"),
+            InvalidOptions,
+        ),
+        "batch concurrency_limit": (lambda v: dq.batch([add.s(1, 2)], concurrency_limit=v), InvalidOptions),
+        "set_limit": (lambda v: dq.set_limit("k", v), InvalidOptions),
         "schedule rule": (lambda v: sch.add("s", "t.add", v, (1, 2)), InvalidSchedule),
         "schedule grace": (lambda v: sch.add("s", "t.add", 60, (1, 2), grace=v), InvalidSchedule),
         "schedule expires": (
@@ -332,11 +342,13 @@ def _accepted(entry: str, value: Any) -> bool:
 
 
 def test_every_checked_option_is_checked_for_every_value(app_factory: Callable[..., Celery]) -> None:
-    """Infinities, NaN, 1e300, ints past float's range, datetimes and timedeltas at their limits,
-    given to every due time, delay, countdown, ``expires``, time limit and schedule rule or
-    ``grace``: each raises the documented ``DelayQError`` with a message (never a raw
-    ``OverflowError``/``ValueError``/``TypeError``, as ``apply_in(1, expires=1e300)`` did), and
-    nothing is stored; the few valid ones are stored."""
+    """Infinities, NaN, 1e300, ints past float's range (and past 2**53, what the scripts read
+    exactly), datetimes and timedeltas at their limits, given to every due time, delay,
+    countdown, ``expires``, time limit, concurrency limit (a job's, a batch's,
+    ``set_limit``), rate and schedule rule or ``grace``: each raises the documented
+    ``DelayQError`` with a message (never a raw ``OverflowError``/``ValueError``/``TypeError``,
+    as ``apply_in(1, expires=1e300)`` did), and nothing is stored; the few valid ones are
+    stored."""
     app = app_factory(delayq_intercept_eta=True)
     queue, sch = DelayQ(app), Schedules(app)
     for entry, (call, error) in _extreme_calls(app).items():
