@@ -28,7 +28,7 @@ from .build import app_state, build_envelopes, frozen_options
 from .config import DelayQConfig
 from .due import due_ms_from_eta
 from .envelope import decode_envelope
-from .exceptions import BatchExists, DelayQError, InvalidBatch, InvalidOptions, UnknownTask
+from .exceptions import BatchExists, DelayQError, InvalidBatch, InvalidOptions, StoreFull, UnknownTask
 from .gate import (
     BATCH_DONE_HEADER,
     BATCH_PREFIX,
@@ -306,7 +306,12 @@ def store_batch(
 
     ids = [f"{opening}{i}" for i in range(len(members))]
     meta = {"limit": limit, "priority": prio, "eta": due_ms}
-    if not store.open_batch(bid, len(members), completion, meta):
+    try:
+        opened = store.open_batch(bid, len(members), completion, meta)
+    except StoreFull as exc:  # nothing of the batch is stored: every member is named
+        refused = f"batch {bid!r} not opened, none of its {len(ids)} member(s) stored"
+        raise StoreFull([], ids, list(range(len(ids))), refused) from exc.__cause__
+    if not opened:
         raise BatchExists(f"batch {bid!r} is stored already: give another batch_id (or leave it out)")
     shift = due_ms if relative else 0
     store.enqueue(

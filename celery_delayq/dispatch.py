@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -48,6 +49,7 @@ from kombu.exceptions import BatchPublishError
 
 from .backoff import Backoff
 from .config import setting_name
+from .due import MAX_DUE_MS
 from .envelope import Envelope, decode_envelope
 from .fence import FENCE_FRACTION, Fence, LeaseLost
 from .firing import FireCall, ScheduleFiring
@@ -452,6 +454,7 @@ class Dispatcher:
         released: list[int] = []  # original due times of the released gated jobs sent
         registered = self.app.tasks
         fence, publishing = self.fence, self.publishing
+        claimed = self._bury_out_of_range(claimed)
         outage = False
         atomic: AtomicPublisher | None = None
         kombu: Publisher | None = None
@@ -562,6 +565,26 @@ class Dispatcher:
             room = self._keep_lateness - len(self.stats.lateness_ms)
             self.stats.lateness_ms.extend(now - due for due in sent[: max(0, room)])
         return to_ack, fires
+
+    def _bury_out_of_range(self, claimed: list[tuple[int, ClaimedJob]]) -> list[tuple[int, ClaimedJob]]:
+        """Dead-letter the claimed jobs whose due time is not a time from 1970 to year 9999 (a
+        lease entry or a score written by something else, such as ``1e23|1|x``: the scripts
+        read it, and Redis turns it into a number that is no time); return the others. Such a
+        job is never published, nor counted in the lateness histogram. Its dead letter's
+        ``due`` is 0 (unknown: no time can be read from it); its reason says what was read."""
+        kept: list[tuple[int, ClaimedJob]] = []
+        for shard, job in claimed:
+            if 0 <= job.due_ms <= MAX_DUE_MS:
+                kept.append((shard, job))
+                continue
+            self.stats.corrupt["due"] += 1
+            self.publishing.bury(
+                dataclasses.replace(job, due_ms=0),
+                f"corrupt due time: {job.due_ms} ms is not a time from 1970 to year 9999 (its lease "
+                "entry or score in Redis is out of range)",
+                None,
+            )
+        return kept
 
     def _fence_report(self, wired: set[str]) -> None:
         """Count and log what the fence kept from the broker in this pass."""

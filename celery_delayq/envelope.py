@@ -391,15 +391,19 @@ def envelope_from_pieces(
 def decode_envelope(raw: str, max_bytes: int | None = None) -> Envelope:
     """Parse a stored envelope; ``ValueError`` (:class:`~.exceptions.CorruptData`) says what
     is wrong with a corrupt one: not JSON, not an object, nested deeper than
-    :data:`~.bounded.MAX_DEPTH`, longer than ``max_bytes``, or a field missing or malformed."""
+    :data:`~.bounded.MAX_DEPTH`, longer than ``max_bytes``, a field missing or malformed, or
+    an empty queue name (``"q": ""``: no worker reads it)."""
     data = load_json(raw, "envelope", dict, max_bytes)
     version = data.get("v")
     if version != 2 and version != 1:
         raise CorruptData(f"unknown envelope version {version!r}")
     try:
-        return _decode_v2(data) if version == 2 else _decode_v1(data)
+        envelope = _decode_v2(data) if version == 2 else _decode_v1(data)
     except (KeyError, TypeError, ValueError, LookupError, OverflowError, OSError) as exc:
         raise CorruptData(f"envelope field missing or malformed: {exc!r}") from exc
+    if envelope.route.get("queue") == "":
+        raise CorruptData("the envelope's queue name is empty: no worker reads a queue named ''")
+    return envelope
 
 
 def _decode_v2(data: dict[str, Any]) -> Envelope:

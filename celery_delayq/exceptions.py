@@ -21,7 +21,7 @@ The tree::
     └── StoreError                   Redis answered in a way the store cannot use
         ├── UnsupportedServer        Redis older than 6.2 (scripts need it)
         ├── CorruptData              a stored entry that does not read (also ValueError)
-        └── StoreFull                Redis is over maxmemory and refused to store jobs
+        └── StoreFull                Redis is over maxmemory and refused a write
 
 Every ScheduleError is raised at the moment of the call, before anything is
 written to Redis: a job that fails validation is never stored, and jobs already
@@ -29,9 +29,10 @@ stored are never touched by a failing call. ``SerializationError`` and
 ``InvalidDueTime`` are also ``ValueError``/``TypeError`` subclasses as fits, so
 code that catches the builtin error keeps working.
 
-``StoreFull`` is raised after the call reached Redis: its ``stored`` and ``not_stored``
-list exactly which jobs of the call were written (each enqueue script call is refused
-whole, before its first write, or runs whole).
+``StoreFull`` is raised after the call reached Redis, for every write of a producer or an
+operator that Redis refuses for memory: its ``stored`` and ``not_stored`` list exactly which
+jobs of the call were written (each script call is refused whole, before its first write, or
+runs whole), and ``refused`` says what was not written.
 """
 
 from __future__ import annotations
@@ -110,30 +111,40 @@ class CorruptData(StoreError, ValueError):
 
 
 class StoreFull(StoreError):
-    """Redis is over its ``maxmemory`` and refused to store jobs (``OOM command not allowed``).
+    """Redis is over its ``maxmemory`` and refused a write (``OOM command not allowed``).
 
-    ``stored`` lists the task ids of the call that were stored (a bulk call is sent as one
-    script call per shard and chunk; each is refused whole or runs whole), ``not_stored``
-    those that were not, both in the order of the call. Nothing stored before is lost: the
-    beat goes on delivering (which frees memory), so retrying ``not_stored`` later works.
+    Every write of a producer or an operator that Redis refuses for memory raises it: jobs
+    (``apply_at``, ``apply_at_many``, batches), schedules, run-time limits and pauses, moves
+    and requeues. ``refused`` says what was not written. ``stored`` lists the task ids of the
+    call that were stored (a bulk call is sent as one script call per shard and chunk; each is
+    refused whole or runs whole), ``not_stored`` those that were not, both in the order of the
+    call; both are empty for a write that stores no job (a schedule, a limit). Nothing stored
+    before is lost: the beat goes on delivering (which frees memory), so retrying later works.
     """
 
     def __init__(
-        self, stored: list[str], not_stored: list[str], not_stored_positions: list[int] | None = None
+        self,
+        stored: list[str],
+        not_stored: list[str],
+        not_stored_positions: list[int] | None = None,
+        refused: str = "",
     ) -> None:
         self.stored = stored
         self.not_stored = not_stored
         #: Where each ``not_stored`` job was in the call's items (``apply_at_many``), to retry them.
         self.not_stored_positions = not_stored_positions if not_stored_positions is not None else []
+        #: What Redis refused to write, in words.
+        self.refused = refused or f"{len(not_stored)} job(s) not stored, {len(stored)} stored"
+        retry = "Retry the ones in .not_stored" if not_stored else "Retry"
         super().__init__(
-            f"Redis is full (used memory over its maxmemory, policy noeviction): "
-            f"{len(not_stored)} job(s) not stored, {len(stored)} stored. Retry the ones in "
-            f".not_stored once the beats have drained due jobs, or raise maxmemory "
+            f"Redis is full (used memory over its maxmemory, policy noeviction): {self.refused}; "
+            f"nothing stored was lost. "
+            f"{retry} once the beats have drained due jobs, or raise maxmemory "
             f"(CONFIG SET maxmemory) or free memory; see docs/errors.md"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.stored, self.not_stored, self.not_stored_positions))
+        return (type(self), (self.stored, self.not_stored, self.not_stored_positions, self.refused))
 
 
 class PayloadTooLarge(ScheduleError, ValueError):

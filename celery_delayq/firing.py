@@ -20,7 +20,7 @@ from .publish import Outcome, Publisher, Publishing
 from .rules import rule_from_json
 from .schedules import Schedules, plan_point
 from .stats import DispatchStats
-from .store import ClaimedJob, FireOutcome, Store
+from .store import ClaimedJob, FireOutcome, Store, error_text
 
 __all__ = ["FireCall", "ScheduleFiring"]
 
@@ -109,9 +109,18 @@ class ScheduleFiring:
                         int(definition["max_missed"]),
                         int(float(definition["grace"]) * 1000),
                     )
-                except Exception as exc:  # a definition that no longer reads: say so, stop it
-                    logger.error("delayq: schedule %r cannot compute its next point: %r", name, exc)
-                    publish_it, nxt = True, None
+                except Exception as exc:
+                    # A definition that reads but cannot plan a point (an interval of 0 ms, an
+                    # unknown rule type, a missing policy): as one that does not read, the point
+                    # goes to the dead letters with the reason and the schedule stays stopped.
+                    self.stats.corrupt["definition"] += 1
+                    publishing.bury(
+                        job,
+                        f"schedule stopped: the rule or policy of schedule {name!r} cannot plan a "
+                        f"point ({error_text(exc)})",
+                        envelope,
+                    )
+                    continue
                 if not publish_it:
                     logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
                 else:

@@ -28,6 +28,7 @@ True
 from __future__ import annotations
 
 import re
+import reprlib
 import uuid
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -101,6 +102,11 @@ class Rate:
         return f"{self.count}/{unit}" if unit else f"{self.count}/{self.period_ms}ms"
 
 
+#: The largest limit or rate count: the scripts read numbers exactly up to 2**53 (``int_arg``);
+#: one above that would be stored and then refused by the gate at every claim.
+MAX_WHOLE = 2**53 - 1
+
+
 def parse_rate(value: Any) -> Rate:
     """A rate as Celery writes ``rate_limit``: ``"100/s"``, ``"10/m"``, ``"5/h"``, or a whole
     number per second.
@@ -120,10 +126,10 @@ def parse_rate(value: Any) -> Rate:
         count, period = int(m.group(1)), _PERIOD_MS[m.group(2)]
     else:
         count, period = 0, 1000
-    if count < 1:
+    if not 1 <= count <= MAX_WHOLE:
         raise InvalidOptions(
-            f"rate_limit={value!r}: give \"<n>/s\", \"<n>/m\" or \"<n>/h\" with a whole n >= 1, "
-            "or a whole number per second"
+            f"rate_limit={reprlib.repr(value)}: give \"<n>/s\", \"<n>/m\" or \"<n>/h\" with a whole n "
+            f"from 1 to {MAX_WHOLE}, or a whole number per second"
         )
     return Rate(count, period)
 
@@ -140,9 +146,11 @@ def check_key(key: Any, what: str = "concurrency_key") -> str:
 
 
 def check_limit(limit: Any, what: str = "concurrency_limit") -> int:
-    """``limit`` when it is a whole number >= 1 (not a bool, not a float)."""
+    """``limit`` when it is a whole number from 1 to :data:`MAX_WHOLE` (not a bool, not a float)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidOptions(f"{what}={limit!r}: a concurrency limit is a whole number >= 1")
+        raise InvalidOptions(f"{what}={reprlib.repr(limit)}: a concurrency limit is a whole number >= 1")
+    if limit > MAX_WHOLE:
+        raise InvalidOptions(f"{what}={reprlib.repr(limit)}: a concurrency limit is at most {MAX_WHOLE}")
     return limit
 
 

@@ -195,10 +195,11 @@ class DelayQ:
         Every message is built and checked first: a bad member raises (naming it) and
         nothing is stored. Then the batch is opened (its counters, and ``on_complete`` stored
         parked) and the members are stored as ``{batch:<id>}:<n>``, in one pipeline: two
-        round trips for any number of members (all on the batch's shard). When Redis is full
-        then (``StoreFull``, with the members not stored), the batch is open with fewer
-        members than its total and never completes: cancel it (removes the members stored)
-        and make it again under another id.
+        round trips for any number of members (all on the batch's shard). A Redis already full
+        refuses the open: ``StoreFull`` names every member in ``not_stored`` and nothing is
+        stored. When Redis gets full after the open (``StoreFull``, with the members not
+        stored), the batch is open with fewer members than its total and never completes:
+        cancel it (removes the members stored) and make it again under another id.
         """
         return store_batch(
             self.app,

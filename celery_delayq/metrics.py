@@ -193,7 +193,7 @@ class DispatcherCollector(Collector):
             "unreachable, oom, script, noscript, other.", "kind", stats.redis_errors)
         yield from _labelled(
             "delayq_corrupt_entries", "Stored entries this beat found unreadable, by what: envelope "
-            "and definition (dead-lettered), lease (replaced by the claim), history (reset).",
+            "and definition and due (dead-lettered), lease (replaced by the claim), history (reset).",
             "what", stats.corrupt)
         sizes = stats.claim_sizes
         buckets: list[tuple[str, float]] = []

@@ -23,7 +23,7 @@ from celery.utils.functional import maybe_list
 from celery.utils.saferepr import saferepr
 from kombu.entity import DELIVERY_MODES, Exchange, Queue
 
-from .due import due_ms_from_eta
+from .due import MAX_DUE_MS, due_iso, due_ms_from_eta
 from .envelope import DUE_HEADER
 from .exceptions import InvalidArguments, InvalidDueTime, InvalidOptions, InvalidTaskId
 
@@ -171,8 +171,12 @@ def job_kwargs(kwargs: Any, task_id: Any, name: str) -> dict[str, Any]:
 
 
 def _time_limit_ok(value: Any) -> bool:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value >= 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an int past float's range
+        return False
 
 
 def _compression_ok(value: Any) -> bool:
@@ -190,8 +194,10 @@ _OPTION_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("headers", lambda v: isinstance(v, Mapping), "a dict (a mapping)"),
     ("compression", _compression_ok,
      f"a compression kombu knows ({', '.join(sorted(kombu.compression._aliases))})"),
+    # (Any other number: RabbitMQ closes the channel, PRECONDITION_FAILED delivery_mode_unknown.)
     ("delivery_mode",
-     lambda v: isinstance(v, numbers.Integral) or (isinstance(v, str) and v in DELIVERY_MODES),
+     lambda v: (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v in (1, 2))
+     or (isinstance(v, str) and v in DELIVERY_MODES),
      "1, 2, 'transient' or 'persistent'"),
     ("time_limit", _time_limit_ok, "a finite number of seconds >= 0"),
     ("soft_time_limit", _time_limit_ok, "a finite number of seconds >= 0"),
@@ -267,12 +273,18 @@ def _expires_ms(expires: Any, due_ms: int, app: Any) -> int | None:
     """``expires`` as absolute ms: seconds/timedelta count from the due time."""
     if expires is None:
         return None
-    if isinstance(expires, timedelta):
-        return due_ms + int(expires.total_seconds() * 1000)
-    if isinstance(expires, int | float) and not isinstance(expires, bool):
-        if not math.isfinite(expires) or expires < 0:
-            raise InvalidOptions(f"expires must be a finite number of seconds >= 0, got {expires!r}")
-        return due_ms + int(expires * 1000)
+    if isinstance(expires, timedelta) or (isinstance(expires, int | float) and not isinstance(expires, bool)):
+        try:
+            seconds = expires.total_seconds() if isinstance(expires, timedelta) else float(expires)
+        except OverflowError:  # an int past float's range
+            seconds = math.inf
+        if not math.isfinite(seconds) or seconds < 0:
+            raise InvalidOptions(
+                f"expires must be a finite number of seconds >= 0, got {short_repr(expires)}"
+            )
+        if seconds * 1000 > MAX_DUE_MS:
+            raise InvalidOptions(f"expires is past year 9999: {short_repr(expires)} after the due time")
+        return due_ms + round(seconds * 1000)
     try:
         return due_ms_from_eta(expires, app)
     except InvalidDueTime as exc:
@@ -344,7 +356,12 @@ class Route:
         if self.expires is None:
             return None
         relative, ms = self.expires
-        return due_ms + ms if relative else ms
+        at = due_ms + ms if relative else ms
+        if at > MAX_DUE_MS:
+            raise InvalidOptions(
+                f"expires is past year 9999: {ms / 1000.0!r} s after a job due at {due_iso(due_ms)}"
+            )
+        return at
 
 
 def _is_plain_task(task: Any) -> bool:

@@ -53,6 +53,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 
+from .due import MAX_DUE_MS
 from .exceptions import InvalidDueTime, InvalidSchedule
 
 __all__ = ["CronRule", "IntervalRule", "OnceRule", "Rule", "parse_rule", "rule_from_json", "zone"]
@@ -302,7 +303,13 @@ def parse_rule(spec: Any, tz: str = "UTC", anchor_ms: int = 0, app: Any = None) 
     if isinstance(spec, datetime):
         if spec.tzinfo is None:
             spec = spec.replace(tzinfo=zone(tz))
-        return OnceRule(round(spec.timestamp() * 1000))
+        try:
+            at_ms = round(spec.timestamp() * 1000)
+        except (OverflowError, ValueError, OSError) as exc:
+            raise InvalidSchedule(f"datetime {spec!r} is out of range: {exc}") from exc
+        if at_ms > MAX_DUE_MS:
+            raise InvalidSchedule(f"datetime {spec.isoformat()} is after 9999-12-31T23:59:59.999Z")
+        return OnceRule(at_ms)
     if isinstance(spec, Mapping):
         return rule_from_json(spec)
     raise InvalidSchedule(
@@ -312,13 +319,22 @@ def parse_rule(spec: Any, tz: str = "UTC", anchor_ms: int = 0, app: Any = None) 
 
 
 def _interval(value: Any, anchor_ms: int) -> IntervalRule:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    try:
+        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    except OverflowError:  # an int past float's range
+        seconds = math.inf
     if not math.isfinite(seconds) or seconds <= 0:
         raise InvalidSchedule(f"interval must be a positive, finite number of seconds, got {seconds!r}")
+    if seconds * 1000 > MAX_DUE_MS:
+        raise InvalidSchedule(
+            f"interval must be at most {MAX_DUE_MS // 1000} s (to year 9999), got {seconds!r}"
+        )
     return IntervalRule(max(1, round(seconds * 1000)), anchor_ms)
 
 
 def rule_from_json(data: Mapping[str, Any]) -> Rule:
+    if not isinstance(data, Mapping):
+        raise InvalidSchedule(f"malformed rule {data!r}: not a JSON object")
     kind = data.get("type")
     try:
         if kind == "cron":

@@ -42,7 +42,7 @@ from kombu.exceptions import OperationalError
 from .backoff import Backoff
 from .config import DelayQConfig, setting_name
 from .dispatch import Dispatcher
-from .exceptions import ConfigurationError, ScheduleError
+from .exceptions import ConfigurationError, ScheduleError, StoreFull
 from .rules import Rule, parse_rule
 from .store import REDIS_ERRORS, error_text, get_store, redis_error_kind
 
@@ -55,6 +55,9 @@ logger = logging.getLogger("celery_delayq.scheduler")
 
 _BACKOFF_START = 0.5
 _BACKOFF_MAX = 10.0
+
+#: What storing ``beat_schedule`` may meet and retry later: Redis unreachable, or full.
+_SYNC_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, StoreFull)
 
 #: The log line of a tick that failed with a Redis error, by :func:`redis_error_kind`
 #: (each also counted in ``delayq_redis_errors_total{kind=...}``; see docs/errors.md).
@@ -187,7 +190,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self.data = in_memory
         try:
             report = Schedules(self.app).sync_config(storable)
-        except REDIS_ERRORS as exc:
+        except _SYNC_ERRORS as exc:  # a full Redis: stored once there is room
             logger.warning("delayq: cannot store beat_schedule in Redis yet (%r); will retry", exc)
             return
         self._config_synced = True

@@ -40,10 +40,11 @@ from typing import Any
 
 from .bounded import MAX_SMALL, load_json
 from .build import build_envelope
-from .due import ms_to_datetime
+from .due import MAX_DUE_MS, ms_to_datetime
 from .exceptions import CorruptData, InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
 from .keys import iso_ms as _iso_ms
 from .keys import point_id
+from .options import short_repr
 from .result import ScheduledResult
 from .rules import CronRule, IntervalRule, OnceRule, Rule, parse_rule, rule_from_json, zone
 from .store import EnqueueOutcome, Store
@@ -63,6 +64,26 @@ logger = logging.getLogger("celery_delayq.schedules")
 
 MISSED_POLICIES = ("once", "skip", "all")
 DEFINITION_VERSION = 1
+
+
+def can_plan(definition: dict[str, Any]) -> bool:
+    """Can the beat plan points from this stored definition: a rule that reads, and a missed-run
+    policy it knows? A definition that reads but cannot plan stops its schedule (its point is
+    dead-lettered as ``schedule stopped: ...``) until it is stored again."""
+    try:
+        rule_from_json(definition["rule"])
+        int(definition["max_missed"])
+        int(float(definition["grace"]) * 1000)
+    except (KeyError, TypeError, ValueError, OverflowError):  # (InvalidSchedule is a ValueError)
+        return False
+    return definition.get("missed") in MISSED_POLICIES
+
+
+def _grace_ok(grace: Any) -> bool:
+    """Is ``grace`` a finite number of seconds >= 0 (at most the span to year 9999)?"""
+    if isinstance(grace, bool) or not isinstance(grace, int | float):
+        return False
+    return 0 <= grace * 1000 <= MAX_DUE_MS  # False for NaN and infinities
 
 
 def read_definition(raw: Any, name: str) -> dict[str, Any]:
@@ -305,8 +326,8 @@ class Schedules:
             raise InvalidSchedule(f"missed must be one of {MISSED_POLICIES}, got {missed!r}")
         if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
             raise InvalidSchedule(f"max_missed must be a whole number >= 1, got {max_missed!r}")
-        if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
-            raise InvalidSchedule(f"grace must be a number of seconds >= 0, got {grace!r}")
+        if not _grace_ok(grace):
+            raise InvalidSchedule(f"grace must be a finite number of seconds >= 0, got {short_repr(grace)}")
         definition = {
             "v": DEFINITION_VERSION,
             "name": name,
@@ -741,6 +762,8 @@ class StallSweep:
             run = read_state(state)
             if not (isinstance(definition, dict) and definition.get("enabled") and isinstance(run, dict)):
                 continue
+            if not can_plan(definition):
+                continue  # its point was dead-lettered as "schedule stopped" (firing.py): nor this
             cur, due = run.get("cur"), run.get("next")
             if isinstance(cur, str) and isinstance(due, int | float) and due < now_ms - STALL_AFTER_MS:
                 candidates.append((name, cur, int(due), str(definition.get("missed"))))

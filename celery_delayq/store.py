@@ -28,6 +28,7 @@ import uuid
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -87,6 +88,7 @@ __all__ = [
     "make_client",
     "redis_error_kind",
     "refuse_point_id",
+    "refused_when_full",
     "version_problem",
 ]
 
@@ -426,6 +428,10 @@ GATE_CHUNK = 1000
 RELEASE_OUTCOMES = ("succeeded", "failed", "retry")
 
 
+#: What each ``lua/gate_admin.lua`` operation changes, for :class:`StoreFull`'s message.
+_GATE_ADMIN_WORDS = {"unlimit": "limit", "clear": "limit", "resume": "pause"}
+
+
 def _int_or(raw: Any, default: int = 0) -> int:
     try:
         return int(raw)
@@ -452,6 +458,25 @@ def refuse_point_id(job_id: str) -> None:
         )
 
 
+
+
+@contextmanager
+def refused_when_full(refused: str, not_stored: Sequence[str] = ()) -> Iterator[None]:
+    """Raise :class:`StoreFull` (``refused`` says what was not written; ``not_stored``, the
+    jobs of the call) when Redis refuses a write inside for memory; any other error as is.
+
+    Every producer and operator write of the store goes through this (:meth:`Store._write`, the
+    pipelined cancels, the plain commands that write), so each one refused by a full Redis
+    raises the same error with the same advice. A refused script call wrote nothing: Redis
+    refuses a script's first write that may grow memory when it was over ``maxmemory`` at the
+    script's start, and never stops a script once it has written."""
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        if is_oom(exc):
+            ids = list(not_stored)
+            raise StoreFull([], ids, list(range(len(ids))), refused) from exc
+        raise
 
 
 def _raise_store_full(
@@ -508,21 +533,31 @@ class Store:
     def is_cluster(self) -> bool:
         return isinstance(self.client, RedisCluster)
 
-    def _write(self, script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run one producer-side script (it stores or removes a job or a schedule); with
-        ``delayq_wait_replicas``, only return once that many replicas have it (``WAIT``)."""
-        if self.config.wait_replicas:
-            return run_replicated(self.client, [ScriptCall(script, keys, args)], self.config.wait_replicas)[0]
-        direct = self._direct
-        if direct is not None and direct.client is self.client:
-            return direct.call(script, keys, args)
-        return script(self.client, keys, args)
+    def _write(
+        self,
+        script: LuaScript,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        refused: str,
+        not_stored: Sequence[str] = (),
+    ) -> Any:
+        """Run one producer-side script (it stores or removes a job, a schedule, a batch or a
+        limit); with ``delayq_wait_replicas``, only return once that many replicas have it
+        (``WAIT``). Refused by a full Redis: :class:`StoreFull` (:func:`refused_when_full`)."""
+        with refused_when_full(refused, not_stored):
+            if self.config.wait_replicas:
+                call = ScriptCall(script, keys, args)
+                return run_replicated(self.client, [call], self.config.wait_replicas)[0]
+            direct = self._direct
+            if direct is not None and direct.client is self.client:
+                return direct.call(script, keys, args)
+            return script(self.client, keys, args)
 
     def _write_outcome(
-        self, script: str, table: Sequence[_Code], keys: Sequence[str], args: Sequence[Any]
+        self, script: str, table: Sequence[_Code], keys: Sequence[str], args: Sequence[Any], refused: str
     ) -> _Code:
         """:meth:`_write` of ``lua/<script>.lua``, its reply decoded by ``table`` (:func:`_decode`)."""
-        return _decode(script, table, self._write(SCRIPTS[script], keys, args))
+        return _decode(script, table, self._write(SCRIPTS[script], keys, args, refused))
 
     # -- producers -------------------------------------------------------------------------
 
@@ -547,12 +582,9 @@ class Store:
             refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
             one = [mode, channel, shard, clock, job_id, int(due_ms), stored_form(job_id, envelope)]
-            try:
-                now, status, due = self._write(SCRIPTS["enqueue"], self.keys.shard(shard).core, one)
-            except redis.ResponseError as exc:
-                if is_oom(exc):
-                    raise StoreFull([], [job_id], [0]) from exc
-                raise
+            now, status, due = self._write(
+                SCRIPTS["enqueue"], self.keys.shard(shard).core, one, "", not_stored=[job_id]
+            )
             self._saw_server_time(int(now))
             if not relative:
                 self._check_past(int(now), [(job_id, int(due_ms))])
@@ -834,7 +866,9 @@ class Store:
 
     def cancel(self, job_id: str) -> CancelOutcome:
         """Remove a job (``lua/cancel.lua``)."""
-        return self._write_outcome("cancel", _CANCEL, self.keys.for_job(job_id).core, [job_id])
+        return self._write_outcome(
+            "cancel", _CANCEL, self.keys.for_job(job_id).core, [job_id], f"job {job_id!r} not cancelled"
+        )
 
     def cancel_many(self, shard: int, job_ids: Sequence[str]) -> list[CancelOutcome]:
         """Remove jobs of one shard, one ``lua/cancel.lua`` call each, in one pipeline (with
@@ -842,17 +876,20 @@ class Store:
         core = self.keys.shard(shard).core
         calls = [ScriptCall(SCRIPTS["cancel"], core, [job_id]) for job_id in job_ids]
         replicas = self.config.wait_replicas
-        if replicas:
-            results = run_replicated(self.client, calls, replicas)
-        else:
-            results = run_pipelined(self.client, calls)
+        with refused_when_full(f"{len(calls)} job(s) not cancelled"):
+            if replicas:
+                results = run_replicated(self.client, calls, replicas)
+            else:
+                results = run_pipelined(self.client, calls)
         return [_decode("cancel", _CANCEL, code) for code in results]
 
     def reschedule(self, job_id: str, due_ms: int) -> RescheduleOutcome:
         """Move a waiting job (``lua/reschedule.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), self.keys.wake_channel, shard]
-        return self._write_outcome("reschedule", _RESCHEDULE, self.keys.shard(shard).core, args)
+        return self._write_outcome(
+            "reschedule", _RESCHEDULE, self.keys.shard(shard).core, args, f"job {job_id!r} not moved"
+        )
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job (or dead letter) with this id, or None."""
@@ -1126,7 +1163,9 @@ class Store:
         letter, atomically (``lua/requeue.lua``)."""
         shard = self.keys.shard_of(job_id)
         args = [job_id, int(due_ms), id_opening(job_id), self.keys.wake_channel, shard]
-        return self._write_outcome("requeue", _REQUEUE, self.keys.shard(shard).core, args)
+        return self._write_outcome(
+            "requeue", _REQUEUE, self.keys.shard(shard).core, args, f"dead letter {job_id!r} not requeued"
+        )
 
     def dead(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every dead-lettered job: ``(id, record)``."""
@@ -1255,13 +1294,17 @@ class Store:
         args: list[Any] = [name, mode, definition, *point, self.keys.wake_channel, shard]
         if stalled:
             args.append(stalled)
-        return self._write_outcome("sched_put", _PUT, self.keys.shard(shard).core, args)
+        return self._write_outcome(
+            "sched_put", _PUT, self.keys.shard(shard).core, args, f"schedule {name!r} not stored"
+        )
 
     def delete_schedule(self, name: str) -> bool:
         """Delete a schedule and its waiting point (``lua/sched_del.lua``); False when there
         was none."""
         shard = self.keys.shard_of("{" + name + "}")
-        return self._write_outcome("sched_del", _DONE, self.keys.shard(shard).core, [name])
+        return self._write_outcome(
+            "sched_del", _DONE, self.keys.shard(shard).core, [name], f"schedule {name!r} not deleted"
+        )
 
     def schedule(self, name: str) -> tuple[str | None, str | None]:
         """A schedule's definition and run state as stored (JSON), each None when absent."""
@@ -1310,10 +1353,11 @@ class Store:
     def mark_config_schedule(self, name: str, mark: bool = True) -> None:
         """Add ``name`` to the registry of ``beat_schedule`` schedules (remove it: ``mark``
         false)."""
-        if mark:
-            self.client.sadd(self.keys.config_registry, name)
-        else:
-            self.client.srem(self.keys.config_registry, name)
+        with refused_when_full(f"registry of beat_schedule schedules: {name!r} not recorded"):
+            if mark:
+                self.client.sadd(self.keys.config_registry, name)
+            else:
+                self.client.srem(self.keys.config_registry, name)
 
     # -- server ------------------------------------------------------------------------------
 
@@ -1584,7 +1628,8 @@ class Store:
     def _gate_admin(self, op: str, key: str, value: Any = "") -> int:
         shard = self.keys.shard_of(key)
         args = [op, key, value, self.keys.wake_channel, shard]
-        return int(self._write(SCRIPTS["gate_admin"], self.keys.shard(shard).core, args))
+        refused = f"{_GATE_ADMIN_WORDS.get(op, op)} of key {key!r} not changed"
+        return int(self._write(SCRIPTS["gate_admin"], self.keys.shard(shard).core, args, refused))
 
     def set_limit(self, key: str, limit: int | None) -> int:
         """Override ``key``'s limit at run time (None: no cap) and promote parked jobs into
@@ -1668,7 +1713,8 @@ class Store:
             self.server_now_ms(),
             json.dumps(dict(meta), separators=(",", ":")),
         ]
-        return bool(self._write(SCRIPTS["batch_open"], self.keys.shard(shard).core, args))
+        refused = f"batch {batch_id!r} not opened"
+        return bool(self._write(SCRIPTS["batch_open"], self.keys.shard(shard).core, args, refused))
 
     def batch_state(self, batch_id: str) -> BatchState | None:
         """A batch's counts, or None when there is no such batch."""
@@ -1727,7 +1773,8 @@ class Store:
             ScriptCall(SCRIPTS["batch_cancel"], core, [*head, *job_ids[start : start + ACK_CHUNK]])
             for start in range(0, max(len(job_ids), 1), ACK_CHUNK)
         ]
-        return sum(int(result[0]) for result in run_pipelined(self.client, calls))
+        with refused_when_full(f"batch {batch_id!r} not cancelled"):
+            return sum(int(result[0]) for result in run_pipelined(self.client, calls))
 
     def batch_subscription(self) -> Any:
         """A pub/sub connection subscribed to the batch channel (``"<bid>|<counts JSON>"`` when a

@@ -18,10 +18,10 @@ from celery import Task, shared_task
 from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
 from .due import celery_expires, celery_naive_as_utc, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
-from .exceptions import InvalidOptions
+from .exceptions import InvalidDueTime, InvalidOptions
 from .gate import GATE_HEADER, GATE_OPTIONS, Gate, check_key, gated_id, key_tag, pop_gate
 from .keys import is_point_id
-from .options import TRANSPORT_OPTIONS, due_item
+from .options import TRANSPORT_OPTIONS, due_item, short_repr
 from .result import ScheduledResult
 from .store import EnqueueOutcome, Store
 
@@ -260,7 +260,7 @@ class DelayQTaskMixin:
         # max(): max(0.0, nan) is 0.0, and NaN must be refused.) Neither: at once (gated).
         base = None
         if countdown or eta is None:  # counted from the server's now (by the enqueue script)
-            seconds = float(countdown or 0.0)
+            seconds = _countdown_seconds(countdown)
             base = Store.for_app(app).server_now_ms()
             due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds, now_ms=base)
         else:
@@ -275,6 +275,21 @@ class DelayQTaskMixin:
         options["task_id"] = task_id
         store_id = retry_store_id(task_id, options)
         return self._delayq_schedule([(due_ms, args, kwargs)], options, base, store_id)[0]
+
+
+def _countdown_seconds(countdown: Any) -> float:
+    """An intercepted ``countdown`` as seconds; one that is not a number of seconds, or is
+    past float's range, is :class:`InvalidDueTime` (Celery's ``as_task_v2`` fails on it too)."""
+    if countdown is None or countdown is False:
+        return 0.0
+    if isinstance(countdown, bool) or not isinstance(countdown, int | float):
+        raise InvalidDueTime(f"countdown must be a number of seconds, got {type(countdown).__name__}")
+    try:
+        return float(countdown)
+    except OverflowError as exc:  # an int past float's range: at once when negative
+        if countdown < 0:
+            return 0.0
+        raise InvalidDueTime(f"countdown is past year 9999: {short_repr(countdown)} s") from exc
 
 
 class DelayedTask(DelayQTaskMixin, Task):  # type: ignore[misc]

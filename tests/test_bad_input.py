@@ -11,8 +11,11 @@ still does, so a change in Celery shows here.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,11 +26,15 @@ from celery_delayq import (
     DelayQ,
     DelayQError,
     InvalidArguments,
+    InvalidDueTime,
     InvalidOptions,
+    InvalidSchedule,
     InvalidTaskId,
     PayloadTooLarge,
+    Schedules,
 )
 from celery_delayq.dispatch import Dispatcher
+from celery_delayq.exceptions import ScheduleError
 from celery_delayq.options import MAX_TASK_ID_LENGTH
 from celery_delayq.store import get_store
 from tests.support.store import store_raw_job
@@ -67,6 +74,9 @@ CASES = [
     Case("headers not JSON", True, {"headers": {"x": object()}}),
     Case("an option not JSON", True, {"bogusopt": object()}),
     # Accepted by Celery at the call, but they cannot work: refused by delayq.
+    Case("delivery_mode 5", False, {"delivery_mode": 5}),  # RabbitMQ: PRECONDITION_FAILED
+    Case("delivery_mode 0", False, {"delivery_mode": 0}),
+    Case("delivery_mode past a byte", False, {"delivery_mode": 10**400}),
     Case("time_limit a string", False, {"time_limit": "x"}),
     Case("soft_time_limit a string", False, {"soft_time_limit": "x"}),
     Case("time_limit negative", False, {"time_limit": -1}),
@@ -261,3 +271,100 @@ def test_a_stored_unknown_compression_is_dead_lettered_at_once(
     assert list(dead) == [result.id]
     assert dead[result.id]["tries"] == 1
     assert dead[result.id]["reason"] == "publish failed: KeyError('bogus')"
+
+
+# -- every documented check, for every extreme value (issue 24) --------------------------------
+
+FAR = [math.inf, -math.inf, math.nan, 1e300, -1e300, 10**400, -(10**400), 2**63, -(2**63)]
+FAR_TIMES = [
+    datetime.max.replace(tzinfo=UTC),
+    datetime.min.replace(tzinfo=UTC),
+    timedelta.max,
+    timedelta.min,
+    timedelta(days=10**8),
+]
+
+
+def _extreme_calls(app: Celery) -> dict[str, tuple[Callable[[Any], Any], type[DelayQError]]]:
+    """Each entry point and option the docs say is checked: ``name -> (call with the value,
+    the documented error)``."""
+    add = app.tasks["t.add"]
+    sch, dq = Schedules(app), DelayQ(app)
+    later = time.time() + 3600
+    return {
+        "apply_at eta": (lambda v: add.apply_at(v, (1, 2)), InvalidDueTime),
+        "apply_in delay": (lambda v: add.apply_in(v, (1, 2)), InvalidDueTime),
+        "apply_at_many eta": (lambda v: add.apply_at_many([(v, (1, 2), None)]), InvalidDueTime),
+        "celery_delayq.apply_at eta": (lambda v: celery_delayq.apply_at(add.s(1, 2), v), InvalidDueTime),
+        "celery_delayq.apply_in delay": (lambda v: celery_delayq.apply_in(add.s(1, 2), v), InvalidDueTime),
+        "apply_async eta": (lambda v: add.apply_async((1, 2), eta=v), InvalidDueTime),
+        "apply_async countdown": (lambda v: add.apply_async((1, 2), countdown=v), InvalidDueTime),
+        "apply_in expires": (lambda v: add.apply_in(1, (1, 2), expires=v), InvalidOptions),
+        "apply_at expires": (lambda v: add.apply_at(later, (1, 2), expires=v), InvalidOptions),
+        "apply_at_many expires": (
+            lambda v: add.apply_at_many([(later, (1, 2), None)], expires=v),
+            InvalidOptions,
+        ),
+        "celery_delayq.apply_in expires": (
+            lambda v: celery_delayq.apply_in(add.s(1, 2).set(expires=v), 1),
+            InvalidOptions,
+        ),
+        "apply_in time_limit": (lambda v: add.apply_in(1, (1, 2), time_limit=v), InvalidOptions),
+        "apply_in soft_time_limit": (lambda v: add.apply_in(1, (1, 2), soft_time_limit=v), InvalidOptions),
+        "apply_in concurrency_limit": (
+            lambda v: add.apply_in(1, (1, 2), concurrency_limit=v, concurrency_key="k"),
+            InvalidOptions,
+        ),
+        "apply_in rate_limit": (
+            lambda v: add.apply_in(1, (1, 2), rate_limit=v, rate_limit_key="k"),
+            InvalidOptions,
+        ),
+        "batch concurrency_limit": (lambda v: dq.batch([add.s(1, 2)], concurrency_limit=v), InvalidOptions),
+        "set_limit": (lambda v: dq.set_limit("k", v), InvalidOptions),
+        "schedule rule": (lambda v: sch.add("s", "t.add", v, (1, 2)), InvalidSchedule),
+        "schedule grace": (lambda v: sch.add("s", "t.add", 60, (1, 2), grace=v), InvalidSchedule),
+        "schedule expires": (
+            lambda v: sch.add("s", "t.add", 60, (1, 2), options={"expires": v}),
+            ScheduleError,
+        ),
+    }
+
+
+def _accepted(entry: str, value: Any) -> bool:
+    """The extreme values that are valid: a negative or -inf countdown is "at once" (Celery's
+    rule), a huge but finite time limit is Celery's to keep."""
+    number = isinstance(value, int | float)
+    if entry == "apply_async countdown":
+        return number and value < 0
+    if entry.endswith("time_limit"):
+        return number and value in (1e300, 2**63)
+    return False
+
+
+def test_every_checked_option_is_checked_for_every_value(app_factory: Callable[..., Celery]) -> None:
+    """Infinities, NaN, 1e300, ints past float's range (and past 2**53, what the scripts read
+    exactly), datetimes and timedeltas at their limits, given to every due time, delay,
+    countdown, ``expires``, time limit, concurrency limit (a job's, a batch's,
+    ``set_limit``), rate and schedule rule or ``grace``: each raises the documented
+    ``DelayQError`` with a message (never a raw ``OverflowError``/``ValueError``/``TypeError``,
+    as ``apply_in(1, expires=1e300)`` did), and nothing is stored; the few valid ones are
+    stored."""
+    app = app_factory(delayq_intercept_eta=True)
+    queue, sch = DelayQ(app), Schedules(app)
+    for entry, (call, error) in _extreme_calls(app).items():
+        for value in FAR + FAR_TIMES:
+            if _accepted(entry, value):
+                call(value)
+                assert queue.count() == 1, (entry, value)
+                queue.purge()
+                continue
+            try:
+                call(value)
+            except DelayQError as exc:
+                assert isinstance(exc, error), (entry, value, exc)
+                assert str(exc), (entry, value)
+            except Exception as exc:  # pragma: no cover - what this test is for
+                pytest.fail(f"{entry} = {value!r}: raw {type(exc).__name__}: {exc}")
+            else:
+                pytest.fail(f"{entry} = {value!r} was accepted")
+            assert queue.count() == 0 and sch.count() == 0, (entry, value)

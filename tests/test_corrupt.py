@@ -15,19 +15,20 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import CorruptData, DelayedTask, InvalidOptions, Schedules
+from celery_delayq import CorruptData, DelayedTask, DelayQ, InvalidOptions, Schedules
 from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
 from celery_delayq.dispatch import CLUSTER_RETRY_MS, Dispatcher
 from celery_delayq.envelope import decode_envelope
+from celery_delayq.lateness import Snapshot, key_for
 from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
-from celery_delayq.schedules import point_id
+from celery_delayq.schedules import StallSweep, point_id
 from celery_delayq.store import DeliverOutcome, Delivery, FireOutcome, Store, get_store, redis_error_kind
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
-from tests.support.store import server_ms
+from tests.support.store import ids_on_shard, server_ms
 
 __all__ = ["redis_server"]  # a fixture, used by name
 
@@ -375,3 +376,169 @@ def test_beat_schedule_sync_replaces_a_definition_that_does_not_read(
     r.hset(key, "tick", "[1]")
     assert schedules.sync_config({})["removed"] == ["tick"]  # gone from beat_schedule: deleted
     assert not r.hexists(key, "tick")
+
+
+#: Publish paths of a beat whose broker is the store's Redis: push.lua (in Redis), deliver.lua
+#: (the atomic path) and kombu's.
+PATHS = {
+    "in-redis": {},
+    "atomic": {"delayq_in_redis": False},
+    "kombu": {"delayq_atomic_publish": False},
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_due_time_out_of_range_is_dead_lettered_and_never_counted(
+    app_factory: Callable[..., Celery],
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+    path: str,
+) -> None:
+    """A lease entry whose due time reads but is no time (``99999999999999999999999|1|x``:
+    Redis turns it into -9.2e18 ms; ``9999999999999999|1|x``: past year 9999), or a score
+    before 1970: the job is dead-lettered with the reason, on every publish path, and never
+    reaches the broker or the lateness histogram (whose sum stayed at 9.2e18 for good)."""
+    app = app_factory(**PATHS[path])
+    store = get_store(app)
+    add = app.tasks["t.add"]
+    bad = {
+        "overflow": "99999999999999999999999|1|x",
+        "past-9999": "9999999999999999|1|x",
+    }
+    for job_id, lease in bad.items():
+        add.apply_in(0, args=(1, 2), task_id=job_id)
+        r.hset(store.keys.for_job(job_id).leases, job_id, lease)
+    add.apply_in(0, args=(1, 2), task_id="before-1970")
+    r.zadd(store.keys.for_job("before-1970").due, {"before-1970": -1e23})
+    add.apply_in(0, args=(3, 4), task_id="good")
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dispatcher.stats.corrupt["due"] == 3, dict(dispatcher.stats.corrupt)
+    for job_id in (*bad, "before-1970"):
+        record = store.dead_record(job_id)
+        assert record is not None, job_id
+        assert record["reason"].startswith("corrupt due time: "), record["reason"]
+        assert "is not a time from 1970 to year 9999" in record["reason"]
+        assert record["due"] == 0  # unknown; the job reads (DelayQ.get, the command line)
+        job = DelayQ(app).get(job_id)
+        assert job is not None and job.state == "dead", job_id
+    assert store.count() == 0 and store.dead_record("good") is None
+    queued = [json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1)]
+    assert queued == ["good"], queued
+    seen = dispatcher.lateness_seen.snapshot()
+    assert seen.count == 1 and 0 <= seen.sum_ms < 60_000, (seen.count, seen.sum_ms)
+    dispatcher.chores(force=True)
+    stored = Snapshot.from_fields(store.lateness_fields(key_for(store.config.prefix, "publish")))
+    assert stored.count == 1 and 0 <= stored.sum_ms < 60_000, stored
+
+
+@pytest.mark.parametrize("route", [{"q": ""}, {"q": {"queue": ""}}], ids=["name", "routed"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_an_empty_queue_name_is_dead_lettered(
+    app_factory: Callable[..., Celery],
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+    path: str,
+    route: dict[str, Any],
+) -> None:
+    """A stored envelope whose queue name is empty (``"q": ""``) was pushed to a Redis list
+    named ``""`` that no worker reads. On every publish path it is dead-lettered with the
+    reason, and the job beside it is delivered."""
+    app = app_factory(**PATHS[path])
+    store = get_store(app)
+    add = app.tasks["t.add"]
+    for job_id in ("warm", "empty-queue", "good"):  # warm: the shape's template is made first
+        add.apply_in(0 if job_id != "empty-queue" else 3600, args=(1, 2), task_id=job_id)
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    keys = store.keys.for_job("empty-queue")
+    data = json.loads(r.hget(keys.jobs, "empty-queue") or "")
+    r.hset(keys.jobs, "empty-queue", json.dumps({**data, **route}, separators=(",", ":")))
+    assert store.reschedule("empty-queue", server_ms(r) - 1) == "moved"
+    dispatchers(app).run_once()  # a beat that looks at every shard (the other's wake is not read)
+    record = store.dead_record("empty-queue")
+    assert record is not None, path
+    assert "queue name is empty" in record["reason"], record["reason"]
+    assert not r.exists(""), r.lrange("", 0, -1)
+    queued = sorted(json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1))
+    assert queued == ["good", "warm"], queued
+    assert store.count() == 0
+
+
+def test_push_lua_never_pushes_to_an_empty_queue_from_a_stored_template(
+    app_factory: Callable[..., Celery],
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+) -> None:
+    """A template in Redis for a shape whose queue is empty (stored by a beat before this
+    check, or by hand) is a miss for ``lua/push.lua``: the job goes to the beat, which
+    dead-letters it, and nothing is pushed to a list named ``""``."""
+    app = app_factory()
+    store = get_store(app)
+    add = app.tasks["t.add"]
+    first, second, warm = ids_on_shard(store.keys, 3, 3, stem="q")
+    for job_id in (first, second):
+        add.apply_in(3600, args=(1, 2), task_id=job_id)
+    add.apply_in(0, args=(1, 2), task_id=warm)
+    jobs_key = store.keys.shard(3).jobs
+    for job_id in (first, second):
+        data = json.loads(r.hget(jobs_key, job_id) or "")
+        r.hset(jobs_key, job_id, json.dumps({**data, "q": ""}, separators=(",", ":")))
+    dispatchers(app).run_once()  # warm's shape gets a template
+    assert store.reschedule(first, server_ms(r) - 1) == "moved"
+    dispatchers(app).run_once()  # first: dead-lettered; its shape marked "-" (no template)
+    assert store.dead_record(first) is not None
+    wire = store.keys.shard(3).due[: -len("due")] + "wire"
+    fields = r.hgetall(wire)
+    [(empty_shape, _)] = [(f, v) for f, v in fields.items() if v == "-"]
+    [template] = [json.loads(v) for v in fields.values() if v != "-"]
+    r.hset(wire, empty_shape, json.dumps({**template, "q": "", "k": ""}))
+    assert store.reschedule(second, server_ms(r) - 1) == "moved"
+    dispatchers(app).run_once()
+    record = store.dead_record(second)
+    assert record is not None and "queue name is empty" in record["reason"], record
+    assert not r.exists(""), r.lrange("", 0, -1)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"type": "interval", "every_ms": 0, "anchor_ms": 0},
+        {"type": "interval", "every_ms": -5, "anchor_ms": 0},
+        {"type": "hourly", "at": 5},
+        {"type": "interval"},
+        "every day",
+    ],
+    ids=["every-0", "every-minus-5", "unknown-type", "no-every", "not-an-object"],
+)
+def test_a_rule_that_cannot_plan_a_point_stops_its_schedule_in_the_dead_letters(
+    sched_app: Celery,
+    r: redis.Redis,
+    dispatchers: Callable[..., Dispatcher],
+    rule: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A definition that reads (JSON, an object) but whose rule cannot produce a point: the due
+    point is dead-lettered as ``schedule stopped: <reason>``, not published once and then
+    stopped with one log line; later passes and the stall sweep publish nothing either."""
+    schedules = Schedules(sched_app)
+    store = get_store(sched_app)
+    schedules.add("bad", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    keys = store.keys.for_job("{bad}")
+    definition = json.loads(r.hget(keys.schedules, "bad") or "")
+    r.hset(keys.schedules, "bad", json.dumps({**definition, "rule": rule}))
+    dispatcher = dispatchers(sched_app)
+    wait_for(lambda: dispatcher.run_once() is not None and store.count_dead() == 1, timeout=5)
+    [(point, record)] = list(store.dead())
+    assert point.startswith("{bad}@")
+    assert record["reason"].startswith("schedule stopped: the rule or policy of schedule 'bad' "), record
+    assert dispatcher.stats.corrupt["definition"] == 1
+    assert r.llen("celery") == 0
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        # The stall sweep, a minute later: not stalled but stopped, so neither re-armed nor
+        # an error line every sweep.
+        assert StallSweep(schedules).step(server_ms(r) + 60_000) == []
+        dispatcher.run_once()
+    assert caplog.text == "", caplog.text
+    assert r.llen("celery") == 0 and store.count() == 0

@@ -14,13 +14,13 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from celery_delayq import DelayedTask, DelayQ, StoreFull
+from celery_delayq import DelayedTask, DelayQ, Schedules, StoreFull
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
 from celery_delayq.store import (
@@ -35,10 +35,11 @@ from celery_delayq.store import (
     is_oom,
 )
 from tests.support.apps import make_app
+from tests.support.cli import invoke
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import delete_queue, rabbitmq_or_skip
-from tests.support.store import make_full, make_store, server_ms
+from tests.support.store import bury, make_full, make_store, server_ms, snapshot
 
 
 @pytest.fixture
@@ -213,6 +214,96 @@ def test_apply_at_many_into_a_full_store_names_the_stored_jobs_exactly(server: E
         assert dq.count() == len(items) + 1
         assert all(dq.get(job_id) is not None for job_id in stored)  # nothing stored was lost
     finally:
+        client.close()
+        get_store(app).close()
+        app.close()
+
+
+#: Every write of a producer or an operator that a full Redis refuses, as ``(name, call)``;
+#: each call gets the app, its ``DelayQ`` and ``Schedules``, and the id of a stored job. (Not
+#: here: the writes Redis lets through, as they remove first: cancel, delete, pause and update
+#: of a schedule, ``delete_dead``.)
+OPERATOR_WRITES: list[tuple[str, Callable[[Any, DelayQ, Schedules, str], Any]]] = [
+    ("apply_in", lambda app, dq, sch, job: app.tasks["full.add"].apply_in(60, (1, 2))),
+    (
+        "apply_at_many",
+        lambda app, dq, sch, job: app.tasks["full.add"].apply_at_many(
+            [(time.time() + 60, (i, 0), None) for i in range(3)]
+        ),
+    ),
+    ("schedules.add", lambda app, dq, sch, job: sch.add("new", "full.add", 60, (1, 2))),
+    ("schedules.upsert", lambda app, dq, sch, job: sch.upsert("new", "full.add", 60, (1, 2))),
+    ("schedules.resume", lambda app, dq, sch, job: sch.resume("paused")),
+    ("schedules.run_now", lambda app, dq, sch, job: sch.run_now("nightly")),
+    ("batch", lambda app, dq, sch, job: dq.batch([app.tasks["full.add"].s(1, 2)] * 3)),
+    ("set_limit", lambda app, dq, sch, job: dq.set_limit("tenant:9", 3)),
+    ("set_limit(None)", lambda app, dq, sch, job: dq.set_limit("tenant:9", None)),
+    ("clear_limit", lambda app, dq, sch, job: dq.clear_limit("tenant:1")),
+    ("pause", lambda app, dq, sch, job: dq.pause("tenant:9")),
+    ("resume", lambda app, dq, sch, job: dq.resume("tenant:1")),
+    ("reschedule", lambda app, dq, sch, job: dq.reschedule(job, time.time() + 600)),
+    ("requeue_dead", lambda app, dq, sch, job: dq.requeue_dead("dead-1")),
+]
+
+#: The same writes from the command line: ``delayq <args>``.
+CLI_WRITES = [
+    ("schedules", "add", "other", "full.add", "--every", "60"),
+    ("schedules", "resume", "paused"),
+    ("limit", "tenant:9", "4"),
+    ("pause", "tenant:9"),
+    ("resume", "tenant:1"),
+    ("reschedule", "{job}", "+10m"),
+    ("dead", "requeue", "dead-1"),
+]
+
+
+@pytest.mark.slow
+def test_every_write_refused_by_a_full_redis_raises_store_full(server: EmbeddedRedis) -> None:
+    """Over ``maxmemory``, every producer and operator write that Redis refuses raises
+    ``StoreFull`` with its advice (not redis-py's ``OOM`` error from inside a script), saying
+    what was not written; the command line says the same on one line (exit 3). Nothing
+    changes: the schedules, limits, jobs and dead letters read as before. A batch names every
+    member as not stored."""
+    url = server.url + "/0"
+    app = make_app(url, url, delayq_shards=4)
+
+    @app.task(base=DelayedTask, name="full.add", shared=False)
+    def add(x: int = 0, y: int = 0) -> int:  # pragma: no cover - never runs here
+        return x + y
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    dq, sch = DelayQ(app), Schedules(app)
+    try:
+        job = add.apply_in(3600, (1, 2)).id
+        sch.add("nightly", "full.add", "0 2 * * *", (1, 2))
+        sch.add("paused", "full.add", 60, (1, 2), enabled=False)
+        dq.set_limit("tenant:1", 2)
+        dq.pause("tenant:1")
+        add.apply_at(time.time() - 1, (0, 0), task_id="dead-1")
+        bury(app, "dead-1")
+        for i in range(200):  # room for the scripts' own replies (a full Redis still answers)
+            client.set(f"pad-{i}", "p" * 500)
+        before = snapshot(url)
+        for name, write in OPERATOR_WRITES:
+            make_full(client)
+            with pytest.raises(StoreFull, match="maxmemory") as full:
+                write(app, dq, sch, job)
+                pytest.fail(f"{name} was not refused")
+            assert "see docs/errors.md" in str(full.value) and full.value.refused, name
+            assert isinstance(full.value.__cause__, redis.ResponseError), name
+            if name == "batch":
+                assert full.value.stored == [] and len(full.value.not_stored) == 3
+            client.config_set("maxmemory", 0)
+            assert snapshot(url) == before, f"{name} changed the store"
+        for args in CLI_WRITES:
+            make_full(client)
+            result = invoke(app, *(job if a == "{job}" else a for a in args))
+            assert result.exit_code == 3, (args, result.output)
+            assert "Redis is full" in result.output and "Traceback" not in result.output, args
+            client.config_set("maxmemory", 0)
+            assert snapshot(url) == before, f"delayq {' '.join(args)} changed the store"
+    finally:
+        client.config_set("maxmemory", 0)
         client.close()
         get_store(app).close()
         app.close()

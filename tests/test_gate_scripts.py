@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.exceptions import StoreFull
 from celery_delayq.gate import (
     PARK_MS,
     Gate,
@@ -731,9 +732,9 @@ def test_a_full_redis_refuses_the_gate_but_releases_and_renews(
         result = store.gate("beat-a", {shard: [(j, Gate("k", 1)) for j in fresh]}, SLOT_MS)
         assert decisions(result) == dict.fromkeys(fresh, NOT_HELD)
         for call in (lambda: store.set_limit("k", 5), lambda: store.open_batch("b2", 1, None, {})):
-            with pytest.raises(redis.ResponseError) as refused:
+            with pytest.raises(StoreFull) as refused:
                 call()
-            assert is_oom(refused.value)
+            assert is_oom(refused.value.__cause__)
         assert snapshot(full_server.url + "/0") == state
         assert all((lease(store, r, j) or "").endswith("|1|beat-a") for j in fresh)  # still the beat's
         assert hold(store, "beat-h", [(published, "h")]) == {published: True}

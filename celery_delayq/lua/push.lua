@@ -14,7 +14,8 @@ KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 The templates hash ("<base>wire", built from KEYS[1] minus "due", so it shares the shard's hash
 tag) maps "<space>|<shape key>" to a template (JSON, see wire.py's lua_template) or to "-" (this
-shape goes to the beat). The queue lists are not declared in KEYS: this script is never sent to
+shape goes to the beat); a template that does not read, or names an empty queue or list key, is
+a miss (the beat writes it again, or "-"). The queue lists are not declared in KEYS: this script is never sent to
 a Redis Cluster (the lists live outside the shard's slot there).
 
 ARGV[1] token: the claimer's lease token (no "|" in it)
@@ -283,7 +284,7 @@ local function template(field)
       local ok, decoded = pcall(cjson.decode, raw)
       found = ok and type(decoded) == 'table' and type(decoded.l) == 'table' and type(decoded.h) == 'table'
         and #decoded.l == #decoded.h + 1 and type(decoded.k) == 'string' and type(decoded.q) == 'string'
-        and type(decoded.t) == 'string' and decoded or false
+        and type(decoded.t) == 'string' and decoded.k ~= '' and decoded.q ~= '' and decoded or false
       if not found then
         found = 'miss'  -- a template that does not read is written again by the beat
       else
