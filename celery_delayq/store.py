@@ -365,6 +365,7 @@ class GateDecision(enum.StrEnum):
     RELEASED = "released"  # a slot is taken: publish it, then hold it (running)
     PARKED = "parked"  # its key is full or paused: it waits in gate:wait:<key>
     DEFERRED = "deferred"  # its key's rate is spent: due again at until_ms
+    HELD = "held"  # a check of a job whose message waits for a worker: held again, not published
     NOT_HELD = "not-held"  # this beat no longer holds it, or Redis refused the call (full): skip it
 
 
@@ -1550,13 +1551,19 @@ class Store:
         return out
 
     def hold(
-        self, token: str, jobs_by_shard: dict[int, list[tuple[str, str]]], start_ttl_ms: int
+        self,
+        token: str,
+        jobs_by_shard: dict[int, list[tuple[str, str]]],
+        start_ttl_ms: int,
+        check_ms: int = 0,
     ) -> dict[str, bool]:
         """After publishing released gated jobs ``(id, key)``: mark those ``token`` still holds
         running for ``start_ttl_ms`` (``lua/hold.lua``; instead of :meth:`ack`); ``{id: done}``:
         True when held, or when its worker started or finished it already (nothing to do); False
-        when ``token`` no longer holds it. One pipeline."""
-        return self._pairs_by_call("hold", [token, int(start_ttl_ms)], jobs_by_shard)
+        when ``token`` no longer holds it. One pipeline. ``check_ms``: when > 0, a held job not
+        started by then is claimed every ``check_ms`` to look whether its task finished
+        already (the gate answers "held": see :class:`GateDecision`)."""
+        return self._pairs_by_call("hold", [token, int(start_ttl_ms), int(check_ms)], jobs_by_shard)
 
     def renew_slots(self, jobs: Sequence[tuple[str, str]], slot_ttl_ms: int) -> dict[str, bool]:
         """Extend to now + ``slot_ttl_ms`` the slots of running gated jobs ``(id, key)``

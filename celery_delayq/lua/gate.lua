@@ -8,7 +8,8 @@ KEYS[4] wake       lowered (with a wake message on ARGV[3]) to a deferred job's 
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag, so same cluster slot; see includes/gate.lua):
-gate:keys, gate:limits, gate:paused, gate:rates, gate:booked, gate:run:<key>, gate:wait:<key>.
+gate:keys, gate:limits, gate:paused, gate:rates, gate:booked, gate:check, gate:run:<key>,
+gate:wait:<key>.
 
 ARGV[1] token: the beat's lease token (no "|")
 ARGV[2] slot TTL ms: how long a released job's slot lasts unless its worker renews it
@@ -21,8 +22,14 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - up to 10 expired slots of gate:run:<key> whose job is gone (cancelled while running, its
   worker dead) are removed; when some were, the key's parked jobs are promoted (as
   release.lua does) after this job's decision.
-- its id is in gate:run:<key> (a redelivery: its worker died, the slot expired, a claim took
-  it again) -> "released", its one slot kept (expiry now + TTL).
+- its id is in gate:run:<key>, its slot has not expired and its id was in gate:check (hold.lua
+  made this claim a check of a job whose message waits for a worker) -> "held": the lease
+  entry is "run" again (due, tries - 1), the slot is left as it is, and the due score is
+  now + TTL (with the id in gate:check again) or the slot's expiry when that comes first.
+  The beat has looked in the result backend before (publish.py): a task found finished
+  there was released as its worker would have released it, and is not gated.
+- its id is in gate:run:<key> otherwise (a redelivery: its worker died, the slot expired, a
+  claim took it again) -> "released", its one slot kept (expiry now + TTL).
 - the key is paused, or the limit in force (gate:limits override: a number, or "none" for no
   cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
   PARK_MS, lease entry (due, tries - 1, "gate"), listed in gate:wait:<key> by priority then due.
@@ -37,7 +44,7 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - else "released": ZADD gate:run:<key> now + TTL (the lease stays the beat's until hold.lua).
 Every key seen is written to gate:keys with the job's limit ("" none): promotion reads it.
 
-Returns one {code, ms} per job: code "released" | "parked" | "deferred" | "not-held"; ms is
+Returns one {code, ms} per job: code "released" | "parked" | "deferred" | "held" | "not-held"; ms is
 the time a deferred job is due again, else 0.
 Memory: no allow-oom flag: a full Redis refuses the script at its first write (the HSET of
 gate:keys, which may grow memory), before anything is written; each job keeps its beat lease
@@ -99,7 +106,19 @@ for i = 5, #ARGV, 6 do
       due, tries = now, 1
     end
     local held_back = math.max(tries - 1, 0)
-    if redis.call('ZSCORE', rkey, id) then
+    local slot = tonumber(redis.call('ZSCORE', rkey, id))
+    local check = redis.call('HDEL', G_CHECK, id) == 1
+    if slot and check and slot > now then
+      redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, RUN_TOKEN))
+      local score = slot
+      if now + ttl < slot then
+        score = now + ttl
+        redis.call('HSET', G_CHECK, id, '1')
+      end
+      redis.call('ZADD', KEYS[1], score, id)
+      lower_marker(score)
+      out[#out + 1] = {'held', 0}
+    elseif slot then
       redis.call('ZADD', rkey, expiry, id)
       out[#out + 1] = {'released', 0}
     else

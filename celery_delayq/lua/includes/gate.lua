@@ -9,13 +9,16 @@ local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
 -- G_KEYS hash key -> the last limit a job of it carried; G_LIMITS hash key -> override
 -- ("<n>" or "none"); G_PAUSED hash paused key -> "1"; G_RATES hash key -> GCRA arrival time
 -- ms; G_BOOKED hash job id -> the release time (ms) a deferred job booked from its key's
--- rate; G_BATCHES set of the shard's batch ids. The commands used on them are all in the ACL
+-- rate; G_CHECK hash job id -> "1" for a released job waiting for a worker whose next claim
+-- is a check of its slot (hold.lua), not a redelivery (see gate.lua); G_BATCHES set of the
+-- shard's batch ids. The commands used on them are all in the ACL
 -- rule of docs/security.md (no SISMEMBER, ZPOPMIN or EXISTS).
 local G_KEYS = GATE_BASE .. 'gate:keys'
 local G_LIMITS = GATE_BASE .. 'gate:limits'
 local G_PAUSED = GATE_BASE .. 'gate:paused'
 local G_RATES = GATE_BASE .. 'gate:rates'
 local G_BOOKED = GATE_BASE .. 'gate:booked'
+local G_CHECK = GATE_BASE .. 'gate:check'
 local G_BATCHES = GATE_BASE .. 'batches'
 -- run_key(key): zset job id -> slot expiry ms; wait_key(key): zset job id -> order score;
 -- batch_hash(bid): the batch's hash.
