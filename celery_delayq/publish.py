@@ -38,9 +38,9 @@ import json
 import logging
 import weakref
 from collections import defaultdict
-from datetime import UTC, datetime
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Protocol
 
@@ -148,7 +148,7 @@ def _done_ms(value: Any) -> float | None:
         return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.timestamp() * 1000
+    return float(value.timestamp() * 1000)
 
 
 class Ran:
@@ -175,8 +175,12 @@ class Ran:
             meta = self.backend.get_task_meta(task_id)
         except Exception as exc:
             if not self._failing:
-                logger.warning("delayq: cannot read the result of %s from the result backend (%r); "
-                               "what already ran is not known until it answers", task_id, exc)
+                logger.warning(
+                    "delayq: cannot read the result of %s from the result backend (%r); "
+                    "what already ran is not known until it answers",
+                    task_id,
+                    exc,
+                )
             self._failing = True
             return None
         self._failing = False
@@ -458,7 +462,9 @@ class Publishing:
                     out.skip.add(job_id)
                     out.envelopes.pop(job_id, None)
 
-    def _completion(self, shard: int, job: ClaimedJob, envelope: Envelope, batch_id: Any, out: GatePass) -> None:
+    def _completion(
+        self, shard: int, job: ClaimedJob, envelope: Envelope, batch_id: Any, out: GatePass
+    ) -> None:
         """A batch's completion job: append ``(batch id, counts)`` to its arguments; acked
         unpublished when the result backend says a worker took it already (its batch completed
         before, in a store since restored from an older snapshot)."""

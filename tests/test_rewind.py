@@ -148,8 +148,14 @@ def test_a_held_slot_whose_task_ran_after_the_snapshot_is_given_back_at_the_next
     restore(store_db, snapshot)  # the store forgets it: member 0 holds the key's one slot again
     store = get_store(app)
     assert store.key_state(batch_key(batch.id)).running == 1
-    assert batch.progress() == {"total": 3, "waiting": 2, "running": 1, "succeeded": 0, "failed": 0,
-                                "cancelled": 0}
+    assert batch.progress() == {
+        "total": 3,
+        "waiting": 2,
+        "running": 1,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+    }
 
     # A held job is looked at every slot TTL (its start TTL, delayq_start_ttl, is an hour).
     check_pass(beat)  # the check: the backend says member 0 ended; its slot is given back
@@ -193,8 +199,12 @@ def test_on_complete_fires_once_when_a_rewind_runs_the_whole_batch_again(
     app = rewind_app(urls)
     store_db, broker = redis.Redis.from_url(urls[0]), redis.Redis.from_url(urls[1], decode_responses=True)
     snapshot = take_snapshot(store_db)  # before the batch: restored, it is stored anew below
-    batch = DelayQ(app).batch([app.tasks["t.add"].s(i, i) for i in range(4)], concurrency_limit=2,
-                              on_complete=app.tasks["t.done"].s(), batch_id="b1")
+    batch = DelayQ(app).batch(
+        [app.tasks["t.add"].s(i, i) for i in range(4)],
+        concurrency_limit=2,
+        on_complete=app.tasks["t.done"].s(),
+        batch_id="b1",
+    )
     snapshot = take_snapshot(store_db)  # the batch stored, nothing released yet
     beat, worker = dispatchers(app), Worker(app, broker)
     drain(beat, worker)
