@@ -163,10 +163,17 @@ class Ran:
     lookup that fails knows nothing (logged once): the job goes on as without a backend."""
 
     def __init__(self, app: Any) -> None:
-        backend = app.backend
-        persistent = getattr(backend, "persistent", True)
-        self.backend = None if isinstance(backend, DisabledBackend) or not persistent else backend
         self._failing = False
+        try:
+            backend = app.backend
+        except Exception as exc:  # a backend that cannot be made here: nothing known
+            logger.warning("delayq: the result backend cannot be used (%r); what already ran is not "
+                           "looked up (see docs/guarantees.md)", exc)
+            backend = None
+        persistent = getattr(backend, "persistent", True)
+        if backend is None or isinstance(backend, DisabledBackend) or not persistent:
+            backend = None
+        self.backend: Any = backend
 
     def _meta(self, task_id: str) -> dict[str, Any] | None:
         if self.backend is None:

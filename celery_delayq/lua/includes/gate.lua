@@ -69,13 +69,15 @@ local function server_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- purge(key, now): remove up to 10 expired slots of the key whose job is gone (cancelled
--- while it ran, and its worker died: no release comes); how many were removed.
+-- while it ran, and its worker died: no release comes), with their gate:check entries; how
+-- many were removed.
 local function purge(key, now)
   local rkey = run_key(key)
   local purged = 0
   for _, old in ipairs(redis.call('ZRANGE', rkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, 10)) do
     if redis.call('HEXISTS', KEYS[2], old) == 0 then
       purged = purged + redis.call('ZREM', rkey, old)
+      redis.call('HDEL', G_CHECK, old)
     end
   end
   return purged
