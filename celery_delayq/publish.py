@@ -206,13 +206,13 @@ class Ran:
 
     def seen(self, task_id: str, since_ms: float) -> bool:
         """Whether a worker took the task ``task_id`` at or after ``since_ms``: a ready state
-        done then, or a state a worker records while it runs (STARTED with
-        ``task_track_started``, RETRY)."""
+        done then, or STARTED (``task_track_started``). Not RETRY: a retry stored through delayq
+        is the same job waiting again, and must be published."""
         meta = self._meta(task_id)
         if meta is None:
             return False
         status = meta.get("status")
-        if status in (states.STARTED, states.RETRY, states.RECEIVED):
+        if status == states.STARTED:
             return True
         if status not in states.READY_STATES:
             return False

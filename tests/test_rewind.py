@@ -253,4 +253,6 @@ def test_a_result_older_than_the_jobs_due_time_is_not_taken_for_its_run(urls: tu
     assert ran.finished("{k}y", 0) == "failed"
     app.backend.store_result("{k}z", None, "STARTED")
     assert ran.finished("{k}z", 0) is None and ran.seen("{k}z", 0)
+    app.backend.store_result("{k}r", None, "RETRY")
+    assert ran.finished("{k}r", 0) is None and not ran.seen("{k}r", 0)
     assert Ran(rewind_app(urls, backend=False)).finished("{k}x", 0) is None
