@@ -459,6 +459,7 @@ class Publishing:
                 self.config.reclaim_ttl,
             )
             return
+        suspects: dict[str, tuple[str, int]] = {}  # id -> (key, slot expiry ms)
         for jobs in asks.values():
             for job_id, gate in jobs:
                 result = results[job_id]
@@ -468,6 +469,36 @@ class Publishing:
                 else:
                     out.skip.add(job_id)
                     out.envelopes.pop(job_id, None)
+                for suspect, expiry in result.suspects:
+                    suspects[suspect] = (gate.key, expiry)
+        if suspects and self.ran.backend is not None:
+            self._give_back(suspects)
+
+    def _give_back(self, suspects: dict[str, tuple[str, int]]) -> None:
+        """Slots of a full key whose job is gone (``Store.gate``'s suspects): give back those
+        whose task the result backend says ended since the slot was taken (its expiry less
+        ``delayq_start_ttl``), as its worker would have; the parked jobs of the key are then
+        promoted by the release."""
+        start_ms = self.config.start_ttl * 1000
+        for job_id, (key, expiry) in suspects.items():
+            outcome = self.ran.finished(job_id, expiry - start_ms)
+            if outcome is None:
+                continue
+            try:
+                result = self.store.release(job_id, key, outcome, batch_of(job_id))
+            except REDIS_ERRORS as exc:
+                self.stats.redis_errors[redis_error_kind(exc)] += 1
+                continue
+            if result.released:
+                self.stats.gated["finished"] += 1
+                logger.warning(
+                    "delayq: the slot of job %s (key %r) was held by a job no longer stored whose "
+                    "task the result backend says ended (%s): it is given back (the store may have "
+                    "been restored from an older snapshot)",
+                    job_id,
+                    key,
+                    outcome,
+                )
 
     def _completion(
         self, shard: int, job: ClaimedJob, envelope: Envelope, batch_id: Any, out: GatePass

@@ -374,6 +374,8 @@ class GateResult:
     job_id: str
     decision: GateDecision
     until_ms: int | None = None  # DEFERRED: when it is due again
+    #: PARKED: slots of the key whose job is gone and that have not expired, as (id, expiry ms)
+    suspects: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1521,12 +1523,13 @@ class Store:
                 )
                 out.update((job_id, GateResult(job_id, GateDecision.NOT_HELD)) for job_id in chunk_ids)
                 continue
-            for job_id, (code, ms) in zip(chunk_ids, result, strict=True):
+            for job_id, (code, ms, *rest) in zip(chunk_ids, result, strict=True):
                 decision = _GATE_DECISIONS.get(code)
                 if decision is None:
                     raise StoreError(f"delayq gate: unexpected reply {code!r}")
                 until = int(ms) if decision is GateDecision.DEFERRED else None
-                out[job_id] = GateResult(job_id, decision, until)
+                suspects = tuple((str(rest[j]), int(rest[j + 1])) for j in range(0, len(rest) - 1, 2))
+                out[job_id] = GateResult(job_id, decision, until, suspects)
         return out
 
     def _pairs_by_call(

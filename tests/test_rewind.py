@@ -256,3 +256,35 @@ def test_a_result_older_than_the_jobs_due_time_is_not_taken_for_its_run(urls: tu
     app.backend.store_result("{k}r", None, "RETRY")
     assert ran.finished("{k}r", 0) is None and not ran.seen("{k}r", 0)
     assert Ran(rewind_app(urls, backend=False)).finished("{k}x", 0) is None
+
+
+def test_a_held_slot_whose_job_is_gone_and_whose_task_ran_is_given_back_at_the_next_gate(
+    urls: tuple[str, str, str], dispatchers: Dispatchers
+) -> None:
+    """A job cancelled while its message waited keeps its slot until its worker gives it back;
+    restored from a snapshot taken then, after the worker did, the slot is back with no job.
+    The next job of the key that the gate parks brings it to light: the result backend says
+    its task ended, and it is given back then, not after its start TTL."""
+    app = rewind_app(urls)
+    store_db = redis.Redis.from_url(urls[0])
+    broker = redis.Redis.from_url(urls[1], decode_responses=True)
+    add = app.tasks["t.add"]
+    first = add.apply_at(time.time() - 1, (1, 1), concurrency_key="k", concurrency_limit=1)
+    beat, worker = dispatchers(app), Worker(app, broker)
+    beat.run_once()  # released, its message waits for a worker
+    first.cancel()  # gone from the store; its slot stays (its message may still run)
+    assert get_store(app).get(first.id) is None
+    snapshot = take_snapshot(store_db)
+    assert worker.run_all() == [first.id]  # it runs all the same and gives the slot back
+    restore(store_db, snapshot)
+    store = get_store(app)
+    assert store.get(first.id) is None and store.key_state("k").running == 1
+
+    second = add.apply_at(time.time() - 1, (2, 2), concurrency_key="k", concurrency_limit=1)
+    beat.wait(1.0)
+    beat.run_once()  # the gate parks it; the slot of the gone job is given back, it is promoted
+    assert beat.stats.gated["parked"] == 1 and beat.stats.gated["finished"] == 1
+    beat.wait(1.0)
+    beat.run_once()
+    assert worker.run_all() == [second.id]
+    assert worker.runs.count(first.id) == 1

@@ -33,6 +33,11 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - the key is paused, or the limit in force (gate:limits override: a number, or "none" for no
   cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
   PARK_MS, lease entry (due, tries - 1, "gate"), listed in gate:wait:<key> by priority then due.
+  With it come up to 10 *suspects*: among the 50 slots of the key that expire last (those of
+  jobs waiting for their worker, whose start TTL is the longest), those not expired whose job
+  is gone (cancelled while its message waited, or a store restored from a snapshot in which
+  it was), as id and slot expiry; the beat asks the result backend whether their task ended
+  (publish.py), and gives such a slot back (release.lua) instead of waiting for its expiry.
 - a rate is given and the job has not booked a release time (below) and the key's arrival
   time (GCRA, gate:rates) is after now -> "deferred": the job books that time (gate:booked),
   the arrival time moves on by period / count, and the job's score and ms = the booked time,
@@ -44,8 +49,9 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - else "released": ZADD gate:run:<key> now + TTL (the lease stays the beat's until hold.lua).
 Every key seen is written to gate:keys with the job's limit ("" none): promotion reads it.
 
-Returns one {code, ms} per job: code "released" | "parked" | "deferred" | "held" | "not-held"; ms is
-the time a deferred job is due again, else 0.
+Returns one {code, ms, ...} per job: code "released" | "parked" | "deferred" | "held" |
+"not-held"; ms is the time a deferred job is due again, else 0; a parked job's entry goes on
+with its suspects, id and slot expiry ms in turn.
 Memory: no allow-oom flag: a full Redis refuses the script at its first write (the HSET of
 gate:keys, which may grow memory), before anything is written; each job keeps its beat lease
 and is claimed and gated again once that lease expires.
@@ -127,7 +133,19 @@ for i = 5, #ARGV, 6 do
         redis.call('ZADD', KEYS[1], PARK_TEXT, id)
         redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, GATE_TOKEN))
         redis.call('ZADD', wait_key(key), wait_score(int_arg(i + 5), due), id)
-        out[#out + 1] = {'parked', 0}
+        local parked = {'parked', 0}
+        local slots = redis.call('ZRANGE', rkey, '+inf', string.format('(%d', now), 'BYSCORE', 'REV',
+          'LIMIT', 0, 50, 'WITHSCORES')
+        for j = 1, #slots, 2 do
+          if #parked >= 22 then
+            break
+          end
+          if redis.call('HEXISTS', KEYS[2], slots[j]) == 0 then
+            parked[#parked + 1] = slots[j]
+            parked[#parked + 1] = slots[j + 1]
+          end
+        end
+        out[#out + 1] = parked
       else
         local deferred = nil
         if ARGV[i + 3] ~= '' and redis.call('HDEL', G_BOOKED, id) == 0 then
