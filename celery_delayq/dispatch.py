@@ -418,7 +418,12 @@ class Dispatcher:
         Redis error leaves the jobs leased to this beat, and they are delivered again after
         their lease on the same slot."""
         try:
-            held = self.store.hold(self.token, holds, int(self.config.start_ttl * 1000))
+            # With a result backend that can say a task finished, a held job whose worker has
+            # not started it is looked at every slot TTL (a store restored from an older
+            # snapshot forgets that it ran: docs/guarantees.md); without one, only when its
+            # start TTL is over.
+            check_ms = int(self.config.slot_ttl * 1000) if self.publishing.ran.backend is not None else 0
+            held = self.store.hold(self.token, holds, int(self.config.start_ttl * 1000), check_ms)
         except REDIS_ERRORS as exc:
             self.stats.redis_errors[redis_error_kind(exc)] += 1
             logger.error(

@@ -170,6 +170,12 @@ class ShardKeys:
         """Hash: id of a job its key's rate deferred -> the release time (ms) it booked."""
         return self._key("gate:booked")
 
+    @property
+    def gate_check(self) -> str:
+        """Hash: id of a released job waiting for its worker -> "1" while its next claim is a
+        check of its slot, not a redelivery (``lua/hold.lua``)."""
+        return self._key("gate:check")
+
     def running(self, key: str) -> str:
         """Sorted set: id of a released job of ``key`` whose task has not finished -> slot expiry ms."""
         return self._key("gate:run:" + key)

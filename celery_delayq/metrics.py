@@ -246,7 +246,9 @@ class DispatcherCollector(Collector):
         stats = self.dispatcher.stats
         yield from _labelled(
             "delayq_gated", "Gated jobs this beat asked the gate about, by its decision: released, "
-            "parked (key full or paused), deferred (rate spent), not-held.", "decision", stats.gated)
+            "parked (key full or paused), deferred (rate spent), not-held, held (a check of a job "
+            "waiting for its worker), finished (the result backend says it ran already).", "decision",
+            stats.gated)
         yield CounterMetricFamily(
             "delayq_gate_holds", "Released gated jobs this beat published and handed to their "
             "workers (their slot held until the task ends).", value=stats.held)

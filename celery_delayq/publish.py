@@ -19,6 +19,13 @@ pipeline) before any strategy takes a job. A released gated job is published thr
 (``Store.hold``) instead of acked; parked, deferred and not-held ones are not published. A
 batch's completion job gets its batch's id and counts appended to its arguments.
 
+What already ran is asked of Celery's result backend (:class:`Ran`), which a store restored
+from an older snapshot does not take back in time with it: a gated job claimed again while
+its slot is held (a check of a message waiting for its worker, or a redelivery) whose task
+the backend says finished is released as its worker would have released it, and a batch's
+completion job whose task the backend has seen is acked unpublished. See docs/guarantees.md,
+"Redis restored from an older snapshot".
+
 The kombu and Celery paths are fenced (:mod:`.fence`) before each publish or batch flush;
 the atomic path is fenced by the script itself. :class:`Publishing` holds what the
 strategies share over the passes of one dispatcher (caches, the dead letters, the broker's
@@ -33,15 +40,18 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Protocol
 
+from celery import states
+from celery.backends.base import DisabledBackend
 from kombu.common import Broadcast
 from kombu.exceptions import EncodeError, OperationalError
 
 from .envelope import UTF8, Envelope, decode_envelope
 from .fence import Fence, LeaseLost
-from .gate import BATCH_DONE_HEADER, GATE_HEADER, Gate
+from .gate import BATCH_DONE_HEADER, GATE_HEADER, Gate, batch_of
 from .routing import can_publish_direct, direct_args, send_task, transport_batches
 from .stats import DispatchStats
 from .store import (
@@ -127,6 +137,89 @@ class Publisher(Protocol):
         ...
 
 
+def _done_ms(value: Any) -> float | None:
+    """A result's ``date_done`` (a datetime, or its ISO text; naive = UTC) in ms, or None."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return float(value.timestamp() * 1000)
+
+
+class Ran:
+    """What Celery's result backend says already ran, by task id: the one record of a run that
+    lives outside the store (when the backend is on another server), so a store restored from
+    an older snapshot cannot take it back. ``backend`` is None when the app's backend cannot
+    answer by id (none configured, or ``rpc://``): then nothing is known to have run.
+
+    A task counts as having run since ``since_ms`` (a job's original due time) when the backend
+    holds a ready state for its id (SUCCESS, FAILURE, REVOKED) done at or after that time: a
+    result of an earlier job that had the same id is older than the new job's due time. A
+    lookup that fails knows nothing (logged once): the job goes on as without a backend."""
+
+    def __init__(self, app: Any) -> None:
+        self._failing = False
+        try:
+            backend = app.backend
+        except Exception as exc:  # a backend that cannot be made here: nothing known
+            logger.warning("delayq: the result backend cannot be used (%r); what already ran is not "
+                           "looked up (see docs/guarantees.md)", exc)
+            backend = None
+        persistent = getattr(backend, "persistent", True)
+        if backend is None or isinstance(backend, DisabledBackend) or not persistent:
+            backend = None
+        self.backend: Any = backend
+
+    def _meta(self, task_id: str) -> dict[str, Any] | None:
+        if self.backend is None:
+            return None
+        try:
+            meta = self.backend.get_task_meta(task_id)
+        except Exception as exc:
+            if not self._failing:
+                logger.warning(
+                    "delayq: cannot read the result of %s from the result backend (%r); "
+                    "what already ran is not known until it answers",
+                    task_id,
+                    exc,
+                )
+            self._failing = True
+            return None
+        self._failing = False
+        return meta if isinstance(meta, dict) else None
+
+    def finished(self, task_id: str, since_ms: float) -> str | None:
+        """``"succeeded"`` or ``"failed"`` when the task ``task_id`` ended at or after
+        ``since_ms``; None when the backend does not say so."""
+        meta = self._meta(task_id)
+        if meta is None or meta.get("status") not in states.READY_STATES:
+            return None
+        done = _done_ms(meta.get("date_done"))
+        if done is None or done < since_ms:
+            return None
+        return "succeeded" if meta.get("status") == states.SUCCESS else "failed"
+
+    def seen(self, task_id: str, since_ms: float) -> bool:
+        """Whether a worker took the task ``task_id`` at or after ``since_ms``: a ready state
+        done then, or STARTED (``task_track_started``). Not RETRY: a retry stored through delayq
+        is the same job waiting again, and must be published."""
+        meta = self._meta(task_id)
+        if meta is None:
+            return False
+        status = meta.get("status")
+        if status == states.STARTED:
+            return True
+        if status not in states.READY_STATES:
+            return False
+        done = _done_ms(meta.get("date_done"))
+        return done is not None and done >= since_ms
+
+
 class Publishing:
     """What a dispatcher's publishers share: the app, the store, the fence, the dead letters,
     the per-pass producer state and the caches kept over passes."""
@@ -165,6 +258,7 @@ class Publishing:
         self.space: str | None = None
         self.probed = False  # whether a pass (or probe) has set wire and space
         self._queues_declared: set[str] = set()  # queues lua/push.lua pushed to, declared once
+        self.ran = Ran(app)
 
     # -- one pass -----------------------------------------------------------------------------
 
@@ -302,6 +396,9 @@ class Publishing:
             headers = message_headers(envelope)
             if GATE_HEADER in headers:
                 gate = Gate.from_header(headers[GATE_HEADER])
+                if gate is not None and job.tries > 1 and self._ran_already(job, gate):
+                    out.skip.add(job.id)
+                    continue
                 if gate is None:
                     self.stats.corrupt["gate"] += 1
                     logger.error(
@@ -315,10 +412,36 @@ class Publishing:
                     asks[shard].append((job.id, gate))
                     out.envelopes[job.id] = envelope
             if BATCH_DONE_HEADER in headers:
-                self._completion(job, envelope, headers[BATCH_DONE_HEADER], out)
+                self._completion(shard, job, envelope, headers[BATCH_DONE_HEADER], out)
         if asks:
             self._ask_gate(asks, out)
         return out
+
+    def _ran_already(self, job: ClaimedJob, gate: Gate) -> bool:
+        """A gated job claimed again (a check of a held job, a redelivery): when the result
+        backend says its task finished since its due time, give its slot back as its worker
+        would have (``Store.release``: the job removed, a batch member counted, parked jobs
+        promoted) and say True: it is not gated or published again."""
+        outcome = self.ran.finished(job.id, job.due_ms)
+        if outcome is None:
+            return False
+        try:
+            result = self.store.release(job.id, gate.key, outcome, gate.batch or batch_of(job.id))
+        except REDIS_ERRORS as exc:
+            self.stats.redis_errors[redis_error_kind(exc)] += 1
+            return False
+        if not result.released:  # no slot: nothing to give back, gated as usual
+            return False
+        self.stats.gated["finished"] += 1
+        logger.warning(
+            "delayq: job %s (key %r) was claimed again while its slot is held, and the result "
+            "backend says its task ended (%s) since it was due: its slot is given back and it "
+            "is not run again (the store may have been restored from an older snapshot)",
+            job.id,
+            gate.key,
+            outcome,
+        )
+        return True
 
     def _ask_gate(self, asks: dict[int, list[tuple[str, Gate]]], out: GatePass) -> None:
         ttl_ms = int(self.config.slot_ttl * 1000)
@@ -336,6 +459,7 @@ class Publishing:
                 self.config.reclaim_ttl,
             )
             return
+        suspects: dict[str, tuple[str, int]] = {}  # id -> (key, slot expiry ms)
         for jobs in asks.values():
             for job_id, gate in jobs:
                 result = results[job_id]
@@ -345,9 +469,59 @@ class Publishing:
                 else:
                     out.skip.add(job_id)
                     out.envelopes.pop(job_id, None)
+                for suspect, expiry in result.suspects:
+                    suspects[suspect] = (gate.key, expiry)
+        if suspects and self.ran.backend is not None:
+            self._give_back(suspects)
 
-    def _completion(self, job: ClaimedJob, envelope: Envelope, batch_id: Any, out: GatePass) -> None:
-        """A batch's completion job: append ``(batch id, counts)`` to its arguments."""
+    def _give_back(self, suspects: dict[str, tuple[str, int]]) -> None:
+        """Slots of a full key whose job is gone (``Store.gate``'s suspects): give back those
+        whose task the result backend says ended since the slot was taken (its expiry less
+        ``delayq_start_ttl``), as its worker would have; the parked jobs of the key are then
+        promoted by the release."""
+        start_ms = self.config.start_ttl * 1000
+        for job_id, (key, expiry) in suspects.items():
+            outcome = self.ran.finished(job_id, expiry - start_ms)
+            if outcome is None:
+                continue
+            try:
+                result = self.store.release(job_id, key, outcome, batch_of(job_id))
+            except REDIS_ERRORS as exc:
+                self.stats.redis_errors[redis_error_kind(exc)] += 1
+                continue
+            if result.released:
+                self.stats.gated["finished"] += 1
+                logger.warning(
+                    "delayq: the slot of job %s (key %r) was held by a job no longer stored whose "
+                    "task the result backend says ended (%s): it is given back (the store may have "
+                    "been restored from an older snapshot)",
+                    job_id,
+                    key,
+                    outcome,
+                )
+
+    def _completion(
+        self, shard: int, job: ClaimedJob, envelope: Envelope, batch_id: Any, out: GatePass
+    ) -> None:
+        """A batch's completion job: append ``(batch id, counts)`` to its arguments; acked
+        unpublished when the result backend says a worker took it already (its batch completed
+        before, in a store since restored from an older snapshot)."""
+        if self.ran.seen(job.id, job.due_ms):
+            out.skip.add(job.id)
+            out.released.pop(job.id, None)
+            try:
+                self.store.ack(self.token, {shard: [job.id]})
+            except REDIS_ERRORS as exc:
+                self.stats.redis_errors[redis_error_kind(exc)] += 1
+            self.stats.gated["finished"] += 1
+            logger.warning(
+                "delayq: the completion job %s of batch %s ran already (the result backend has "
+                "it); it is not published again (the store may have been restored from an older "
+                "snapshot)",
+                job.id,
+                batch_id,
+            )
+            return
         base = out.envelopes.get(job.id, envelope)
         try:
             state = self.store.batch_state(str(batch_id))

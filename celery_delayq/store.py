@@ -367,6 +367,7 @@ class GateDecision(enum.StrEnum):
     RELEASED = "released"  # a slot is taken: publish it, then hold it (running)
     PARKED = "parked"  # its key is full or paused: it waits in gate:wait:<key>
     DEFERRED = "deferred"  # its key's rate is spent: due again at until_ms
+    HELD = "held"  # a check of a job whose message waits for a worker: held again, not published
     NOT_HELD = "not-held"  # this beat no longer holds it, or Redis refused the call (full): skip it
 
 
@@ -375,6 +376,8 @@ class GateResult:
     job_id: str
     decision: GateDecision
     until_ms: int | None = None  # DEFERRED: when it is due again
+    #: PARKED: slots of the key whose job is gone and that have not expired, as (id, expiry ms)
+    suspects: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1564,12 +1567,13 @@ class Store:
                 )
                 out.update((job_id, GateResult(job_id, GateDecision.NOT_HELD)) for job_id in chunk_ids)
                 continue
-            for job_id, (code, ms) in zip(chunk_ids, result, strict=True):
+            for job_id, (code, ms, *rest) in zip(chunk_ids, result, strict=True):
                 decision = _GATE_DECISIONS.get(code)
                 if decision is None:
                     raise StoreError(f"delayq gate: unexpected reply {code!r}")
                 until = int(ms) if decision is GateDecision.DEFERRED else None
-                out[job_id] = GateResult(job_id, decision, until)
+                suspects = tuple((str(rest[j]), int(rest[j + 1])) for j in range(0, len(rest) - 1, 2))
+                out[job_id] = GateResult(job_id, decision, until, suspects)
         return out
 
     def _pairs_by_call(
@@ -1594,13 +1598,19 @@ class Store:
         return out
 
     def hold(
-        self, token: str, jobs_by_shard: dict[int, list[tuple[str, str]]], start_ttl_ms: int
+        self,
+        token: str,
+        jobs_by_shard: dict[int, list[tuple[str, str]]],
+        start_ttl_ms: int,
+        check_ms: int = 0,
     ) -> dict[str, bool]:
         """After publishing released gated jobs ``(id, key)``: mark those ``token`` still holds
         running for ``start_ttl_ms`` (``lua/hold.lua``; instead of :meth:`ack`); ``{id: done}``:
         True when held, or when its worker started or finished it already (nothing to do); False
-        when ``token`` no longer holds it. One pipeline."""
-        return self._pairs_by_call("hold", [token, int(start_ttl_ms)], jobs_by_shard)
+        when ``token`` no longer holds it. One pipeline. ``check_ms``: when > 0, a held job not
+        started by then is claimed every ``check_ms`` to look whether its task finished
+        already (the gate answers "held": see :class:`GateDecision`)."""
+        return self._pairs_by_call("hold", [token, int(start_ttl_ms), int(check_ms)], jobs_by_shard)
 
     def renew_slots(self, jobs: Sequence[tuple[str, str]], slot_ttl_ms: int) -> dict[str, bool]:
         """Extend to now + ``slot_ttl_ms`` the slots of running gated jobs ``(id, key)``

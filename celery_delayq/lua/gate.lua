@@ -8,7 +8,8 @@ KEYS[4] wake       lowered (with a wake message on ARGV[3]) to a deferred job's 
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag, so same cluster slot; see includes/gate.lua):
-gate:keys, gate:limits, gate:paused, gate:rates, gate:booked, gate:run:<key>, gate:wait:<key>.
+gate:keys, gate:limits, gate:paused, gate:rates, gate:booked, gate:check, gate:run:<key>,
+gate:wait:<key>.
 
 ARGV[1] token: the beat's lease token (no "|")
 ARGV[2] slot TTL ms: how long a released job's slot lasts unless its worker renews it
@@ -21,11 +22,22 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - up to 10 expired slots of gate:run:<key> whose job is gone (cancelled while running, its
   worker dead) are removed; when some were, the key's parked jobs are promoted (as
   release.lua does) after this job's decision.
-- its id is in gate:run:<key> (a redelivery: its worker died, the slot expired, a claim took
-  it again) -> "released", its one slot kept (expiry now + TTL).
+- its id is in gate:run:<key>, its slot has not expired and its id was in gate:check (hold.lua
+  made this claim a check of a job whose message waits for a worker) -> "held": the lease
+  entry is "run" again (due, tries - 1), the slot is left as it is, and the due score is
+  now + TTL (with the id in gate:check again) or the slot's expiry when that comes first.
+  The beat has looked in the result backend before (publish.py): a task found finished
+  there was released as its worker would have released it, and is not gated.
+- its id is in gate:run:<key> otherwise (a redelivery: its worker died, the slot expired, a
+  claim took it again) -> "released", its one slot kept (expiry now + TTL).
 - the key is paused, or the limit in force (gate:limits override: a number, or "none" for no
   cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
   PARK_MS, lease entry (due, tries - 1, "gate"), listed in gate:wait:<key> by priority then due.
+  With it come up to 10 *suspects*: among the 50 slots of the key that expire last (those of
+  jobs waiting for their worker, whose start TTL is the longest), those not expired whose job
+  is gone (cancelled while its message waited, or a store restored from a snapshot in which
+  it was), as id and slot expiry; the beat asks the result backend whether their task ended
+  (publish.py), and gives such a slot back (release.lua) instead of waiting for its expiry.
 - a rate is given and the job has not booked a release time (below) and the key's arrival
   time (GCRA, gate:rates) is after now -> "deferred": the job books that time (gate:booked),
   the arrival time moves on by period / count, and the job's score and ms = the booked time,
@@ -37,8 +49,9 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - else "released": ZADD gate:run:<key> now + TTL (the lease stays the beat's until hold.lua).
 Every key seen is written to gate:keys with the job's limit ("" none): promotion reads it.
 
-Returns one {code, ms} per job: code "released" | "parked" | "deferred" | "not-held"; ms is
-the time a deferred job is due again, else 0.
+Returns one {code, ms, ...} per job: code "released" | "parked" | "deferred" | "held" |
+"not-held"; ms is the time a deferred job is due again, else 0; a parked job's entry goes on
+with its suspects, id and slot expiry ms in turn.
 Memory: no allow-oom flag: a full Redis refuses the script at its first write (the HSET of
 gate:keys, which may grow memory), before anything is written; each job keeps its beat lease
 and is claimed and gated again once that lease expires.
@@ -99,7 +112,19 @@ for i = 5, #ARGV, 6 do
       due, tries = now, 1
     end
     local held_back = math.max(tries - 1, 0)
-    if redis.call('ZSCORE', rkey, id) then
+    local slot = tonumber(redis.call('ZSCORE', rkey, id))
+    local check = redis.call('HDEL', G_CHECK, id) == 1
+    if slot and check and slot > now then
+      redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, RUN_TOKEN))
+      local score = slot
+      if now + ttl < slot then
+        score = now + ttl
+        redis.call('HSET', G_CHECK, id, '1')
+      end
+      redis.call('ZADD', KEYS[1], score, id)
+      lower_marker(score)
+      out[#out + 1] = {'held', 0}
+    elseif slot then
       redis.call('ZADD', rkey, expiry, id)
       out[#out + 1] = {'released', 0}
     else
@@ -108,7 +133,19 @@ for i = 5, #ARGV, 6 do
         redis.call('ZADD', KEYS[1], PARK_TEXT, id)
         redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, GATE_TOKEN))
         redis.call('ZADD', wait_key(key), wait_score(int_arg(i + 5), due), id)
-        out[#out + 1] = {'parked', 0}
+        local parked = {'parked', 0}
+        local slots = redis.call('ZRANGE', rkey, '+inf', string.format('(%d', now), 'BYSCORE', 'REV',
+          'LIMIT', 0, 50, 'WITHSCORES')
+        for j = 1, #slots, 2 do
+          if #parked >= 22 then
+            break
+          end
+          if redis.call('HEXISTS', KEYS[2], slots[j]) == 0 then
+            parked[#parked + 1] = slots[j]
+            parked[#parked + 1] = slots[j + 1]
+          end
+        end
+        out[#out + 1] = parked
       else
         local deferred = nil
         if ARGV[i + 3] ~= '' and redis.call('HDEL', G_BOOKED, id) == 0 then

@@ -8,7 +8,7 @@ KEYS[4] wake       lowered (with a wake message) when jobs were promoted
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:keys,
-gate:limits, gate:paused, gate:run:<key>, gate:wait:<key>, batch:<bid>.
+gate:limits, gate:paused, gate:check, gate:run:<key>, gate:wait:<key>, batch:<bid>.
 
 ARGV[1] job id, ARGV[2] gate key
 ARGV[3] outcome: "succeeded", "failed" or "retry" (the task will run again: not counted)
@@ -45,6 +45,7 @@ end
 if redis.call('ZREM', run_key(key), id) == 0 then  -- the first write (see above)
   return {0, 0, 0}
 end
+redis.call('HDEL', G_CHECK, id)
 local entry = redis.call('HGET', KEYS[3], id)
 if entry and not lease_holds(entry, GATE_TOKEN) then
   remove_job(id)

@@ -7,7 +7,8 @@ KEYS[4] wake       lowered to the new expiry when that is earlier (includes/wake
                    slot TTL is shorter than the start TTL hold.lua gave
 KEYS[2] jobs, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
-Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>.
+Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>,
+gate:check.
 
 ARGV[1] slot TTL ms
 ARGV[2..] pairs: job id, gate key
@@ -40,6 +41,7 @@ for i = 2, #ARGV, 2 do
   local rkey = run_key(key)
   if redis.call('ZSCORE', rkey, id) then
     redis.call('ZADD', rkey, expiry, id)
+    redis.call('HDEL', G_CHECK, id)  -- started: no more checks (hold.lua)
     local entry = redis.call('HGET', KEYS[3], id)
     if entry and not lease_holds(entry, GATE_TOKEN) then
       if not lease_holds(entry, RUN_TOKEN) then

@@ -9,13 +9,16 @@ local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
 -- G_KEYS hash key -> the last limit a job of it carried; G_LIMITS hash key -> override
 -- ("<n>" or "none"); G_PAUSED hash paused key -> "1"; G_RATES hash key -> GCRA arrival time
 -- ms; G_BOOKED hash job id -> the release time (ms) a deferred job booked from its key's
--- rate; G_BATCHES set of the shard's batch ids. The commands used on them are all in the ACL
+-- rate; G_CHECK hash job id -> "1" for a released job waiting for a worker whose next claim
+-- is a check of its slot (hold.lua), not a redelivery (see gate.lua); G_BATCHES set of the
+-- shard's batch ids. The commands used on them are all in the ACL
 -- rule of docs/security.md (no SISMEMBER, ZPOPMIN or EXISTS).
 local G_KEYS = GATE_BASE .. 'gate:keys'
 local G_LIMITS = GATE_BASE .. 'gate:limits'
 local G_PAUSED = GATE_BASE .. 'gate:paused'
 local G_RATES = GATE_BASE .. 'gate:rates'
 local G_BOOKED = GATE_BASE .. 'gate:booked'
+local G_CHECK = GATE_BASE .. 'gate:check'
 local G_BATCHES = GATE_BASE .. 'batches'
 -- run_key(key): zset job id -> slot expiry ms; wait_key(key): zset job id -> order score;
 -- batch_hash(bid): the batch's hash.
@@ -66,13 +69,15 @@ local function server_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- purge(key, now): remove up to 10 expired slots of the key whose job is gone (cancelled
--- while it ran, and its worker died: no release comes); how many were removed.
+-- while it ran, and its worker died: no release comes), with their gate:check entries; how
+-- many were removed.
 local function purge(key, now)
   local rkey = run_key(key)
   local purged = 0
   for _, old in ipairs(redis.call('ZRANGE', rkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, 10)) do
     if redis.call('HEXISTS', KEYS[2], old) == 0 then
       purged = purged + redis.call('ZREM', rkey, old)
+      redis.call('HDEL', G_CHECK, old)
     end
   end
   return purged
