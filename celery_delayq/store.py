@@ -17,6 +17,7 @@ client and classifying Redis errors live in :mod:`celery_delayq.connection`.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import heapq
 import json
@@ -1370,10 +1371,33 @@ class Store:
     # -- for the beat (dispatcher) --
 
     def wake_subscription(self) -> Any:
-        """A pub/sub connection subscribed to the wake channel (``get_message``, ``close``)."""
+        """A pub/sub connection subscribed to the wake channel (``get_message``, ``close``).
+
+        On a cluster, redis-py opens it on the node that its cached slot map says serves the
+        channel's slot, and a connection error does not refresh that map: when the
+        subscription fails, the map is read again (:meth:`refresh_slots`) before the error is
+        raised, so that the next attempt goes to the slot's new owner after a failover."""
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(self.keys.wake_channel)
+        try:
+            pubsub.subscribe(self.keys.wake_channel)
+        except REDIS_ERRORS:
+            with contextlib.suppress(*REDIS_ERRORS):
+                pubsub.close()
+            self.refresh_slots()
+            raise
         return pubsub
+
+    def refresh_slots(self) -> bool:
+        """On a cluster, read the slot map again from the first node that answers
+        (redis-py's ``NodesManager.initialize``: ``CLUSTER SLOTS``); whether it could. Never
+        raises. A plain server has no map: False."""
+        if not self.is_cluster:
+            return False
+        try:
+            self.client.nodes_manager.initialize()
+        except REDIS_ERRORS:
+            return False
+        return True
 
     def wake_markers(self) -> tuple[int, list[float | None]]:
         """The server's now (ms, ``TIME``) and every shard's wake marker (ms), read for the
