@@ -101,6 +101,10 @@ MARKER_MARGIN_MS = 1000.0
 #: answered (a primary failing over).
 CLUSTER_RETRY_MS = 1000.0
 
+#: The line that says some shards could not be claimed is logged at most this often (s); the
+#: passes between are counted in the next one.
+CLAIM_FAILURE_LOG_EVERY = 10.0
+
 #: While the wake subscription cannot be made (its node is down, a primary failing over), the
 #: beat tries again, and runs the safety poll, this often (s).
 RESUBSCRIBE_EVERY = 1.0
@@ -135,6 +139,8 @@ class Dispatcher:
         self._pubsub: Any = None
         self._subscribe_at = 0.0  # clock time of the next attempt to subscribe
         self._subscription_failed = False  # since the last subscription made (logged once)
+        self._claim_failures = 0  # passes with shards not claimed, since the last line logged
+        self._claim_logged_at = -CLAIM_FAILURE_LOG_EVERY  # clock time of that line
         self.fence = Fence(self.store, self.token, self.stats, clock)
         self.publishing = Publishing(app, self.store, self.token, self.stats, self.fence, self.server_now_ms)
         self.firing = ScheduleFiring(app, self.store, self.token, self.stats, self.server_now_ms)
@@ -342,28 +348,40 @@ class Dispatcher:
             if full:
                 logger.debug("delayq: a claimed batch was full; passing again at once")
         if failed:
-            if not results and len(shards) == self.config.shards:
+            unreachable = all(redis_error_kind(exc) == "unreachable" for exc in failed)
+            # On a cluster, a pass that tried only some shards and could not reach their node
+            # says nothing of the other nodes (a primary failing over): no back-off for it.
+            some_nodes = unreachable and self.store.is_cluster and len(shards) < self.config.shards
+            if not results and not some_nodes:
                 raise failed[0]  # no node answered: the tick backs off as for any outage
-            # Some shards answered, or only some were tried (a cluster primary is failing over,
-            # or one shard's claim failed): no back-off, the others' shards stay on time; the
-            # failed shards are tried again each second, after a fresh look at the slot map.
-            if any(redis_error_kind(exc) == "unreachable" for exc in failed):
+            # Some shards answered, or only one node's were tried (a cluster primary is failing
+            # over, or one shard's claim failed): no back-off, the others' shards stay on time;
+            # the failed shards are tried again each second, after a fresh look at the slot map.
+            if unreachable:
                 self.store.refresh_slots()
             answered = {result.shard for result in results}
-            retry_at = self.server_now_ms() + CLUSTER_RETRY_MS
+            # At the server's next whole second (within CLUSTER_RETRY_MS): the shards that failed
+            # at different times are tried again together, in one pass (not one pass each).
+            retry_at = (self.server_now_ms() // CLUSTER_RETRY_MS + 1) * CLUSTER_RETRY_MS
             missed = [shard for shard in shards if shard not in answered]
             for shard in missed:
                 self._next[shard] = retry_at
             for exc in failed:
                 self.stats.redis_errors[redis_error_kind(exc)] += 1
-            logger.error(
-                "delayq: %d of %d shard(s) could not be claimed (%s); the others were delivered; "
-                "trying those again in %.0f s",
-                len(missed),
-                len(shards),
-                error_text(failed[0]),
-                CLUSTER_RETRY_MS / 1000,
-            )
+            self._claim_failures += 1
+            if self.clock() - self._claim_logged_at >= CLAIM_FAILURE_LOG_EVERY:
+                logger.error(
+                    "delayq: %d of %d shard(s) could not be claimed (%s); the other shards are claimed "
+                    "as usual; those are tried again each second (%d pass(es) with shards not claimed "
+                    "in the last %.0f s)",
+                    len(missed),
+                    len(shards),
+                    error_text(failed[0]),
+                    self._claim_failures,
+                    CLAIM_FAILURE_LOG_EVERY,
+                )
+                self._claim_logged_at = self.clock()
+                self._claim_failures = 0
 
     def _claim(self, shards: list[int], failed: list[Exception]) -> list[ClaimResult | PushResult]:
         """Claim ``shards``: with ``lua/push.lua`` on the in-Redis path (what it pushed itself is
