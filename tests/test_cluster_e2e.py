@@ -274,7 +274,6 @@ def test_a_beat_delivers_after_the_loss_of_any_primary(
         f"late; beat: {beat_log.count('delayq: Redis unavailable')} outage line(s), "
         f"{beat_log.count('wake subscription')} wake subscription line(s)"
     )
-    print("\n".join(line for line in beat_log.splitlines() if "WARNING" in line or "ERROR" in line))
     assert not missing, f"{len(missing)} jobs due after the kill never ran\n{procs.logs()}"
     assert_alive(procs)
     assert "beat raised exception" not in beat_log
