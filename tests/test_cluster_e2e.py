@@ -12,10 +12,12 @@ and without ``delayq_wait_replicas``. Run with ``-s`` to see the figures.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -266,13 +268,20 @@ def test_a_beat_delivers_after_the_loss_of_any_primary(
     late = max((rec["start"] - rec["due"] for rec in records if rec["id"] in after), default=0.0)
     missing = sorted(after - set(ran))
     beat_log = log_of(procs, 1)
+    # The beat's log line (local time) that says its wake subscription was made again.
+    again = re.search(r"^\[([-\d]+ [:\d]+,\d+): \w+/MainProcess\] delayq: wake subscription made again",
+                      beat_log, re.M)
+    resubscribed = ""
+    if again:
+        at = datetime.strptime(again[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        resubscribed = f"; subscribed again {at - killed_at:.1f} s after the kill"
     print(
         f"\nPRIMARY LOST ({loss}): :{victim.port} (shards {sorted(victim_shards)}) killed; the URL "
         f"names :{url.rsplit(':', 1)[1]}; cluster ok after {failed_over:.1f} s; kill -> first "
         f"delivery {first:.2f} s, -> first from the failed node's shards {first_failed:.2f} s; "
         f"{len(after) - len(missing)}/{len(after)} jobs due after the kill ran, latest {late:.2f} s "
         f"late; beat: {beat_log.count('delayq: Redis unavailable')} outage line(s), "
-        f"{beat_log.count('wake subscription')} wake subscription line(s)"
+        f"{beat_log.count('wake subscription')} wake subscription line(s){resubscribed}"
     )
     assert not missing, f"{len(missing)} jobs due after the kill never ran\n{procs.logs()}"
     assert_alive(procs)
