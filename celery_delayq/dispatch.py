@@ -103,6 +103,14 @@ MARKER_MARGIN_MS = 1000.0
 #: answered (a primary failing over).
 CLUSTER_RETRY_MS = 1000.0
 
+#: The line that says some shards could not be claimed is logged at most this often (s); the
+#: passes between are counted in the next one.
+CLAIM_FAILURE_LOG_EVERY = 10.0
+
+#: While the wake subscription cannot be made (its node is down, a primary failing over), the
+#: beat tries again, and runs the safety poll, this often (s).
+RESUBSCRIBE_EVERY = 1.0
+
 
 class Dispatcher:
     """Claims, publishes and acks due jobs of one app; sleeps until the next one."""
@@ -131,6 +139,10 @@ class Dispatcher:
         self._last_full = 0.0
         self._markers_failed = False  # the last safety poll could not read the markers (logged)
         self._pubsub: Any = None
+        self._subscribe_at = 0.0  # clock time of the next attempt to subscribe
+        self._subscription_failed = False  # since the last subscription made (logged once)
+        self._claim_failures = 0  # passes with shards not claimed, since the last line logged
+        self._claim_logged_at = -CLAIM_FAILURE_LOG_EVERY  # clock time of that line
         self.fence = Fence(self.store, self.token, self.stats, clock)
         self.publishing = Publishing(app, self.store, self.token, self.stats, self.fence, self.server_now_ms)
         self.firing = ScheduleFiring(app, self.store, self.token, self.stats, self.server_now_ms)
@@ -193,8 +205,15 @@ class Dispatcher:
 
     # -- one pass ----------------------------------------------------------------------------
 
+    def _poll_every(self) -> float:
+        """Seconds between two safety polls: ``delayq_max_sleep``, or ``RESUBSCRIBE_EVERY``
+        while there is no wake subscription (no wake message can say what became due)."""
+        if self._pubsub is None:
+            return min(self.config.max_sleep, RESUBSCRIBE_EVERY)
+        return self.config.max_sleep
+
     def _shards_to_claim(self) -> list[int]:
-        if self.clock() - self._last_full >= self.config.max_sleep:
+        if self.clock() - self._last_full >= self._poll_every():
             self._last_full = self.clock()
             self._safety_poll()
         now = self.server_now_ms()
@@ -243,8 +262,7 @@ class Dispatcher:
         Returns the seconds until the next known due time (0 when a batch came
         back full, so the caller should pass again at once).
         """
-        if self._pubsub is None:
-            self._subscribe()
+        self._subscribe()  # when it fails, the safety poll stands in for it
         if self.broker_backoff.remaining() <= 0:
             shards = self._shards_to_claim()
             if shards:
@@ -273,7 +291,7 @@ class Dispatcher:
             return 0.0
         earliest = min(known) if known else now + self.config.max_sleep * 1000
         wait = (earliest - now) / 1000.0
-        until_full = self._last_full + self.config.max_sleep - self.clock()
+        until_full = self._last_full + self._poll_every() - self.clock()
         return max(0.0, min(wait, until_full, self.config.max_sleep))
 
     def _pass(self, shards: list[int]) -> None:
@@ -332,26 +350,40 @@ class Dispatcher:
             if full:
                 logger.debug("delayq: a claimed batch was full; passing again at once")
         if failed:
-            if not results:
+            unreachable = all(redis_error_kind(exc) == "unreachable" for exc in failed)
+            # On a cluster, a pass that tried only some shards and could not reach their node
+            # says nothing of the other nodes (a primary failing over): no back-off for it.
+            some_nodes = unreachable and self.store.is_cluster and len(shards) < self.config.shards
+            if not results and not some_nodes:
                 raise failed[0]  # no node answered: the tick backs off as for any outage
-            # Some shards answered (a cluster primary is failing over, or one shard's claim
-            # failed): no back-off, the others' shards stay on time; the failed shards are tried
-            # again each second.
+            # Some shards answered, or only one node's were tried (a cluster primary is failing
+            # over, or one shard's claim failed): no back-off, the others' shards stay on time;
+            # the failed shards are tried again each second, after a fresh look at the slot map.
+            if unreachable:
+                self.store.refresh_slots()
             answered = {result.shard for result in results}
-            retry_at = self.server_now_ms() + CLUSTER_RETRY_MS
+            # At the server's next whole second (within CLUSTER_RETRY_MS): the shards that failed
+            # at different times are tried again together, in one pass (not one pass each).
+            retry_at = (self.server_now_ms() // CLUSTER_RETRY_MS + 1) * CLUSTER_RETRY_MS
             missed = [shard for shard in shards if shard not in answered]
             for shard in missed:
                 self._next[shard] = retry_at
             for exc in failed:
                 self.stats.redis_errors[redis_error_kind(exc)] += 1
-            logger.error(
-                "delayq: %d of %d shard(s) could not be claimed (%s); the others were delivered; "
-                "trying those again in %.0f s",
-                len(missed),
-                len(shards),
-                error_text(failed[0]),
-                CLUSTER_RETRY_MS / 1000,
-            )
+            self._claim_failures += 1
+            if self.clock() - self._claim_logged_at >= CLAIM_FAILURE_LOG_EVERY:
+                logger.error(
+                    "delayq: %d of %d shard(s) could not be claimed (%s); the other shards are claimed "
+                    "as usual; those are tried again each second (%d pass(es) with shards not claimed "
+                    "in the last %.0f s)",
+                    len(missed),
+                    len(shards),
+                    error_text(failed[0]),
+                    self._claim_failures,
+                    CLAIM_FAILURE_LOG_EVERY,
+                )
+                self._claim_logged_at = self.clock()
+                self._claim_failures = 0
 
     def _claim(self, shards: list[int], failed: list[Exception]) -> list[ClaimResult | PushResult]:
         """Claim ``shards``: with ``lua/push.lua`` on the in-Redis path (what it pushed itself is
@@ -656,11 +688,40 @@ class Dispatcher:
     # -- sleeping ----------------------------------------------------------------------------
 
     def _subscribe(self) -> Any:
-        if self._pubsub is None:
+        """The wake subscription; made now when there is none and an attempt is due. None while
+        it cannot be made: the beat claims on the safety poll, every ``RESUBSCRIBE_EVERY`` s,
+        and tries again as often (after a failover, on the slot's new owner: see
+        :meth:`.Store.wake_subscription`). A failed subscription never stops a claim."""
+        if self._pubsub is not None or self.clock() < self._subscribe_at:
+            return self._pubsub
+        try:
             self._pubsub = self.store.wake_subscription()
-            # Anything enqueued before the subscription took effect: look at every shard.
-            self._next = [None] * self.config.shards
+        except REDIS_ERRORS as exc:
+            self._subscription_lost(exc)
+            return None
+        if self._subscription_failed:
+            self._subscription_failed = False
+            logger.warning("delayq: wake subscription made again; claiming on wake messages")
+        # Anything enqueued before the subscription took effect: look at every shard.
+        self._next = [None] * self.config.shards
         return self._pubsub
+
+    def _subscription_lost(self, exc: Exception) -> None:
+        """The wake subscription failed (or could not be made): claim every shard now, then on
+        the safety poll until it is made again; try again in ``RESUBSCRIBE_EVERY`` s. Logged
+        once until a subscription is made."""
+        if self._pubsub is not None:
+            self._drop_pubsub()  # every shard is claimed now
+            self.store.refresh_slots()  # (a failed subscribe has refreshed it)
+        self._subscribe_at = self.clock() + RESUBSCRIBE_EVERY
+        log = logger.debug if self._subscription_failed else logger.warning
+        self._subscription_failed = True
+        log(
+            "delayq: the wake subscription failed (%s); claiming on the safety poll every %.0f s "
+            "while it is made again",
+            error_text(exc),
+            RESUBSCRIBE_EVERY,
+        )
 
     def wait(self, timeout: float) -> None:
         """Sleep up to ``timeout`` s, waking early when a job becomes due sooner."""
@@ -675,11 +736,14 @@ class Dispatcher:
             if chore_in <= 0:
                 self.chores()
                 continue
+            if pubsub is None:  # until the next safety poll (seconds_until_due)
+                time.sleep(min(remaining, chore_in))
+                continue
             try:
                 message = pubsub.get_message(timeout=min(remaining, chore_in))
-            except REDIS_ERRORS:
-                self._drop_pubsub()
-                raise
+            except REDIS_ERRORS as exc:
+                self._subscription_lost(exc)  # never the tick's outage back-off: claim now
+                return
             if message is None:
                 continue
             self._on_wake(message.get("data"))

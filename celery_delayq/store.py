@@ -17,6 +17,7 @@ client and classifying Redis errors live in :mod:`celery_delayq.connection`.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import heapq
 import json
@@ -213,6 +214,9 @@ def _decode(script: str, table: Sequence[_Code], code: Any) -> _Code:
     raise StoreError(f"delayq {script}: unexpected reply {code!r} (its codes are 0 to {len(table) - 1})")
 
 logger = logging.getLogger("celery_delayq.store")
+
+#: Longest wait (s) for the server's confirmation of the wake channel's SUBSCRIBE.
+SUBSCRIBE_TIMEOUT = 5.0
 
 #: Seconds :meth:`Store.server_now_ms` counts from one reading of the server's ``TIME`` at most
 #: (a monotonic clock drifts from the server's by well under 1 ms in that time).
@@ -1417,10 +1421,45 @@ class Store:
     # -- for the beat (dispatcher) --
 
     def wake_subscription(self) -> Any:
-        """A pub/sub connection subscribed to the wake channel (``get_message``, ``close``)."""
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(self.keys.wake_channel)
+        """A pub/sub connection subscribed to the wake channel (``get_message``, ``close``).
+
+        On a cluster, redis-py opens it on the node that its cached slot map says serves the
+        channel's slot, and a connection error does not refresh that map: when the
+        subscription fails, the map is read again (:meth:`refresh_slots`) before the error is
+        raised, so that the next attempt goes to the slot's new owner after a failover.
+
+        Returns once the server confirmed the subscription (redis-py's ``subscribe`` only sends
+        it): a refusal (an ACL without the channel) raises here, and a job stored after this
+        returns sends a wake message that the subscription hears."""
+        pubsub = self.client.pubsub()
+        try:
+            pubsub.subscribe(self.keys.wake_channel)
+            deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+            while True:
+                message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+                if message is not None and message.get("type") == "subscribe":
+                    break
+                if time.monotonic() >= deadline:
+                    raise redis.TimeoutError(f"SUBSCRIBE not confirmed in {SUBSCRIBE_TIMEOUT:.0f} s")
+            pubsub.ignore_subscribe_messages = True
+        except REDIS_ERRORS:
+            with contextlib.suppress(*REDIS_ERRORS):
+                pubsub.close()
+            self.refresh_slots()
+            raise
         return pubsub
+
+    def refresh_slots(self) -> bool:
+        """On a cluster, read the slot map again from the first node that answers
+        (redis-py's ``NodesManager.initialize``: ``CLUSTER SLOTS``); whether it could. Never
+        raises. A plain server has no map: False."""
+        if not self.is_cluster:
+            return False
+        try:
+            self.client.nodes_manager.initialize()
+        except REDIS_ERRORS:
+            return False
+        return True
 
     def wake_markers(self) -> tuple[int, list[float | None]]:
         """The server's now (ms, ``TIME``) and every shard's wake marker (ms), read for the

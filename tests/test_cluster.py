@@ -28,7 +28,7 @@ from redis.crc import key_slot
 from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import CancelOutcome, EnqueueOutcome, Store, get_store
+from celery_delayq.store import REDIS_ERRORS, CancelOutcome, EnqueueOutcome, Store, get_store
 from tests import test_api, test_scripts
 from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster
@@ -570,3 +570,45 @@ def test_the_safety_poll_reads_the_markers_of_every_node(
     assert claims == [sorted(due_shards | {spoiled})]
     ids = [m["headers"]["id"] for m in broker_lists(broker)["celery"]]
     assert sorted(ids) == sorted(res.id for res in results)
+
+
+@pytest.mark.slow
+def test_the_wake_subscription_follows_its_slot_to_the_promoted_replica(
+    six_node_cluster: LocalCluster,
+) -> None:
+    """redis-py opens a cluster subscription on the node of its cached slot map, and a refused
+    connection does not refresh that map: after its node is SIGKILLed, subscribing fails until
+    the store reads the map again. Each failed attempt refreshes it, so once a replica is
+    promoted the next attempt subscribes there, and hears the scripts' wake messages."""
+    cluster = six_node_cluster
+    s = make_store(cluster.url, cluster=True)
+    try:
+        channel = s.keys.wake_channel
+        first = s.wake_subscription()
+        dead = first.get_pubsub_node().name
+        first.close()
+        assert dead == s.client.get_node_from_key(channel).name
+        next(n for n in cluster.nodes if f"127.0.0.1:{n.port}" == dead).kill()
+        errors: list[str] = []
+
+        def subscribe() -> Any:
+            try:
+                return s.wake_subscription()
+            except REDIS_ERRORS as exc:
+                errors.append(type(exc).__name__)
+                return None
+
+        pubsub = wait_for(subscribe, 30, 0.5)
+        assert pubsub, f"never subscribed again: {len(errors)} attempts failed ({errors[-1]})"
+        try:
+            assert errors  # it failed while the node was down
+            node = pubsub.get_pubsub_node().name
+            assert node != dead and node == s.client.get_node_from_key(channel).name
+            cluster.wait_ok(30)
+            s.enqueue([("after-failover", 1, "env")])  # due long ago: the script wakes the beats
+            message = wait_for(lambda: pubsub.get_message(timeout=0.5), 10, 0.0)
+            assert message and message["channel"] == channel, message
+        finally:
+            pubsub.close()
+    finally:
+        s.close()

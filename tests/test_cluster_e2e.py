@@ -12,10 +12,12 @@ and without ``delayq_wait_replicas``. Run with ``-s`` to see the figures.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ from tests.support.stack import (
     assert_alive,
     check_exactly_once,
     log_of,
+    runs,
     spread,
     start_stack,
     starts,
@@ -197,3 +200,89 @@ def test_a_primary_killed_mid_run_fails_over_and_delivery_resumes(
         # Asynchronous replication: only writes acknowledged just before the kill may be lost.
         assert all(killed_at - 2.0 <= acked[i][0] <= killed_at + 0.5 for i in lost), lost
     assert len(runs) + len(lost) >= len(acked)
+
+
+# -- the loss of any primary ------------------------------------------------------------------
+
+#: Which primary a run kills, and which primary its ``delayq_url`` names: ``wake`` serves the
+#: wake channel's slot, ``a`` and ``b`` are the other two.
+LOSSES = {
+    "wake-channel": ("wake", "a"),  # the subscription's node; the URL names another
+    "url-node": ("a", "a"),  # the node in delayq_url (not the wake channel's)
+    "wake-and-url": ("wake", "wake"),  # both (a URL naming the first node of a default layout)
+    "other": ("b", "wake"),  # neither
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_a_beat_delivers_after_the_loss_of_any_primary(
+    six_nodes: LocalCluster,
+    redis_url: str,
+    r: redis.Redis,
+    procs: Procs,
+    producers: Callable[..., Producer],
+    loss: str,
+) -> None:
+    """kill -9 of one primary while jobs fall due every few ms on every shard: every job due
+    after the kill runs, on the healthy primaries' shards at once and on the failed one's once
+    its replica is promoted. Prints the time from the kill to the first delivery."""
+    cluster = six_nodes
+    probe = cluster.client()
+    try:
+        wake_port = probe.get_node_from_key("delayq:wake").port
+        others = sorted(n.port for n in probe.get_primaries() if n.port != wake_port)
+    finally:
+        probe.close()
+    ports = {"wake": wake_port, "a": others[0], "b": others[1]}
+    victim_role, url_role = LOSSES[loss]
+    victim = next(n for n in cluster.nodes if n.port == ports[victim_role])
+    url = next(n for n in cluster.nodes if n.port == ports[url_role]).url
+    conf = {"delayq_reclaim_ttl": 5}  # delayq_max_sleep: the default, 20 s
+    producer = producers(redis_url, url, delayq_cluster=True, **conf)
+    start_stack(procs, cluster_env(redis_url, url, **conf))
+    warm_up(producer, r, procs)
+    store = producer.dq.store
+    assert store.keys.wake_channel == "delayq:wake"
+    home = {i: store.client.get_node_from_key(s.due).port for i, s in enumerate(store.keys.all_shards())}
+    victim_shards = {i for i, port in home.items() if port == victim.port}
+
+    # 400 jobs due over 20 s on every shard, all stored (and replicated) before the kill.
+    results = producer.record.apply_at_many(spread(400, time.time() + 2.0, 20.0))
+    due_of = {res.id: res.due.timestamp() for res in results if res.due is not None}
+    time.sleep(6.0)
+    killed_at = time.time()
+    victim.kill()
+    cluster.wait_ok(60)
+    failed_over = time.time() - killed_at
+    after = {i for i, due in due_of.items() if due > killed_at}
+    last_due = max(due_of.values())
+    wait_for(lambda: after <= set(runs(r)), max(0.0, last_due - time.time()) + 30, 0.2)
+    ran = runs(r)
+    records = [rec for rec in starts(r) if rec["start"] > killed_at]
+    first = min((rec["start"] for rec in records), default=float("inf")) - killed_at
+    first_failed = min(
+        (rec["start"] for rec in records if store.keys.shard_of(rec["id"]) in victim_shards),
+        default=float("inf"),
+    ) - killed_at
+    late = max((rec["start"] - rec["due"] for rec in records if rec["id"] in after), default=0.0)
+    missing = sorted(after - set(ran))
+    beat_log = log_of(procs, 1)
+    # The beat's log line (local time) that says its wake subscription was made again.
+    again = re.search(r"^\[([-\d]+ [:\d]+,\d+): \w+/MainProcess\] delayq: wake subscription made again",
+                      beat_log, re.M)
+    resubscribed = ""
+    if again:
+        at = datetime.strptime(again[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        resubscribed = f"; subscribed again {at - killed_at:.1f} s after the kill"
+    print(
+        f"\nPRIMARY LOST ({loss}): :{victim.port} (shards {sorted(victim_shards)}) killed; the URL "
+        f"names :{url.rsplit(':', 1)[1]}; cluster ok after {failed_over:.1f} s; kill -> first "
+        f"delivery {first:.2f} s, -> first from the failed node's shards {first_failed:.2f} s; "
+        f"{len(after) - len(missing)}/{len(after)} jobs due after the kill ran, latest {late:.2f} s "
+        f"late; beat: {beat_log.count('delayq: Redis unavailable')} outage line(s), "
+        f"{beat_log.count('wake subscription')} wake subscription line(s){resubscribed}"
+    )
+    assert not missing, f"{len(missing)} jobs due after the kill never ran\n{procs.logs()}"
+    assert_alive(procs)
+    assert "beat raised exception" not in beat_log

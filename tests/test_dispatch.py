@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -15,9 +16,11 @@ from celery.signals import before_task_publish
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
+from celery_delayq import dispatch as dispatch_module
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.store import get_store
+from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, published_ids, server_ms, store_raw_job
 
@@ -555,3 +558,42 @@ def test_the_fence_renews_a_pass_that_outlived_its_fraction_of_the_lease(
     dispatcher.close()  # look at every shard at the next pass
     dispatcher.run_once()
     assert (dispatcher.stats.published, dispatcher.stats.renewals) == (4, 1)
+
+
+def test_a_refused_wake_subscription_never_stops_the_claims(
+    redis_url: str, r: redis.Redis, dispatchers: Callable[..., Dispatcher], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A beat whose wake subscription cannot be made (here its ACL user may not SUBSCRIBE; on
+    a cluster, the channel's node failing over) claims and delivers without it: every shard at
+    once, then on the safety poll every RESUBSCRIBE_EVERY s, trying to subscribe as often."""
+    user, password = "no-subscribe", "pw"
+    r.execute_command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all", "-subscribe")
+    try:
+        app = make_app(redis_url, redis_url.replace("redis://", f"redis://{user}:{password}@"))
+
+        @app.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        first = add.apply_in(0, (1, 2))
+        dispatcher = dispatchers(app)
+        with caplog.at_level(logging.WARNING, logger="celery_delayq.dispatch"):
+            dispatcher.run_once()
+        assert dispatcher.subscription is None
+        assert published_ids(r) == [first.id]
+        assert "the wake subscription failed (NoPermissionError" in caplog.text, caplog.text
+        # A job stored now sends a wake message that this beat cannot hear: the safety poll,
+        # within about RESUBSCRIBE_EVERY s (not delayq_max_sleep, 20 s), finds it.
+        second = add.apply_in(0, (2, 3))
+        started = time.monotonic()
+        dispatcher.wait(dispatcher.config.max_sleep)
+        assert time.monotonic() - started < dispatch_module.RESUBSCRIBE_EVERY + 2.0
+        dispatcher.run_once()
+        assert published_ids(r) == [first.id, second.id]
+        warned = [
+            rec for rec in caplog.records
+            if rec.levelno >= logging.WARNING and "wake subscription failed" in rec.getMessage()
+        ]
+        assert len(warned) == 1  # logged once until a subscription is made
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
