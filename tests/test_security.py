@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import pickle
+import re
 import socket
 import ssl
 import subprocess
@@ -27,8 +28,9 @@ from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.store import get_store, make_client
-from tests.support.acl import STORE_PASSWORD, documented_rule, server_kind
+from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
 from tests.support.apps import make_app
+from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, server_ms
 
@@ -270,6 +272,54 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     assert not [line for line in lines if "sweep for stalled schedules failed" in line]
     assert dispatcher.sweep_stalls() == 0
     assert top_level({obj for _, obj in denied(admin)}) == {"mget", "exists"}
+
+
+def cluster_words() -> list[str]:
+    """What docs/security.md says to add to the rule on a Redis Cluster."""
+    found = re.search(r"On a Redis Cluster \(`delayq_cluster`\), add `([^`]*)`", SECURITY.read_text())
+    assert found, "docs/security.md does not say what a cluster adds to the rule"
+    return found.group(1).split()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_documented_rule_with_its_cluster_words_runs_a_beat_on_a_cluster(
+    redis_cluster: LocalCluster,
+    cluster_url: str,
+    redis_url: str,
+    r: redis.Redis,
+    apps: AppFactory,
+    dispatchers: Callable[[Celery], Dispatcher],
+) -> None:
+    """The rule alone cannot connect to a cluster (redis-py reads CLUSTER SLOTS and COMMAND);
+    with the two words docs/security.md adds for a cluster, producers, a beat's passes and the
+    slot map's refresh after a failover all work, and nothing but CONFIG is refused."""
+    nodes = [
+        redis.Redis(host="127.0.0.1", port=node.port, decode_responses=True) for node in redis_cluster.nodes
+    ]
+    store_url = f"redis://delayq:{STORE_PASSWORD}@127.0.0.1:{redis_cluster.nodes[0].port}/0"
+    try:
+        for node in nodes:
+            set_user(node, server_rule(node))
+        with pytest.raises(redis.exceptions.RedisClusterException, match="cannot be connected"):
+            make_client(store_url, cluster=True)
+        for node in nodes:
+            node.execute_command("ACL", "SETUSER", "delayq", *cluster_words())
+            node.execute_command("ACL", "LOG", "RESET")
+        app = apps(redis_url, store_url, delayq_cluster=True)
+        add = app.tasks["t.add"]
+        due = add.apply_at(time.time() - 5, (1, 2))
+        later = add.apply_in(HOUR, (3, 4))
+        assert DelayQ(app).cancel(add.apply_in(HOUR, (5, 6)).id)
+        assert delivered(dispatchers(app), r, due.id)
+        get_store(app).refresh_slots()  # what a beat does after a failover
+        assert [j.id for j in DelayQ(app).pending()] == [later.id]
+        refused = {str(e["object"]).split("|")[0] for node in nodes for e in node.acl_log()}
+        assert refused <= {"config"}
+    finally:
+        for node in nodes:
+            node.execute_command("ACL", "DELUSER", "delayq")
+            node.close()
 
 
 def test_the_documented_rule_as_written_on_each_server(admin: redis.Redis) -> None:
