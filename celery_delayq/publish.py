@@ -39,10 +39,11 @@ from typing import Any, Protocol
 from kombu.common import Broadcast
 from kombu.exceptions import EncodeError, OperationalError
 
-from .envelope import UTF8, Envelope, decode_envelope
+from .envelope import CLAIM_HEADER, UTF8, Envelope, decode_envelope
 from .fence import Fence, LeaseLost
 from .gate import BATCH_DONE_HEADER, GATE_HEADER, Gate
 from .routing import can_publish_direct, direct_args, send_task, transport_batches
+from .starts import claim_header
 from .stats import DispatchStats
 from .store import (
     OOM_REPLY,
@@ -509,7 +510,7 @@ class CeleryPublisher:
             if not p.fence.check(job.id):
                 return Outcome.FENCED
             send_task(p.app, p.producer, routed, job.due_ms, now_ms=int(p.server_now_ms()),
-                      with_eta=p.config.publish_eta)
+                      with_eta=p.config.publish_eta, claim=claim_header(job, envelope.created_ms, p.token))
             return None
 
         return p.guarded(job, envelope, send)
@@ -524,14 +525,16 @@ class KombuPublisher:
     def publish(self, shard: int, job: ClaimedJob, envelope: Envelope) -> Outcome:
         p = self.publishing
         return p.guarded(
-            job, envelope, lambda: self.send(job, p.direct_args(p.producer, envelope, job.due_ms))
+            job, envelope, lambda: self.send(job, envelope, p.direct_args(p.producer, envelope, job.due_ms))
         )
 
-    def send(self, job: ClaimedJob, kwargs: dict[str, Any]) -> Outcome | None:
-        """Fence, then publish (None: handed to kombu)."""
+    def send(self, job: ClaimedJob, envelope: Envelope, kwargs: dict[str, Any]) -> Outcome | None:
+        """Fence, then publish (None: handed to kombu) with the claim's header (:mod:`.starts`:
+        a copy published after the lease was lost is dropped by the worker)."""
         p = self.publishing
         if not p.fence.check(job.id):
             return Outcome.FENCED
+        kwargs["headers"] = {**kwargs["headers"], CLAIM_HEADER: claim_header(job, envelope.created_ms, p.token)}
         p.producer.publish(**kwargs)
         return None
 
@@ -572,7 +575,7 @@ class AtomicPublisher:
                 self.wired[shard].append((job, envelope.task, *built))
                 return Outcome.WIRED
             p.leaves_atomic(_why_not_wired(self.channel, kwargs))
-            return self.kombu.send(job, kwargs)
+            return self.kombu.send(job, envelope, kwargs)
 
         return p.guarded(job, envelope, send)
 
