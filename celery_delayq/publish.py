@@ -534,7 +534,8 @@ class KombuPublisher:
         p = self.publishing
         if not p.fence.check(job.id):
             return Outcome.FENCED
-        kwargs["headers"] = {**kwargs["headers"], CLAIM_HEADER: claim_header(job, envelope.created_ms, p.token)}
+        claim = claim_header(job, envelope.created_ms, p.token)
+        kwargs["headers"] = {**kwargs["headers"], CLAIM_HEADER: claim}
         p.producer.publish(**kwargs)
         return None
 

@@ -42,7 +42,6 @@ __all__ = ["CLAIM_HEADER", "Claim", "StartCheck", "claim_header", "install", "re
 logger = logging.getLogger("celery_delayq.worker")
 
 
-
 class Claim:
     """A delivery's claim as read from its header."""
 
@@ -87,7 +86,7 @@ def read_claim(value: Any) -> Claim | None:
         return None
 
 
-class StartCheck(bootsteps.StartStopStep):
+class StartCheck(bootsteps.StartStopStep):  # type: ignore[misc]
     """Consumer bootstep: wrap each task strategy so that a message carrying a stale claim is
     dropped before it becomes a task request (see the module docstring)."""
 
@@ -108,7 +107,9 @@ class StartCheck(bootsteps.StartStopStep):
     def wrap(self, app: Any, strategy: Any, ttl_ms: int) -> Any:
         def checked(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any) -> Any:
             headers = getattr(message, "headers", None)
-            value = headers.get(CLAIM_HEADER) if isinstance(headers, dict) else None
+            if not isinstance(headers, dict):
+                headers = {}  # (a protocol 1 message: never published with a claim)
+            value = headers.get(CLAIM_HEADER)
             if value is not None and not self.may_start(app, headers, value, ttl_ms):
                 message.ack()
                 return None
@@ -122,8 +123,12 @@ class StartCheck(bootsteps.StartStopStep):
         job started first. Never raises."""
         claim = read_claim(value)
         if claim is None:
-            logger.warning("delayq: task %s carries a %s header that does not read (%.100r); it is run "
-                           "unchecked", headers.get("id"), CLAIM_HEADER, value)
+            logger.warning(
+                "delayq: task %s carries a %s header that does not read (%.100r); it is run unchecked",
+                headers.get("id"),
+                CLAIM_HEADER,
+                value,
+            )
             return True
         try:
             first = get_store(app).start(claim.job_id, claim.due_ms, claim.created_ms, claim.claim, ttl_ms)

@@ -71,7 +71,7 @@ def test_a_full_redis_refuses_the_record(redis_url: str, r: redis.Redis) -> None
     r.set("ballast", "x" * 200_000)
     r.config_set("maxmemory", max(1, int(r.info("memory")["used_memory"]) - 100_000))
     try:
-        with pytest.raises(redis.RedisError, match="OOM|maxmemory"):
+        with pytest.raises(redis.RedisError, match=r"OOM|maxmemory"):
             store.start("job-1", 1000, 7, "1|a", TTL_MS)
     finally:
         r.config_set("maxmemory", 0)
@@ -146,12 +146,20 @@ def test_the_consumer_step_drops_a_stale_copy_and_passes_everything_else(
     plain = _deliver(consumer, None, "p1")
     unreadable = _deliver(consumer, "nonsense", "u1")
     assert consumer.requested == ["j1", "j1", "p1", "u1"]
-    assert (first.acked, stale.acked, again.acked, plain.acked, unreadable.acked) == (False, True, False, False, False)
+    assert (first.acked, stale.acked, again.acked, plain.acked, unreadable.acked) == (
+        False,
+        True,
+        False,
+        False,
+        False,
+    )
     assert "dropped a stale copy of job j1" in caplog.text
     assert f"carries a {CLAIM_HEADER} header that does not read" in caplog.text
 
 
-def test_an_unreachable_store_runs_the_task_unchecked(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unreachable_store_runs_the_task_unchecked(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     app = make_app(redis_url, f"redis://127.0.0.1:{free_port()}/0")
     consumer = _Consumer(app)
     StartCheck(consumer).start(consumer)
@@ -208,8 +216,12 @@ def test_a_killed_worker_and_a_retried_task_run_again_under_the_check(
     conf: dict[str, Any] = {
         "delayq_atomic_publish": False,
         # kombu looks for a dead worker's unacked messages every interval x throttle seconds
-        "broker_transport_options": {"visibility_timeout": 3, "unacked_restore_interval": 1,
-                                     "unacked_restore_throttle": 1, "unacked_mutex_expire": 5},
+        "broker_transport_options": {
+            "visibility_timeout": 3,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": 5,
+        },
     }
     env = env_for(redis_url, redis_url, conf)
     producer = producers(redis_url, redis_url, **conf)
@@ -220,11 +232,18 @@ def test_a_killed_worker_and_a_retried_task_run_again_under_the_check(
 
     start_stack(procs, env, beats=1)  # worker 0, beat 1
     warm_up(producer, r, procs)
-    late = [record_late.apply_in(0, kwargs={"hold": 6}, task_id=f"late-{uuid.uuid4().hex[:8]}-{i}")
-            for i in range(3)]
+    late = [
+        record_late.apply_in(0, kwargs={"hold": 6}, task_id=f"late-{uuid.uuid4().hex[:8]}-{i}")
+        for i in range(3)
+    ]
     flaky = [producer.flaky.apply_in(0, kwargs={"fail_times": 1, "countdown": 1}) for _ in range(2)]
-    ran = wait_for(lambda: all(runs(r).get(res.id) == 1 for res in late)
-                   and all(runs(r).get(res.id) == 2 for res in flaky), 60, 0.05)
+    ran = wait_for(
+        lambda: (
+            all(runs(r).get(res.id) == 1 for res in late) and all(runs(r).get(res.id) == 2 for res in flaky)
+        ),
+        60,
+        0.05,
+    )
     assert ran, f"{runs(r)}\n{procs.logs()}"
     worker = procs.procs[0][0]
     worker.send_signal(signal.SIGKILL)
@@ -238,5 +257,7 @@ def test_a_killed_worker_and_a_retried_task_run_again_under_the_check(
     assert len(records) >= len(late) + len(flaky)  # each was checked (and the warm-up job)
     for i in (0, 2):
         assert "dropped a stale copy" not in log_of(procs, i)
-    print(f"\nSTART CHECK: 3 acks_late tasks ran again after a worker SIGKILL, 2 retries ran; "
-          f"{len(records)} start record(s)")
+    print(
+        f"\nSTART CHECK: 3 acks_late tasks ran again after a worker SIGKILL, 2 retries ran; "
+        f"{len(records)} start record(s)"
+    )
