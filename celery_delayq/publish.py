@@ -240,6 +240,14 @@ class Publishing:
         except REDIS_ERRORS as exc:
             logger.warning("delayq: storing %d message template(s) failed: %s", len(found), error_text(exc))
 
+    def claim(self, job: ClaimedJob, envelope: Envelope) -> str | None:
+        """The claim header of ``job``'s message (:mod:`.starts`), or None for a gated job: a
+        released one is delivered again by design once its worker died (its slot expired),
+        after it started, and the gate keeps it to its one slot."""
+        if GATE_HEADER in message_headers(envelope):
+            return None
+        return claim_header(job, envelope.created_ms, self.token)
+
     def kombu(self) -> Publisher:
         """This pass's strategy for what must go through kombu (schedule points): kombu direct,
         or Celery's ``send_task_message`` when something would notice it skipped."""
@@ -510,7 +518,7 @@ class CeleryPublisher:
             if not p.fence.check(job.id):
                 return Outcome.FENCED
             send_task(p.app, p.producer, routed, job.due_ms, now_ms=int(p.server_now_ms()),
-                      with_eta=p.config.publish_eta, claim=claim_header(job, envelope.created_ms, p.token))
+                      with_eta=p.config.publish_eta, claim=p.claim(job, envelope))
             return None
 
         return p.guarded(job, envelope, send)
@@ -534,8 +542,9 @@ class KombuPublisher:
         p = self.publishing
         if not p.fence.check(job.id):
             return Outcome.FENCED
-        claim = claim_header(job, envelope.created_ms, p.token)
-        kwargs["headers"] = {**kwargs["headers"], CLAIM_HEADER: claim}
+        claim = p.claim(job, envelope)
+        if claim is not None:
+            kwargs["headers"] = {**kwargs["headers"], CLAIM_HEADER: claim}
         p.producer.publish(**kwargs)
         return None
 

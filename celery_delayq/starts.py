@@ -3,7 +3,8 @@
 The beat's fence (:mod:`.fence`) stops a beat that lost its lease *before* it publishes; what
 a beat paused *inside* its publish had already sent when it resumes cannot be called back. So
 every message a beat publishes from a lease through kombu (kombu's batch on Redis, RabbitMQ,
-compressed or exchange-routed messages, schedule points, released gated jobs) carries its
+compressed or exchange-routed messages, schedule points; not released gated jobs, which
+flow control delivers again on purpose after a worker died mid-task) carries its
 claim in the :data:`CLAIM_HEADER` header (:func:`claim_header`): the job's id, its stored due
 time and the creation time of its envelope (which stored instance of the id it is), and the
 claim itself, ``"<tries>|<beat token>"`` (a lease entry's, unique per claim). Messages pushed by

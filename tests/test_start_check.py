@@ -113,6 +113,20 @@ def test_messages_published_through_kombu_carry_their_claim_and_the_atomic_path_
         assert claim.created_ms > 0
 
 
+def test_a_released_capped_job_carries_no_claim(
+    app_factory: Callable[..., Any], r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """Flow control delivers a released job again by design once its worker died (its slot
+    expired) after it started: a claim would have the worker drop that second delivery. The
+    gate keeps such a job to its one slot instead (docs/flow-control.md)."""
+    app = app_factory(delayq_atomic_publish=False)
+    app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), concurrency_key="k", concurrency_limit=1)
+    dispatchers(app).run_once()
+    [message] = broker_lists(r)["celery"]
+    assert "delayq_gate" in message["headers"]
+    assert CLAIM_HEADER not in message["headers"]
+
+
 class _Consumer:
     """What :class:`StartCheck` reads of Celery's consumer: the app and its task strategies."""
 
