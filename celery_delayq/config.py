@@ -98,7 +98,14 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         3600.0,
         "Seconds a released gated job may wait in the broker for a worker to start it before "
         "its slot comes back and it is delivered again (its worker takes the slot over at the "
-        "start, and renews it every third of delayq_slot_ttl). Longer than any queue backlog.",
+        "start, and renews it every third of delayq_slot_ttl). Longer than any queue backlog. "
+        "Also how long a worker remembers which delivery of a job started (delayq_start_check).",
+    ),
+    "delayq_start_check": (
+        True,
+        "Workers check, before running a message a beat published through kombu, that no other "
+        "delivery of the same job started first (one Redis round trip per such start), and drop "
+        "a stale copy; False: run every copy.",
     ),
 }
 
@@ -231,6 +238,7 @@ class DelayQConfig:
     past_warning: float | None = 3600.0
     slot_ttl: float = 60.0
     start_ttl: float = 3600.0
+    start_check: bool = True
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -298,6 +306,7 @@ class DelayQConfig:
             past_warning=_optional_seconds(n["delayq_past_warning"], get["delayq_past_warning"]),
             slot_ttl=_number(n["delayq_slot_ttl"], get["delayq_slot_ttl"], float, 0.5),
             start_ttl=_number(n["delayq_start_ttl"], get["delayq_start_ttl"], float, 0.5),
+            start_check=_flag(n["delayq_start_check"], get["delayq_start_check"]),
         )
 
     @classmethod

@@ -559,7 +559,7 @@ class Dispatcher:
                     if fence.buffered and opened is not None:
                         fence.check(None)  # raises LeaseLost: the batch is discarded unsent
                         opened.flush()
-                        fence.published(len(fence.buffered))
+                        fence.flushed()
             except LeaseLost:
                 # The jobs found lost are counted below; those still held stay leased.
                 logger.warning(
@@ -625,8 +625,19 @@ class Dispatcher:
 
     def _fence_report(self, wired: set[str]) -> None:
         """Count and log what the fence kept from the broker in this pass."""
-        # Lost jobs of the atomic path are deliver.lua's to drop (and count), not the fence's.
-        fenced = len(self.fence.lost.difference(wired))
+        # Lost jobs of the atomic path are deliver.lua's to drop (and count), not the fence's;
+        # those this beat had sent before it found their lease lost were published.
+        lost = self.fence.lost.difference(wired)
+        fenced = len(lost.difference(self.fence.sent_ids))
+        early = len(lost.intersection(self.fence.sent_ids))
+        if early:
+            logger.warning(
+                "delayq: fence: %d job(s) this beat published in this pass were found re-claimed by "
+                "another beat afterwards (this beat was paused or slowed inside its publish): the other "
+                "beat published them too, and workers with delayq_start_check on run only the "
+                "copy that starts first",
+                early,
+            )
         if fenced:
             self.stats.fenced += fenced
             self.stats.stale_acks += fenced

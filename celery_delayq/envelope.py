@@ -42,6 +42,7 @@ from .due import local_now_ms, ms_to_datetime
 from .exceptions import CorruptData, InvalidOptions, PayloadTooLarge
 
 __all__ = [
+    "CLAIM_HEADER",
     "DUE_HEADER",
     "ENVELOPE_VERSION",
     "JSON_CT",
@@ -67,6 +68,9 @@ ENVELOPE_VERSION = 2
 
 #: Header added at publish: the job's due time, seconds since the epoch (float).
 DUE_HEADER = "delayq_due"
+
+#: Header added when a beat publishes a job through kombu: its claim (see :mod:`.starts`).
+CLAIM_HEADER = "delayq_claim"
 
 
 @dataclass(frozen=True)

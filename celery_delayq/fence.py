@@ -63,6 +63,9 @@ class Fence:
         self.lost: set[str] = set()
         self.buried: set[str] = set()
         self.buffered: list[str] = []
+        #: ids of this pass already handed to the broker (sent, or in a flushed batch): a lease
+        #: found lost later does not make them unpublished
+        self.sent_ids: set[str] = set()
         self.checked_at = 0.0
         self.overran = 0  # messages of this pass sent after the lease may have expired
         #: residual windows (s): last fence check -> publish returned / batch flushed
@@ -76,6 +79,7 @@ class Fence:
         """A pass publishes ``jobs`` (ids by shard), claimed since :meth:`claimed`."""
         self.jobs = jobs
         self.lost, self.buried = set(), set()
+        self.sent_ids = set()
 
     def open_batch(self) -> None:
         self.buffered = []
@@ -123,7 +127,13 @@ class Fence:
         if buffering:
             self.buffered.append(job_id)
         else:
+            self.sent_ids.add(job_id)
             self.published(1)
+
+    def flushed(self) -> None:
+        """The open kombu batch was sent."""
+        self.sent_ids.update(self.buffered)
+        self.published(len(self.buffered))
 
     def published(self, messages: int) -> None:
         """A publish returned, or a batch flush: keep its residual window (since the last fence

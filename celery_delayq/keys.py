@@ -136,6 +136,18 @@ class ShardKeys:
         """Hash: schedule name -> run state (JSON: current point id, next run, last run, runs)."""
         return self._key("history")
 
+    # -- the start check (lua/start.lua, celery_delayq/starts.py) --
+
+    def started(self, job_id: str, due_ms: int, created_ms: int) -> str:
+        """String: the claim that started this instance of job ``job_id`` (stored with due
+        ``due_ms``, its envelope created at ``created_ms``), for ``delayq_start_ttl``."""
+        return self._key(f"start:{due_ms}:{created_ms}:{job_id}")
+
+    @property
+    def dropped(self) -> str:
+        """String: how many stale copies of this shard's jobs workers dropped (lua/start.lua)."""
+        return self._key("starts:dropped")
+
     # -- flow control (lua/includes/gate.lua builds these names from KEYS[1]: same form) --
 
     @property

@@ -120,6 +120,7 @@ class DispatcherCollector(Collector):
             "overdue": seen.overdue,
             "dead": seen.dead,
             "start": lateness.Snapshot.from_fields(seen.lateness),
+            "dropped": seen.dropped,
             "keys": self._read_keys(),
         }
 
@@ -231,6 +232,10 @@ class DispatcherCollector(Collector):
         )
         for name, documentation, field in gauges:
             yield GaugeMetricFamily(name, documentation, value=state[field])
+        yield CounterMetricFamily(
+            "delayq_stale_starts_dropped", "Copies of jobs that workers dropped before running them: "
+            "another delivery of the same job had started (a beat published it after losing its "
+            "lease; delayq_start_check). All workers; the same in every beat.", value=state["dropped"])
         keys = state.get("keys")
         if keys is not None:
             yield from _key_families(*keys)

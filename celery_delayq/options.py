@@ -24,7 +24,7 @@ from celery.utils.saferepr import saferepr
 from kombu.entity import DELIVERY_MODES, Exchange, Queue
 
 from .due import MAX_DUE_MS, due_iso, due_ms_from_eta
-from .envelope import DUE_HEADER
+from .envelope import CLAIM_HEADER, DUE_HEADER
 from .exceptions import InvalidArguments, InvalidDueTime, InvalidOptions, InvalidTaskId
 
 __all__ = [
@@ -85,10 +85,10 @@ def clean_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     for name in _CALL_ONLY:
         options.pop(name, None)
     headers = options.get("headers")
-    if isinstance(headers, Mapping) and DUE_HEADER in headers:
-        # A retry (``self.retry``) passes the request's headers on, with the due time of the
-        # attempt that is running; the beat sets the new job's own at publish.
-        options["headers"] = {k: v for k, v in headers.items() if k != DUE_HEADER}
+    if isinstance(headers, Mapping) and (DUE_HEADER in headers or CLAIM_HEADER in headers):
+        # A retry (``self.retry``) passes the request's headers on, with the due time and the
+        # claim of the attempt that is running; the beat sets the new job's own at publish.
+        options["headers"] = {k: v for k, v in headers.items() if k not in (DUE_HEADER, CLAIM_HEADER)}
     return options
 
 

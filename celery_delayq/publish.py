@@ -49,10 +49,11 @@ from celery.backends.base import DisabledBackend
 from kombu.common import Broadcast
 from kombu.exceptions import EncodeError, OperationalError
 
-from .envelope import UTF8, Envelope, decode_envelope
+from .envelope import CLAIM_HEADER, UTF8, Envelope, decode_envelope
 from .fence import Fence, LeaseLost
 from .gate import BATCH_DONE_HEADER, GATE_HEADER, Gate, batch_of
 from .routing import can_publish_direct, direct_args, send_task, transport_batches
+from .starts import claim_header
 from .stats import DispatchStats
 from .store import (
     OOM_REPLY,
@@ -332,6 +333,14 @@ class Publishing:
             self.store.add_templates(by_shard)
         except REDIS_ERRORS as exc:
             logger.warning("delayq: storing %d message template(s) failed: %s", len(found), error_text(exc))
+
+    def claim(self, job: ClaimedJob, envelope: Envelope) -> str | None:
+        """The claim header of ``job``'s message (:mod:`.starts`), or None for a gated job: a
+        released one is delivered again by design once its worker died (its slot expired),
+        after it started, and the gate keeps it to its one slot."""
+        if GATE_HEADER in message_headers(envelope):
+            return None
+        return claim_header(job, envelope.created_ms, self.token)
 
     def kombu(self) -> Publisher:
         """This pass's strategy for what must go through kombu (schedule points): kombu direct,
@@ -683,7 +692,7 @@ class CeleryPublisher:
             if not p.fence.check(job.id):
                 return Outcome.FENCED
             send_task(p.app, p.producer, routed, job.due_ms, now_ms=int(p.server_now_ms()),
-                      with_eta=p.config.publish_eta)
+                      with_eta=p.config.publish_eta, claim=p.claim(job, envelope))
             return None
 
         return p.guarded(job, envelope, send)
@@ -698,14 +707,18 @@ class KombuPublisher:
     def publish(self, shard: int, job: ClaimedJob, envelope: Envelope) -> Outcome:
         p = self.publishing
         return p.guarded(
-            job, envelope, lambda: self.send(job, p.direct_args(p.producer, envelope, job.due_ms))
+            job, envelope, lambda: self.send(job, envelope, p.direct_args(p.producer, envelope, job.due_ms))
         )
 
-    def send(self, job: ClaimedJob, kwargs: dict[str, Any]) -> Outcome | None:
-        """Fence, then publish (None: handed to kombu)."""
+    def send(self, job: ClaimedJob, envelope: Envelope, kwargs: dict[str, Any]) -> Outcome | None:
+        """Fence, then publish (None: handed to kombu) with the claim's header (:mod:`.starts`:
+        a copy published after the lease was lost is dropped by the worker)."""
         p = self.publishing
         if not p.fence.check(job.id):
             return Outcome.FENCED
+        claim = p.claim(job, envelope)
+        if claim is not None:
+            kwargs["headers"] = {**kwargs["headers"], CLAIM_HEADER: claim}
         p.producer.publish(**kwargs)
         return None
 
@@ -746,7 +759,7 @@ class AtomicPublisher:
                 self.wired[shard].append((job, envelope.task, *built))
                 return Outcome.WIRED
             p.leaves_atomic(_why_not_wired(self.channel, kwargs))
-            return self.kombu.send(job, kwargs)
+            return self.kombu.send(job, envelope, kwargs)
 
         return p.guarded(job, envelope, send)
 

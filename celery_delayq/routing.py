@@ -13,7 +13,7 @@ from celery.app.amqp import task_message
 from celery.signals import after_task_publish, before_task_publish, task_sent
 
 from .due import due_iso
-from .envelope import DUE_HEADER, Envelope
+from .envelope import CLAIM_HEADER, DUE_HEADER, Envelope
 
 __all__ = ["can_publish_direct", "direct_args", "send_task", "transport_batches"]
 
@@ -124,15 +124,22 @@ def send_task(
     due_ms: int,
     now_ms: int,
     with_eta: bool = False,
+    claim: str | None = None,
 ) -> None:
     """Publish one job through Celery's ``send_task_message``, as ``apply_async`` would;
-    ``with_eta`` (``delayq_publish_eta``): with its due time as the message's ``eta``."""
+    ``with_eta`` (``delayq_publish_eta``): with its due time as the message's ``eta``;
+    ``claim``: the :data:`~.envelope.CLAIM_HEADER` it carries (see :mod:`.starts`)."""
     headers = dict(envelope.headers)
     headers[DUE_HEADER] = due_ms / 1000.0
     if with_eta:
         headers["eta"] = due_iso(due_ms)
     props = dict(envelope.props)
     route = dict(envelope.route)
+    if claim is not None:
+        headers[CLAIM_HEADER] = claim
+        extra = route.get("headers")  # send_task_message lays these over the message's
+        if isinstance(extra, dict) and CLAIM_HEADER in extra:
+            route["headers"] = {k: v for k, v in extra.items() if k != CLAIM_HEADER}
     if envelope.expires_ms is not None:
         route["expiration"] = max(0.0, (envelope.expires_ms - now_ms) / 1000.0)
     sent_event = None

@@ -302,6 +302,7 @@ class StoreOverview:
     leased: int
     dead: int
     lateness: dict[str, str]  # the lateness hash asked for, as stored (empty when not asked)
+    dropped: int = 0  # stale copies workers dropped at their start (lua/start.lua), all shards
 
 
 @dataclass(frozen=True)
@@ -1268,23 +1269,26 @@ class Store:
 
     def overview(self, now_ms: int, lateness_key: str | None = None) -> StoreOverview:
         """Counts over all shards in one pipeline (``ZCARD``, ``ZCOUNT`` up to ``now_ms``,
-        ``HLEN`` of leases and dead letters), with the hash ``lateness_key`` read alongside."""
+        ``HLEN`` of leases and dead letters, ``GET`` of the copies dropped at start), with the hash
+        ``lateness_key`` read alongside."""
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keys.all_shards():
                 pipe.zcard(shard.due)
                 pipe.zcount(shard.due, "-inf", now_ms)
                 pipe.hlen(shard.leases)
                 pipe.hlen(shard.dead)
+                pipe.get(shard.dropped)
             if lateness_key is not None:
                 pipe.hgetall(lateness_key)
             replies = pipe.execute()
         extra: dict[str, str] = (replies.pop() or {}) if lateness_key is not None else {}
         return StoreOverview(
-            stored=sum(int(n) for n in replies[0::4]),
-            overdue=sum(int(n) for n in replies[1::4]),
-            leased=sum(int(n) for n in replies[2::4]),
-            dead=sum(int(n) for n in replies[3::4]),
+            stored=sum(int(n) for n in replies[0::5]),
+            overdue=sum(int(n) for n in replies[1::5]),
+            leased=sum(int(n) for n in replies[2::5]),
+            dead=sum(int(n) for n in replies[3::5]),
             lateness=extra,
+            dropped=sum(_int_or(n) for n in replies[4::5]),
         )
 
     # -- recurring schedules -----------------------------------------------------------------
@@ -1650,6 +1654,16 @@ class Store:
         started by then is claimed every ``check_ms`` to look whether its task finished
         already (the gate answers "held": see :class:`GateDecision`)."""
         return self._pairs_by_call("hold", [token, int(start_ttl_ms), int(check_ms)], jobs_by_shard)
+
+    def start(self, job_id: str, due_ms: int, created_ms: int, claim: str, ttl_ms: int) -> bool:
+        """A worker is about to run a delivery of job ``job_id`` (stored due ``due_ms``, envelope
+        created ``created_ms``) published under ``claim`` (``"<tries>|<beat token>"``): whether
+        it may (``lua/start.lua``, one round trip): True for the first claim of this job
+        instance to start (its record kept ``ttl_ms``) and for that claim again; False for a copy
+        of another claim (counted in the shard's dropped count)."""
+        shard = self.keys.for_job(job_id)
+        keys = [shard.started(job_id, due_ms, created_ms), shard.dropped]
+        return bool(SCRIPTS["start"](self.client, keys, [claim, int(ttl_ms)]))
 
     def renew_slots(self, jobs: Sequence[tuple[str, str]], slot_ttl_ms: int) -> dict[str, bool]:
         """Extend to now + ``slot_ttl_ms`` the slots of running gated jobs ``(id, key)``

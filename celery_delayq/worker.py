@@ -53,6 +53,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
+from . import starts
 from .config import DEFAULTS, DelayQConfig, _flag
 from .envelope import DUE_HEADER
 from .lateness import Histogram, key_for
@@ -210,17 +211,25 @@ def _on_shutdown(**_: Any) -> None:
         recorder.stop()
 
 
+def _setting(app: Any, name: str) -> bool:
+    try:
+        value = app.conf[name]
+    except KeyError:
+        value = DEFAULTS[name][0]
+    return _flag(name, value)
+
+
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    """``worker_init``: install the recorder when the worker's app has the setting on."""
+    """``worker_init``: install the recorder when the worker's app has
+    ``delayq_record_lateness`` on, and the start check (:mod:`.starts`) when it has
+    ``delayq_start_check`` on (before the worker builds its consumer)."""
     app = getattr(sender, "app", None)
     if app is None:
         return
-    try:
-        value = app.conf["delayq_record_lateness"]
-    except KeyError:
-        value = DEFAULTS["delayq_record_lateness"][0]
-    if _flag("delayq_record_lateness", value):
+    if _setting(app, "delayq_record_lateness"):
         install(app)
+    if _setting(app, "delayq_start_check"):
+        starts.install(app)
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:

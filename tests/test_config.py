@@ -234,6 +234,7 @@ ONE_BAD_VALUE: dict[str, Any] = {
     "delayq_past_warning": -1,
     "delayq_slot_ttl": 0.1,
     "delayq_start_ttl": 0.1,
+    "delayq_start_check": "maybe",
 }
 
 

@@ -369,3 +369,101 @@ def test_a_flush_that_ends_after_the_lease_is_reported(
     assert "fence: 3 message(s) reached the broker after their lease may have expired" in caplog.text
     count, _, most = a.fence_window()
     assert count == 1 and most >= SHORT_TTL * 1200
+
+
+# -- a beat paused inside its publish (issue 24, item 2): the workers' start check ------------
+
+#: Messages beat A hands to the broker before it stops itself (one by one on RabbitMQ; on the
+#: Redis broker its one batch of the pass is flushed first, so all of them).
+STOP_AFTER_PUBLISHED = 300
+
+
+def paused_inside_publish(
+    broker: str,
+    redis_url: str,
+    r: redis.Redis,
+    procs: Procs,
+    producers: Callable[..., Producer],
+    label: str,
+    conf: dict[str, Any],
+    queue: str = "celery",
+) -> None:
+    """``JOBS`` jobs due at once; beat A stops itself (SIGSTOP) once it has published
+    ``STOP_AFTER_PUBLISHED`` of them (its messages are in the broker, the rest of its pass and
+    its ack are not done); beat B re-claims everything after A's leases and publishes it again;
+    A is resumed past ``PAUSE``. The workers run each job once: the copies of the claim that
+    started second are dropped (``delayq_start_check``)."""
+    conf = {"delayq_reclaim_ttl": RECLAIM_TTL, **conf}
+    env = env_for(broker, redis_url, conf)
+    producer = producers(broker, redis_url, **conf)
+    start_stack(procs, {**env, "DELAYQ_TEST_STOP_IN_PUBLISH": str(STOP_AFTER_PUBLISHED)}, beats=1)
+    warm_up(producer, r, procs)
+    r.delete("e2e:stopped")
+    results = producer.record.apply_at_many([(time.time() + 2.0, (i,), None) for i in range(JOBS)])
+    ids = {res.id for res in results}
+    sent = wait_for(lambda: r.get("e2e:stopped"), TIMEOUT, 0.05)
+    assert sent, f"beat A never published {STOP_AFTER_PUBLISHED} jobs in a pass\n{procs.logs()}"
+    stopped_at = time.monotonic()
+    beat_a = procs.procs[1][0]
+    try:
+        procs.start("beat", env)  # beat B
+        ran = wait_for(lambda: len(runs(r)) >= JOBS, TIMEOUT, 0.2)
+        assert ran, f"{len(runs(r))} of {JOBS} ran while A was stopped\n{procs.logs()}"
+        time.sleep(max(0.0, PAUSE - (time.monotonic() - stopped_at)))
+        paused = time.monotonic() - stopped_at
+    finally:
+        os.kill(beat_a.pid, signal.SIGCONT)
+    done = wait_for(lambda: "no longer leased" in log_of(procs, 1) or "fence:" in log_of(procs, 1), 30, 0.1)
+    time.sleep(3.0)
+    wait_for(lambda: broker_backlog(broker, queue) == (0, 0), 60, 0.2)
+    time.sleep(1.0)
+    counts = runs(r)
+    duplicates = {job_id: n for job_id, n in counts.items() if n > 1}
+    lost = ids - set(counts)
+    said = [line for line in log_of(procs, 1).splitlines() if "fence" in line or "no longer" in line]
+    print(
+        f"\nFENCING beat paused inside its publish, {label}: jobs={JOBS}, A published {int(sent)} "
+        f"then stopped {paused:.1f} s (TTL {RECLAIM_TTL:g} s): duplicates={len(duplicates)} "
+        f"lost={len(lost)}; A said: {said[-3:]}"
+    )
+    alive = beat_a.poll() is None
+    procs.stop_all()
+    assert done, f"beat A did nothing visible after SIGCONT\n{procs.logs()}"
+    assert not lost, f"{len(lost)} lost"
+    assert duplicates == {}, f"{len(duplicates)} job(s) ran twice"
+    dropped = sum(int(r.get(get_store(producer.app).keys.shard(i).dropped) or 0) for i in range(16))
+    print(f"  stale copies dropped by the workers: {dropped}")
+    assert dropped >= int(sent) - 1  # (the warm-up job may be among those A counted)
+    assert "dropped a stale copy of job" in log_of(procs, 0)
+    assert alive, procs.logs()
+    not_published = [line for line in said if "claimed job(s) were not published" in line]
+    for line in not_published:  # what A says it did not publish excludes what it had sent
+        count = int(line.split("fence: ")[1].split(" ")[0])
+        assert count <= JOBS - int(sent) + 1, line
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_beat_paused_inside_its_publish_runs_nothing_twice_kombu_batch(
+    redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
+) -> None:
+    paused_inside_publish(redis_url, redis_url, r, procs, producers, "kombu batch (Redis broker)",
+                          {"delayq_atomic_publish": False})
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(240)
+def test_a_beat_paused_inside_its_publish_runs_nothing_twice_rabbitmq(
+    redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
+) -> None:
+    broker = rabbitmq_or_skip()
+    queue = f"delayq-fence-{uuid.uuid4().hex[:12]}"
+    conf = {"task_default_queue": queue, "broker_heartbeat": 0, "worker_enable_remote_control": False}
+    try:
+        paused_inside_publish(broker, redis_url, r, procs, producers, "rabbitmq", conf, queue=queue)
+    finally:
+        procs.stop_all()
+        _delete_queue(broker, queue)

@@ -126,6 +126,28 @@ if os.environ.get("DELAYQ_TEST_PUBLISH_RECEIVER"):
         """A receiver that does nothing: connected, it takes every job off the atomic path."""
 
 
+if os.environ.get("DELAYQ_TEST_STOP_IN_PUBLISH"):
+    import signal
+
+    from celery_delayq import fence
+
+    _STOP_PUBLISHED = int(os.environ["DELAYQ_TEST_STOP_IN_PUBLISH"])
+    _published = fence.Fence.published
+    _count: list[int] = []
+
+    def _stop_inside_publish(self: Any, messages: int) -> None:
+        """Once this beat has handed DELAYQ_TEST_STOP_IN_PUBLISH messages to the broker (one by
+        one, or in a flushed batch) in one pass: record ``e2e:stopped`` = how many, then SIGSTOP
+        this beat inside its publish phase (the test sends SIGCONT)."""
+        _published(self, messages)
+        _count.append(messages)
+        if len(_count) > 0 and sum(_count) >= _STOP_PUBLISHED and not recorder().get("e2e:stopped"):
+            recorder().set("e2e:stopped", sum(_count))
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    fence.Fence.published = _stop_inside_publish  # type: ignore[method-assign]
+
+
 if os.environ.get("DELAYQ_TEST_STOP_AFTER_CLAIM"):
     import signal
 

@@ -33,6 +33,7 @@ def normalized(message: dict[str, Any], task_id: str) -> dict[str, Any]:
     message = json.loads(json.dumps(message).replace(task_id, "<id>"))
     message["properties"].pop("delivery_tag")
     message["headers"].pop("delayq_due", None)
+    message["headers"].pop("delayq_claim", None)  # kombu-path messages only: the beat's claim
     return message
 
 
