@@ -45,7 +45,9 @@ UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.
 OOM_REPLY = "command not allowed when used memory"
 
 
-def make_client(url: str, cluster: bool = False, connect_timeout: float | None = None) -> Any:
+def make_client(
+    url: str, cluster: bool = False, connect_timeout: float | None = None, socket_timeout: float | None = None
+) -> Any:
     """A redis-py client for ``url`` that returns ``str``: a ``RedisCluster`` (``url`` names
     any node; the others are discovered) when ``cluster``, else a ``Redis``. A ``rediss://``
     URL connects with TLS (its ``ssl_*`` query parameters apply), in both cases.
@@ -54,7 +56,8 @@ def make_client(url: str, cluster: bool = False, connect_timeout: float | None =
     into the store's keys by something else) reads as a ``str`` that encodes back to the
     same bytes, so the beat dead-letters such a job as corrupt instead of failing the whole
     claim on it, and acks or buries an id of that kind exactly. ``connect_timeout`` (seconds)
-    bounds each connection attempt (the CLI's, so a wrong URL fails fast).
+    bounds each connection attempt (the CLI's, so a wrong URL fails fast); ``socket_timeout``
+    each reply (a ``socket_timeout`` in the URL wins over both).
 
     >>> make_client("redis://127.0.0.1:6390/0").get_connection_kwargs()["decode_responses"]
     True
@@ -64,6 +67,8 @@ def make_client(url: str, cluster: bool = False, connect_timeout: float | None =
     )
     if connect_timeout is not None:
         options["socket_connect_timeout"] = connect_timeout
+    if socket_timeout is not None:
+        options["socket_timeout"] = socket_timeout
     if cluster:
         return RedisCluster.from_url(url, **options)
     return redis.Redis.from_url(url, **options)

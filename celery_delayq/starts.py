@@ -24,21 +24,35 @@ warning logged, and counted in the shard's ``starts:dropped`` key (the beat's
 process, so it is the same for every pool and every task (a ``DelayedTask`` or not).
 
 When the store cannot be asked (unreachable, full, a script error), the message is run: at
-least once is the base promise; a warning is logged once per failing streak.
+least once is the base promise; a warning is logged once per failing streak. The check has a
+client of its own whose connect and reply wait at most :data:`CHECK_TIMEOUT` seconds (a
+``socket_timeout`` in ``delayq_url`` wins), and after a failure the consumer runs such
+messages unchecked for :data:`RETRY_AFTER` seconds before it asks again: a store that hangs
+(a paused or overloaded Redis) costs the consumer one wait per :data:`RETRY_AFTER`, not one per
+message, and never stops the plain tasks it receives.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
 
 from .config import DelayQConfig
 from .envelope import CLAIM_HEADER
-from .store import ClaimedJob, error_text, get_store
+from .store import ClaimedJob, Store, error_text
 
-__all__ = ["CLAIM_HEADER", "Claim", "StartCheck", "claim_header", "install", "read_claim"]
+__all__ = ["CHECK_TIMEOUT", "CLAIM_HEADER", "RETRY_AFTER", "Claim", "StartCheck", "claim_header", "install",
+           "read_claim"]
+
+#: Seconds the start check waits for the store (to connect, and for its reply).
+CHECK_TIMEOUT = 2.0
+
+#: Seconds a consumer runs claimed messages unchecked after the store could not be asked.
+RETRY_AFTER = 10.0
 
 logger = logging.getLogger("celery_delayq.worker")
 
@@ -93,13 +107,18 @@ class StartCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
-    def __init__(self, c: Any, **kwargs: Any) -> None:
+    def __init__(self, c: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self.failing = False
+        self.clock = clock
+        self.ask_after = 0.0  # monotonic time before which the store is not asked (failing)
+        self.store: Store | None = None
 
     def start(self, c: Any) -> None:
         """Wrap the strategies ``Tasks`` just made (again after a connection restart)."""
         config = DelayQConfig.from_app(c.app)
+        if self.store is None:
+            self.store = Store(config, connect_timeout=CHECK_TIMEOUT, socket_timeout=CHECK_TIMEOUT)
         ttl_ms = max(1, int(config.start_ttl * 1000))
         for name, strategy in list(c.strategies.items()):
             if not getattr(strategy, "delayq_checked", False):
@@ -131,16 +150,22 @@ class StartCheck(bootsteps.StartStopStep):  # type: ignore[misc]
                 value,
             )
             return True
+        if self.failing and self.clock() < self.ask_after:
+            return True  # the store failed a moment ago: run it unchecked (see RETRY_AFTER)
         try:
-            first = get_store(app).start(claim.job_id, claim.due_ms, claim.created_ms, claim.claim, ttl_ms)
+            assert self.store is not None, "StartCheck.start makes the store"
+            first = self.store.start(claim.job_id, claim.due_ms, claim.created_ms, claim.claim, ttl_ms)
         except Exception as exc:  # Redis unreachable, full, a script error: run it (at least once)
             if not self.failing:
                 logger.warning(
                     "delayq: cannot check in Redis whether another delivery of a job started (%s); "
-                    "such tasks run unchecked (at least once) until it answers",
+                    "such tasks run unchecked (at least once) until it answers (asked again "
+                    "every %.0f s)",
                     error_text(exc),
+                    RETRY_AFTER,
                 )
             self.failing = True
+            self.ask_after = self.clock() + RETRY_AFTER
             return True
         if self.failing:
             logger.warning("delayq: checking task starts in Redis works again")

@@ -513,15 +513,20 @@ class Store:
     """One app's shards in one Redis deployment."""
 
     def __init__(
-        self, config: DelayQConfig, client: Any | None = None, connect_timeout: float | None = None
+        self,
+        config: DelayQConfig,
+        client: Any | None = None,
+        connect_timeout: float | None = None,
+        socket_timeout: float | None = None,
     ) -> None:
         """The store of ``config``, through ``client`` or a client of its own
         (:func:`~celery_delayq.connection.make_client`, each connection attempt bounded by
-        ``connect_timeout`` seconds when given). A bad URL raises ``ValueError``."""
+        ``connect_timeout`` seconds and each reply by ``socket_timeout`` when given). A bad URL
+        raises ``ValueError``."""
         self.config = config
         self.keys = KeySpace(config.prefix, config.shards)
         if client is None:
-            client = make_client(config.url, config.cluster, connect_timeout)
+            client = make_client(config.url, config.cluster, connect_timeout, socket_timeout)
         self.client = client
         self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
         self._direct = DirectCalls.for_client(client)

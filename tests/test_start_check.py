@@ -11,6 +11,7 @@ under the check.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import uuid
@@ -21,11 +22,11 @@ import pytest
 import redis
 
 from celery_delayq import DelayedTask
-from celery_delayq.devtools.embedded import free_port
+from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.envelope import CLAIM_HEADER
 from celery_delayq.scheduler import serve_metrics
-from celery_delayq.starts import StartCheck, read_claim
+from celery_delayq.starts import CHECK_TIMEOUT, RETRY_AFTER, StartCheck, read_claim
 from celery_delayq.store import get_store
 from tests.support.apps import make_app
 from tests.support.metrics import scrape, value
@@ -192,6 +193,43 @@ def test_an_unreachable_store_runs_the_task_unchecked(
             _deliver(consumer, f"1|beat-b|1000|7|j{i}", f"j{i}")
     assert consumer.requested == ["j0", "j1", "j2"]
     assert caplog.text.count("such tasks run unchecked") == 1  # once per failing streak
+
+
+@pytest.mark.slow
+def test_a_hung_store_costs_the_consumer_one_wait_per_retry_not_one_per_message(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that stops answering (SIGSTOP) holds the consumer for CHECK_TIMEOUT once; the
+    next claimed messages and plain ones run at once, unchecked, until RETRY_AFTER has passed;
+    then the store is asked again, and once it answers, stale copies are dropped again."""
+    now = [0.0]
+    with EmbeddedRedis() as store_server:
+        app = make_app(redis_url, store_server.url)
+        consumer = _Consumer(app)
+        step = StartCheck(consumer, clock=lambda: now[0])
+        step.start(consumer)
+        _deliver(consumer, "1|beat-a|1000|7|j0", "j0")  # a first start, while the store answers
+        assert store_server.process is not None
+        os.kill(store_server.process.pid, signal.SIGSTOP)
+        try:
+            with caplog.at_level(logging.WARNING):
+                waited = time.monotonic()
+                _deliver(consumer, "1|beat-a|1000|7|j1", "j1")
+                first_wait = time.monotonic() - waited
+                waited = time.monotonic()
+                for i in range(2, 6):
+                    _deliver(consumer, f"1|beat-a|1000|7|j{i}", f"j{i}")
+                _deliver(consumer, None, "plain")
+                later = time.monotonic() - waited
+        finally:
+            os.kill(store_server.process.pid, signal.SIGCONT)
+        assert CHECK_TIMEOUT * 0.9 <= first_wait < CHECK_TIMEOUT * 5
+        assert later < CHECK_TIMEOUT * 0.9  # not asked again within RETRY_AFTER
+        assert caplog.text.count("such tasks run unchecked") == 1
+        now[0] += RETRY_AFTER
+        stale = _deliver(consumer, "1|beat-b|1000|7|j0", "j0")  # asked again: the store answers
+        assert stale.acked and "checking task starts in Redis works again" in caplog.text
+        assert consumer.requested == ["j0", *(f"j{i}" for i in range(1, 6)), "plain"]
 
 
 def test_the_beat_metrics_count_the_copies_dropped(
