@@ -107,10 +107,10 @@ class StartCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
-    def __init__(self, c: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
+    def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self.failing = False
-        self.clock = clock
+        self.clock: Callable[[], float] = time.monotonic  # (Celery passes the worker's options)
         self.ask_after = 0.0  # monotonic time before which the store is not asked (failing)
         self.store: Store | None = None
 

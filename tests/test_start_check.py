@@ -206,7 +206,8 @@ def test_a_hung_store_costs_the_consumer_one_wait_per_retry_not_one_per_message(
     with EmbeddedRedis() as store_server:
         app = make_app(redis_url, store_server.url)
         consumer = _Consumer(app)
-        step = StartCheck(consumer, clock=lambda: now[0])
+        step = StartCheck(consumer)
+        step.clock = lambda: now[0]
         step.start(consumer)
         _deliver(consumer, "1|beat-a|1000|7|j0", "j0")  # a first start, while the store answers
         assert store_server.process is not None
