@@ -96,3 +96,28 @@ def test_flow_row_runs_and_the_cap_held() -> None:
     assert any("Redis commands per job" in line for line in table), proc.stdout
     gaps = [line for line in proc.stdout.splitlines() if "negative gaps" in line]
     assert len(gaps) == 2 and all("the cap broken) 0;" in line for line in gaps), gaps
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_the_start_check_and_held_check_scripts_run() -> None:
+    """``python -m bench.start_check`` (its consumer and real-worker lines, every worker's tasks
+    run) and ``python -m bench.held_check`` (held again with a backend, redelivered without)
+    print their figures."""
+    start = subprocess.run(
+        [sys.executable, "-m", "bench.start_check", "200"],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+    )
+    assert start.returncode == 0, (start.stdout + start.stderr)[-4000:]
+    assert "claim, first start" in start.stdout and "bytes of Redis per record" in start.stdout
+    workers = [line for line in start.stdout.splitlines() if line.startswith("in a worker")]
+    assert len(workers) == 4 and all("us per task start" in line for line in workers), start.stdout
+    held = subprocess.run(
+        [sys.executable, "-m", "bench.held_check", "40"],
+        cwd=ROOT, capture_output=True, text=True, timeout=200, stdin=subprocess.DEVNULL,
+    )
+    assert held.returncode == 0, (held.stdout + held.stderr)[-4000:]
+    lines = held.stdout.splitlines()
+    assert sum("'held': 40" in line for line in lines if line.startswith("with a result backend")) == 2, lines
+    assert sum(line.startswith("without (redelivered)") for line in lines) == 2, lines
