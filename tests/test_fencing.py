@@ -61,6 +61,31 @@ PAUSE = 3 * RECLAIM_TTL
 TIMEOUT = 90.0
 
 
+def resume_after_b(
+    procs: Procs, env: dict[str, str], r: redis.Redis, broker: str, queue: str, said: str
+) -> tuple[dict[str, int], float, bool, bool]:
+    """Beat A (process 1) has stopped itself: start beat B, let it deliver every job, keep A
+    stopped past ``PAUSE``, resume it, wait until A's log has ``said`` (or an ack of what it no
+    longer held) and the broker is drained. ``(runs by id, A's pause in s, A said something,
+    A is alive)``."""
+    stopped_at = time.monotonic()
+    beat_a = procs.procs[1][0]
+    try:
+        procs.start("beat", env)  # beat B
+        ran = wait_for(lambda: len(runs(r)) >= JOBS, TIMEOUT, 0.2)
+        assert ran, f"{len(runs(r))} of {JOBS} ran while A was stopped\n{procs.logs()}"
+        time.sleep(max(0.0, PAUSE - (time.monotonic() - stopped_at)))
+        paused = time.monotonic() - stopped_at
+    finally:
+        os.kill(beat_a.pid, signal.SIGCONT)
+    # A goes on with its pass (publish, then ack); give it time, then let the worker drain.
+    done = wait_for(lambda: "no longer leased" in log_of(procs, 1) or said in log_of(procs, 1), 30, 0.1)
+    time.sleep(3.0)
+    wait_for(lambda: broker_backlog(broker, queue) == (0, 0), 60, 0.2)
+    time.sleep(1.0)
+    return runs(r), paused, bool(done), beat_a.poll() is None
+
+
 def paused_beat(
     broker: str,
     redis_url: str,
@@ -86,22 +111,7 @@ def paused_beat(
     ids = {res.id for res in results}
     held = wait_for(lambda: r.get("e2e:stopped"), TIMEOUT, 0.05)
     assert held, f"beat A never claimed {JOBS // 2} jobs at once\n{procs.logs()}"
-    stopped_at = time.monotonic()
-    beat_a = procs.procs[1][0]
-    try:
-        procs.start("beat", env)  # beat B
-        ran = wait_for(lambda: len(runs(r)) >= JOBS, TIMEOUT, 0.2)
-        assert ran, f"{len(runs(r))} of {JOBS} ran while A was stopped\n{procs.logs()}"
-        time.sleep(max(0.0, PAUSE - (time.monotonic() - stopped_at)))
-        paused = time.monotonic() - stopped_at
-    finally:
-        os.kill(beat_a.pid, signal.SIGCONT)
-    # A goes on with its pass (publish, then ack); give it time, then let the worker drain.
-    done = wait_for(lambda: "no longer leased" in log_of(procs, 1) or "fence" in log_of(procs, 1), 30, 0.1)
-    time.sleep(3.0)
-    wait_for(lambda: broker_backlog(broker, queue) == (0, 0), 60, 0.2)
-    time.sleep(1.0)
-    counts = runs(r)
+    counts, paused, done, a_alive = resume_after_b(procs, env, r, broker, queue, "fence")
     duplicates = {job_id: n for job_id, n in counts.items() if n > 1}
     lost = ids - set(counts)
     said_lines = [line for line in log_of(procs, 1).splitlines() if "fence" in line or "no longer" in line]
@@ -110,7 +120,6 @@ def paused_beat(
         f"paused={paused:.1f} s (TTL {RECLAIM_TTL:g} s): duplicates={len(duplicates)} lost={len(lost)}; "
         f"A said: {said_lines[-3:]}"
     )
-    a_alive = beat_a.poll() is None
     procs.stop_all()  # each beat logs its fence figures as it stops
     windows = [
         line.split("delayq: fence: ")[1]
@@ -403,21 +412,7 @@ def paused_inside_publish(
     ids = {res.id for res in results}
     sent = wait_for(lambda: r.get("e2e:stopped"), TIMEOUT, 0.05)
     assert sent, f"beat A never published {STOP_AFTER_PUBLISHED} jobs in a pass\n{procs.logs()}"
-    stopped_at = time.monotonic()
-    beat_a = procs.procs[1][0]
-    try:
-        procs.start("beat", env)  # beat B
-        ran = wait_for(lambda: len(runs(r)) >= JOBS, TIMEOUT, 0.2)
-        assert ran, f"{len(runs(r))} of {JOBS} ran while A was stopped\n{procs.logs()}"
-        time.sleep(max(0.0, PAUSE - (time.monotonic() - stopped_at)))
-        paused = time.monotonic() - stopped_at
-    finally:
-        os.kill(beat_a.pid, signal.SIGCONT)
-    done = wait_for(lambda: "no longer leased" in log_of(procs, 1) or "fence:" in log_of(procs, 1), 30, 0.1)
-    time.sleep(3.0)
-    wait_for(lambda: broker_backlog(broker, queue) == (0, 0), 60, 0.2)
-    time.sleep(1.0)
-    counts = runs(r)
+    counts, paused, done, alive = resume_after_b(procs, env, r, broker, queue, "fence:")
     duplicates = {job_id: n for job_id, n in counts.items() if n > 1}
     lost = ids - set(counts)
     said = [line for line in log_of(procs, 1).splitlines() if "fence" in line or "no longer" in line]
@@ -426,7 +421,6 @@ def paused_inside_publish(
         f"then stopped {paused:.1f} s (TTL {RECLAIM_TTL:g} s): duplicates={len(duplicates)} "
         f"lost={len(lost)}; A said: {said[-3:]}"
     )
-    alive = beat_a.poll() is None
     procs.stop_all()
     assert done, f"beat A did nothing visible after SIGCONT\n{procs.logs()}"
     assert not lost, f"{len(lost)} lost"
