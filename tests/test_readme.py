@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import yaml
-from markdown.extensions.toc import slugify
+import yaml  # type: ignore[import-untyped]
+from markdown.extensions.toc import slugify  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
