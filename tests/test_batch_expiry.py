@@ -1,0 +1,252 @@
+"""Batches end (issue 25): a finished batch and its gate key's record expire after
+``delayq_batch_expires``, set in the same script step that finishes it; an unfinished batch
+never expires; ``Store.delete_batch`` (``celery delayq batch ID --delete [--force]``, the
+dashboard's delete button) removes one now. Real Redis, the real scripts: members go through
+claim, gate, hold and release as a beat and a worker move them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_delayq.exceptions import CorruptData, StoreFull
+from celery_delayq.gate import Gate, batch_key, completion_id, member_id
+from celery_delayq.store import GateDecision, Store
+from tests.support.polling import wait_for
+from tests.support.store import make_full, make_store, server_ms, snapshot
+
+TOKEN = "beat-expiry"
+
+
+@pytest.fixture
+def keep60(redis_url: str) -> Iterator[Store]:
+    """A store keeping finished batches 60 s."""
+    s = make_store(redis_url, reclaim_ttl=30.0, batch_expires=60)
+    yield s
+    s.close()
+
+
+def open_with_members(store: Store, r: redis.Redis, bid: str, n: int) -> list[str]:
+    """Batch ``bid`` of ``n`` members (and an on_complete) stored due 1 s ago."""
+    assert store.open_batch(bid, n, (completion_id(bid), "on-complete"), {})
+    ids = [member_id(bid, i) for i in range(n)]
+    now = server_ms(r) - 1000
+    store.enqueue([(job_id, now, "env-" + job_id) for job_id in ids])
+    return ids
+
+
+def release_all(store: Store, bid: str, ids: list[str]) -> dict[str, str]:
+    """Claim, gate and hold ``ids`` as a beat does (each one released into a slot); their
+    worker has them running. Returns ``{id: "running"}``."""
+    key = batch_key(bid)
+    shard = store.keys.shard_of(key)
+    [claimed] = store.claim([shard], TOKEN)
+    mine = [job.id for job in claimed.jobs if job.id in ids]
+    assert sorted(mine) == sorted(ids)
+    gated = store.gate(TOKEN, {shard: [(job_id, Gate(key, None, batch=bid)) for job_id in ids]}, 60_000)
+    assert {g.decision for g in gated.values()} == {GateDecision.RELEASED}
+    assert all(store.hold(TOKEN, {shard: [(job_id, key) for job_id in ids]}, 60_000).values())
+    return dict.fromkeys(ids, "running")
+
+
+def batch_hash(store: Store, bid: str) -> str:
+    return store.keys.for_key(batch_key(bid)).batch(bid)
+
+
+def leftovers(store: Store, r: redis.Redis, bid: str) -> list[str]:
+    """Every record of batch ``bid`` in the store: keys named after it, and its id or key in
+    the shard's sets and hashes."""
+    names = store.keys.for_key(batch_key(bid))
+    found = [k for k in r.keys("*") if bid in k and not k.endswith((":due", ":jobs", ":leases"))]
+    if r.sismember(names.batches, bid):
+        found.append("batches")
+    if r.zscore(names.batch_expiry, bid) is not None:
+        found.append("batches:expiry")
+    for hashed in (names.gate_keys, names.gate_limits, names.gate_paused, names.gate_rates):
+        if r.hexists(hashed, batch_key(bid)):
+            found.append(hashed)
+    return found
+
+
+def test_the_release_that_finishes_a_batch_sets_its_expiry_in_the_same_step(
+    keep60: Store, r: redis.Redis
+) -> None:
+    """Two members: after the first release the batch has no TTL; the last release marks it
+    done and, in that one script call, gives its hash a TTL of 60 s, an ``expires`` time and an
+    entry in ``batches:expiry`` with the same time."""
+    store = keep60
+    ids = open_with_members(store, r, "b1", 2)
+    release_all(store, "b1", ids)
+    assert store.release(ids[0], batch_key("b1"), "succeeded", "b1").batch_done is False
+    assert r.pttl(batch_hash(store, "b1")) == -1
+    state = store.batch_state("b1")
+    assert state is not None and state.expires_ms is None
+    before = server_ms(r)
+    assert store.release(ids[1], batch_key("b1"), "failed", "b1").batch_done is True
+    after = server_ms(r)
+    ttl = r.pttl(batch_hash(store, "b1"))
+    assert 50_000 < ttl <= 60_000
+    state = store.batch_state("b1")
+    assert state is not None and state.done and state.expires_ms is not None
+    assert before + 60_000 <= state.expires_ms <= after + 60_000
+    names = store.keys.for_key(batch_key("b1"))
+    assert r.zscore(names.batch_expiry, "b1") == state.expires_ms
+    assert store.batch_states() == [state]
+
+
+def test_a_batch_finished_by_cancel_expires_too(keep60: Store, r: redis.Redis) -> None:
+    ids = open_with_members(keep60, r, "b2", 3)
+    assert keep60.cancel_batch("b2") == len(ids)
+    state = keep60.batch_state("b2")
+    assert state is not None and state.done and state.cancelled == 3 and state.expires_ms is not None
+    assert 50_000 < r.pttl(batch_hash(keep60, "b2")) <= 60_000
+
+
+def test_an_unfinished_batch_never_expires(redis_url: str, r: redis.Redis) -> None:
+    """Kept 1 ms once finished: a batch whose members run is not finished, so it has no TTL,
+    no expiry entry, and the sweep leaves it and its key's records alone."""
+    store = make_store(redis_url, reclaim_ttl=30.0, batch_expires=0.001)
+    ids = open_with_members(store, r, "b3", 2)
+    release_all(store, "b3", ids)
+    store.release(ids[0], batch_key("b3"), "succeeded", "b3")
+    assert store.sweep_batches() == 0
+    assert r.pttl(batch_hash(store, "b3")) == -1
+    state = store.batch_state("b3")
+    assert state is not None and not state.done and state.running == 1
+    assert [k.key for k in store.key_states()] == [batch_key("b3")]
+    store.close()
+
+
+def test_kept_until_deleted_when_the_setting_is_none(redis_url: str, r: redis.Redis) -> None:
+    store = make_store(redis_url, reclaim_ttl=30.0, batch_expires=None)
+    open_with_members(store, r, "b4", 1)
+    store.cancel_batch("b4")
+    state = store.batch_state("b4")
+    assert state is not None and state.done and state.expires_ms is None
+    assert r.pttl(batch_hash(store, "b4")) == -1
+    assert r.zcard(store.keys.for_key(batch_key("b4")).batch_expiry) == 0
+    store.close()
+
+
+@pytest.mark.slow
+def test_an_expired_batch_leaves_the_listings_and_the_sweep_removes_its_key_record(
+    redis_url: str, r: redis.Redis
+) -> None:
+    """Kept 0.3 s: the finished batch and its gate key are listed; once its time passed its
+    hash is gone (Redis expired it), and one sweep removes its id and its key's records: nothing
+    of it is left, and another finished batch not expired yet is left alone."""
+    store = make_store(redis_url, reclaim_ttl=30.0, batch_expires=0.3)
+    ids = open_with_members(store, r, "old", 2)
+    release_all(store, "old", ids)
+    for job_id in ids:
+        store.release(job_id, batch_key("old"), "succeeded", "old")
+    assert [b.batch_id for b in store.batch_states()] == ["old"]
+    assert [k.key for k in store.key_states()] == [batch_key("old")]
+    assert wait_for(lambda: store.batch_state("old") is None, 10, 0.05)
+    assert store.batch_states() == []
+    keeper = make_store(redis_url, reclaim_ttl=30.0, batch_expires=600)
+    open_with_members(keeper, r, "young", 1)
+    keeper.cancel_batch("young")
+    assert store.sweep_batches() == 1
+    assert leftovers(store, r, "old") == []
+    assert [k.key for k in store.key_states()] == []
+    assert [b.batch_id for b in store.batch_states()] == ["young"]
+    assert store.sweep_batches() == 0
+    keeper.close()
+    store.close()
+
+
+# -- delete ------------------------------------------------------------------------------------------
+
+
+def test_delete_removes_a_finished_batch_and_refuses_an_unfinished_one(keep60: Store, r: redis.Redis) -> None:
+    store = keep60
+    ids = open_with_members(store, r, "done", 1)
+    release_all(store, "done", ids)
+    store.release(ids[0], batch_key("done"), "succeeded", "done")
+    assert store.delete_batch("done") == "deleted"
+    assert leftovers(store, r, "done") == []
+    assert store.batch_state("done") is None
+
+    pending = open_with_members(store, r, "pending", 2)
+    state = snapshot(redis_url_of(store))
+    assert store.delete_batch("pending") == "pending"
+    assert snapshot(redis_url_of(store)) == state
+    assert store.get(pending[0]) is not None
+    assert store.delete_batch("nope") == "missing"
+
+
+def test_force_delete_cancels_waiting_members_and_the_completion_job(keep60: Store, r: redis.Redis) -> None:
+    """One member running, two waiting: --force cancels the waiting ones, removes the parked
+    completion job and the batch; the running member's release later finds no batch and counts
+    nothing; nothing of the batch is left then."""
+    store = keep60
+    ids = open_with_members(store, r, "f", 3)
+    key = batch_key("f")
+    shard = store.keys.shard_of(key)
+    [claimed] = store.claim([shard], TOKEN, 1)
+    [first] = [job.id for job in claimed.jobs]
+    store.gate(TOKEN, {shard: [(first, Gate(key, None, batch="f"))]}, 60_000)
+    store.hold(TOKEN, {shard: [(first, key)]}, 60_000)
+    assert store.delete_batch("f", force=True) == "deleted"
+    assert [store.get(j) is None for j in ids if j != first] == [True, True]
+    assert store.get(completion_id("f")) is None
+    assert store.batch_state("f") is None
+    result = store.release(first, key, "succeeded", "f")
+    assert result.released and not result.batch_done
+    assert store.get(first) is None
+    assert leftovers(store, r, "f") == []
+
+
+def redis_url_of(store: Store) -> str:
+    kwargs = store.client.connection_pool.connection_kwargs
+    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db') or 0}"
+
+
+# -- faults ------------------------------------------------------------------------------------------
+
+
+def test_a_corrupt_batch_hash(keep60: Store, r: redis.Redis) -> None:
+    """Counts that do not read: the batch is not finished, so delete refuses it and --force
+    deletes it. A batch key written as a string: CorruptData with the key, nothing changed."""
+    store = keep60
+    open_with_members(store, r, "c1", 1)
+    r.hset(batch_hash(store, "c1"), mapping={"total": "many", "succeeded": "x"})
+    assert store.delete_batch("c1") == "pending"
+    assert store.delete_batch("c1", force=True) == "deleted"
+    assert leftovers(store, r, "c1") == []
+
+    r.set(batch_hash(store, "c2"), "not a hash")
+    state = snapshot(redis_url_of(store))
+    for force in (False, True):
+        with pytest.raises(CorruptData, match=r"batch 'c2': .* is not a hash \(written by hand\)"):
+            store.delete_batch("c2", force=force)
+    assert snapshot(redis_url_of(store)) == state
+    r.delete(batch_hash(store, "c2"))
+
+
+def test_a_full_redis_still_finishes_expires_deletes_and_sweeps(redis_url: str, r: redis.Redis) -> None:
+    """Over maxmemory: opening a batch is refused (StoreFull); the release that finishes one
+    runs and sets its expiry (a full Redis never leaves a finished batch without one), and
+    deleting and sweeping, which only remove, run too."""
+    store = make_store(redis_url, reclaim_ttl=30.0, batch_expires=0.2)
+    ids = open_with_members(store, r, "full", 1)
+    release_all(store, "full", ids)
+    other = open_with_members(store, r, "other", 1)
+    store.cancel_batch("other")  # finished: a delete target
+    make_full(r)
+    try:
+        with pytest.raises(StoreFull, match="batch 'refused' not opened"):
+            store.open_batch("refused", 1, None, {})
+        assert store.release(ids[0], batch_key("full"), "succeeded", "full").batch_done
+        assert 0 < r.pttl(batch_hash(store, "full")) <= 200
+        assert store.delete_batch("other") == "deleted"
+        assert leftovers(store, r, "other") == [] and other
+        assert wait_for(lambda: store.batch_state("full") is None, 10, 0.05)
+        assert store.sweep_batches() == 1
+        assert leftovers(store, r, "full") == []
+    finally:
+        r.config_set("maxmemory", 0)
+        store.close()
