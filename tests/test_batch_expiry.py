@@ -6,16 +6,24 @@ claim, gate, hold and release as a beat and a worker move them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import html
+import re
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from celery import Celery
 
 from celery_delayq.exceptions import CorruptData, StoreFull
 from celery_delayq.gate import Gate, batch_key, completion_id, member_id
-from celery_delayq.store import GateDecision, Store
+from celery_delayq.store import GateDecision, Store, get_store
+from tests.support.cli import as_json, invoke
+from tests.support.flow import FlowProducer, read_done, start_flow_stack, warm_up_flow
 from tests.support.polling import wait_for
-from tests.support.store import make_full, make_store, server_ms, snapshot
+from tests.support.processes import Procs
+from tests.support.stack import assert_alive, env_for
+from tests.support.store import make_full, make_store, open_batch, server_ms, snapshot
+from tests.support.web import Client
 
 TOKEN = "beat-expiry"
 
@@ -250,3 +258,119 @@ def test_a_full_redis_still_finishes_expires_deletes_and_sweeps(redis_url: str, 
     finally:
         r.config_set("maxmemory", 0)
         store.close()
+
+
+# -- the command line and the dashboard ---------------------------------------------------------------
+
+
+def test_the_cli_deletes_a_finished_batch_and_refuses_an_unfinished_one_in_one_line(
+    app: Celery, r: redis.Redis
+) -> None:
+    store = get_store(app)
+    open_batch(app, "b1", 2, (server_ms(r) + 3_600_000) / 1000)
+    refused = invoke(app, "batch", "b1", "--delete")
+    assert refused.exit_code == 1, refused.output
+    assert refused.output.strip().splitlines() == [
+        "Error: batch 'b1' is not finished (members waiting or running): cancel it first (--cancel), "
+        "or delete it anyway with --delete --force"
+    ]
+    assert store.batch_state("b1") is not None
+    assert invoke(app, "batch", "b1", "--force").exit_code == 2
+    assert invoke(app, "batch", "b1", "--cancel", "--delete").exit_code == 2
+    shown = as_json(invoke(app, "batch", "b1", "--cancel", "--json"))
+    assert shown["done"] and shown["expires_ms"] is not None and shown["expires"].endswith("Z")
+    deleted = invoke(app, "batch", "b1", "--delete")
+    assert (deleted.exit_code, deleted.output) == (0, "b1: deleted\n")
+    assert as_json(invoke(app, "batches", "--json"))["batches"] == []
+    assert invoke(app, "keys", "--json").exit_code == 0
+    assert batch_key("b1") not in [k["key"] for k in as_json(invoke(app, "keys", "--json"))["keys"]]
+    missing = invoke(app, "batch", "b1", "--delete")
+    assert (missing.exit_code, missing.output) == (1, "Error: no batch with id 'b1'\n")
+
+    open_batch(app, "b2", 2, (server_ms(r) + 3_600_000) / 1000)
+    forced = invoke(app, "batch", "b2", "--delete", "--force", "--json")
+    assert forced.exit_code == 0 and as_json(forced) == {"id": "b2", "deleted": True}
+    assert store.get(member_id("b2", 0)) is None and store.batch_state("b2") is None
+
+
+def form_of(page: str, action: str) -> list[tuple[str, str]]:
+    """The fields of the page's form whose button has value ``action``, as a browser sends
+    them when that button is pressed (hidden inputs, then the button)."""
+    for form in re.findall(r"<form .*?</form>", page, flags=re.S):
+        if f'name="action" value="{action}"' in form:
+            hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)
+            return [(name, html.unescape(value)) for name, value in hidden] + [("action", action)]
+    raise AssertionError(f"no form with a {action!r} button on the page")
+
+
+def test_the_batch_page_deletes_and_lands_on_the_batches_list(
+    app: Celery, r: redis.Redis, dashboard: Callable[..., Client]
+) -> None:
+    """A finished batch's page has a delete button: pressed (the page's own form, its CSRF
+    token and next), the batch is gone and the answer is the batches list (200), never the
+    deleted batch's page. An unfinished batch's page offers delete with its waiting members
+    cancelled; a plain delete of it is refused with a message, on the list (200). Read-only:
+    403, nothing deleted."""
+    store = get_store(app)
+    open_batch(app, "fin", 1, (server_ms(r) + 3_600_000) / 1000)
+    store.cancel_batch("fin")
+    open_batch(app, "run", 2, (server_ms(r) + 3_600_000) / 1000)
+    assert dashboard().action("/batches/action", [("action", "delete"), ("id", "fin")]).status == 403
+    client = dashboard(allow_actions=True)
+
+    page = client.get("/batches/fin").text
+    assert 'id="batch-expires"' in page and "never" not in page.split('id="batch-expires">')[1][:40]
+    answer = client.post("/batches/action", form_of(page, "delete"))
+    assert answer.status == 303 and answer.location.endswith("/batches"), answer.location
+    landed = client.follow(answer)
+    assert landed.status == 200 and "fin: deleted" in html.unescape(landed.text)
+    assert store.batch_state("fin") is None and client.get("/batches/fin").status == 404
+
+    page = client.get("/batches/run").text
+    assert 'value="delete"' not in page
+    refused = client.post("/batches/action", [*form_of(page, "force-delete")[:-1], ("action", "delete")])
+    landed = client.follow(refused)
+    assert landed.status == 200 and "run: not finished" in html.unescape(landed.text)
+    assert store.batch_state("run") is not None
+    answer = client.post("/batches/action", form_of(page, "force-delete"))
+    landed = client.follow(answer)
+    assert landed.status == 200 and "run: deleted" in html.unescape(landed.text)
+    assert store.batch_state("run") is None and store.get(member_id("run", 1)) is None
+    api = client.api("/api/batches/action", {"action": "delete", "id": "run"})
+    assert api.status == 409 and api.json()["results"][0]["outcome"] == "missing"
+
+
+# -- end to end ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_batch_run_by_a_real_beat_and_worker_ends_with_its_ttl_and_then_expires(
+    redis_url: str, r: redis.Redis, procs: Procs
+) -> None:
+    """A real ``celery beat`` and ``celery worker`` (``delayq_batch_expires`` 4 s) run a batch
+    of 5 members and its on_complete; the worker's last release finished it: its hash then has a
+    TTL of at most 4 s and on_complete got the counts; 4 s later it is in no listing."""
+    conf = {"delayq_batch_expires": 4}
+    producer = FlowProducer(redis_url, redis_url, **conf)
+    try:
+        start_flow_stack(procs, env_for(redis_url, redis_url, conf), workers=1, beats=1)
+        warm_up_flow(producer, r, procs)
+        batch = producer.dq.batch(
+            [producer.work.s(0.05, i) for i in range(5)],
+            concurrency_limit=2,
+            on_complete=producer.done.s("end"),
+        )
+        assert wait_for(lambda: read_done(r), 60, 0.05), procs.logs()
+        counts = {"total": 5, "succeeded": 5, "failed": 0, "cancelled": 0}
+        assert read_done(r)[0]["args"] == ["end", batch.id, counts]
+        store = get_store(producer.app)
+        state = store.batch_state(batch.id)
+        assert state is not None and state.done and state.expires_ms is not None
+        assert 0 < r.pttl(batch_hash(store, batch.id)) <= 4000
+        assert wait_for(lambda: store.batch_state(batch.id) is None, 30, 0.1)
+        assert producer.dq.batch_result(batch.id) is None
+        assert store.batch_states() == [] and producer.dq.count() == 0
+        assert_alive(procs)
+    finally:
+        producer.close()
