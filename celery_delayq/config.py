@@ -101,17 +101,17 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "start, and renews it every third of delayq_slot_ttl). Longer than any queue backlog. "
         "Also how long a worker remembers which delivery of a job started (delayq_start_check).",
     ),
-    "delayq_batch_expires": (
-        604_800.0,
-        "Seconds a finished batch (and its gate key's record) is kept after its last member "
-        "ended, for delayq batches and the dashboard; None: kept until deleted. An unfinished "
-        "batch never expires.",
-    ),
     "delayq_start_check": (
         True,
         "Workers check, before running a message a beat published through kombu, that no other "
         "delivery of the same job started first (one Redis round trip per such start), and drop "
         "a stale copy; False: run every copy.",
+    ),
+    "delayq_batch_expires": (
+        604_800.0,
+        "Seconds a finished batch (and its gate key's record) is kept after its last member "
+        "ended, for delayq batches and the dashboard; None: kept until deleted. An unfinished "
+        "batch never expires.",
     ),
 }
 
