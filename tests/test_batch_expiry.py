@@ -374,3 +374,21 @@ def test_a_batch_run_by_a_real_beat_and_worker_ends_with_its_ttl_and_then_expire
         assert_alive(procs)
     finally:
         producer.close()
+
+
+@pytest.mark.slow
+def test_a_batch_opened_again_under_an_expired_ones_id_is_not_swept(redis_url: str, r: redis.Redis) -> None:
+    """The first "again" expires, unswept; a new batch "again" is opened and not finished: the
+    sweep keeps it (and drops the stale expiry entry)."""
+    store = make_store(redis_url, reclaim_ttl=30.0, batch_expires=0.05)
+    open_with_members(store, r, "again", 1)
+    store.cancel_batch("again")
+    assert wait_for(lambda: store.batch_state("again") is None, 10, 0.02)
+    ids = open_with_members(store, r, "again", 2)
+    assert store.sweep_batches() == 0
+    state = store.batch_state("again")
+    assert state is not None and state.total == 2 and not state.done
+    assert store.get(ids[0]) is not None
+    assert r.zscore(store.keys.for_key(batch_key("again")).batch_expiry, "again") is None
+    store.cancel_batch("again")
+    store.close()

@@ -15,7 +15,8 @@ ARGV[3] mode: "done"    delete it when it is finished; refuse one still pending 
                         (batch_cancel.lua); members a beat holds or that run are left to end,
                         their outcomes counted nowhere.
               "expired" the sweep: delete it only when batches:expiry gives it an expiry time at
-                        or before now (returns 3 otherwise: a batch opened again under the id)
+                        or before now (returns 3 otherwise); a batch opened again under the id
+                        since (stored, not finished) is kept and its stale entry removed
 
 Returns 1 when the batch was deleted; 0 when there was no batch hash (what was left of one,
 its ids and key records, is removed all the same); 2 when mode "done" found it not finished;
@@ -44,6 +45,10 @@ local stored = read[1] ~= false or read[2] ~= false or read[3] ~= false
 if mode == 'expired' then
   local at = tonumber(redis.call('ZSCORE', G_BATCH_EXPIRY, bid))
   if at == nil or at > server_now() then
+    return 3
+  end
+  if stored and read[2] ~= '1' then  -- opened again under the id since: not finished, kept
+    redis.call('ZREM', G_BATCH_EXPIRY, bid)
     return 3
   end
 elseif stored and read[2] ~= '1' then
