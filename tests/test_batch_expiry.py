@@ -9,11 +9,13 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
+from celery_delayq.dispatch import BATCH_SWEEP_EVERY
 from celery_delayq.exceptions import CorruptData, StoreFull
 from celery_delayq.gate import Gate, batch_key, completion_id, member_id
 from celery_delayq.store import GateDecision, Store, get_store
@@ -392,3 +394,28 @@ def test_a_batch_opened_again_under_an_expired_ones_id_is_not_swept(redis_url: s
     assert r.zscore(store.keys.for_key(batch_key("again")).batch_expiry, "again") is None
     store.cancel_batch("again")
     store.close()
+
+
+@pytest.mark.slow
+def test_the_beats_chores_sweep_expired_batches_every_minute(
+    app_factory: Callable[..., Celery], r: redis.Redis, dispatchers: Callable[..., Any]
+) -> None:
+    """A beat's chores sweep at once, then every BATCH_SWEEP_EVERY s (its injected clock)."""
+    now = [1000.0]
+    app = app_factory(delayq_batch_expires=0.05)
+    store = get_store(app)
+    for bid in ("s1", "s2"):
+        open_with_members(store, r, bid, 1)
+    store.cancel_batch("s1")
+    assert wait_for(lambda: store.batch_state("s1") is None, 10, 0.02)
+    dispatcher = dispatchers(app, clock=lambda: now[0])
+    dispatcher.chores()
+    assert leftovers(store, r, "s1") == []
+    store.cancel_batch("s2")
+    assert wait_for(lambda: store.batch_state("s2") is None, 10, 0.02)
+    now[0] += BATCH_SWEEP_EVERY - 1
+    dispatcher.chores()
+    assert leftovers(store, r, "s2") != []
+    now[0] += 1
+    dispatcher.chores()
+    assert leftovers(store, r, "s2") == []
