@@ -11,21 +11,27 @@ from collections.abc import Sequence
 
 import click
 
-from .cli import demo
-from .cli.base import DelayqGroup
-from .cli.web import module_web
+from .cli import _needs_rich, demo
 
 __all__ = ["main"]
 
+#: The group's help.
+HELP = """celery-delayq's own command line: the demo and the dashboard of a store (the rest is
+`celery -A proj delayq ...`)."""
 
-@click.group(name="python -m celery_delayq", cls=DelayqGroup)
-def module_cli() -> None:
-    """celery-delayq's own command line: the demo and the dashboard of a store (the rest is
-    `celery -A proj delayq ...`)."""
-
-
-module_cli.add_command(demo)
-module_cli.add_command(module_web)
+try:
+    from .cli.base import DelayqGroup
+    from .cli.web import module_web
+except ImportError as exc:  # without the `cli` extra: --help works, each command says one line
+    if (exc.name or "").partition(".")[0] != "rich":
+        raise
+    module_cli = click.Group("python -m celery_delayq", help=HELP)
+    module_cli.add_command(demo)
+    module_cli.add_command(_needs_rich("web", exc))
+else:
+    module_cli = DelayqGroup("python -m celery_delayq", help=HELP)
+    module_cli.add_command(demo)
+    module_cli.add_command(module_web)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,7 +76,7 @@ class BatchResult:
         """The batch's counters as they are in Redis now (``LookupError`` when it is gone)."""
         state = Store.for_app(self.app).batch_state(self.id)
         if state is None:
-            raise LookupError(f"batch {self.id!r} is not stored (never made, or deleted)")
+            raise LookupError(f"batch {self.id!r} is not stored (never made, deleted, or expired)")
         return state
 
     def progress(self) -> dict[str, int]:

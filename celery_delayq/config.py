@@ -107,6 +107,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "delivery of the same job started first (one Redis round trip per such start), and drop "
         "a stale copy; False: run every copy.",
     ),
+    "delayq_batch_expires": (
+        604_800.0,
+        "Seconds a finished batch (and its gate key's record) is kept after its last member "
+        "ended, for delayq batches and the dashboard; None: kept until deleted. An unfinished "
+        "batch never expires.",
+    ),
 }
 
 
@@ -207,6 +213,20 @@ def _optional_seconds(name: str, value: Any) -> float | None:
     return seconds
 
 
+def _batch_expires(name: str, value: Any) -> float | None:
+    """Seconds a finished batch is kept: a number >= 0.001 (one ms), or None (kept until deleted).
+
+    >>> _batch_expires("s", "86400"), _batch_expires("s", None)
+    (86400.0, None)
+    """
+    seconds = _optional_seconds(name, value)
+    if seconds is not None and seconds < 0.001:
+        raise ConfigurationError(
+            f"{name} must be a number of seconds >= 0.001, or None to keep finished batches, got {value!r}"
+        )
+    return seconds
+
+
 def _address(name: str, value: Any) -> str:
     """A host name or IP address to listen on: a non-empty string without spaces."""
     if not isinstance(value, str) or not value.strip() or " " in value.strip():
@@ -239,6 +259,7 @@ class DelayQConfig:
     slot_ttl: float = 60.0
     start_ttl: float = 3600.0
     start_check: bool = True
+    batch_expires: float | None = 604_800.0
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -307,6 +328,7 @@ class DelayQConfig:
             slot_ttl=_number(n["delayq_slot_ttl"], get["delayq_slot_ttl"], float, 0.5),
             start_ttl=_number(n["delayq_start_ttl"], get["delayq_start_ttl"], float, 0.5),
             start_check=_flag(n["delayq_start_check"], get["delayq_start_check"]),
+            batch_expires=_batch_expires(n["delayq_batch_expires"], get["delayq_batch_expires"]),
         )
 
     @classmethod

@@ -144,8 +144,9 @@ def version_problem(info: Mapping[str, Any]) -> str | None:
 
 def evicts_jobs(policy: str) -> bool:
     """May this ``maxmemory-policy`` evict the store's keys? ``allkeys-*`` evict any key.
-    ``volatile-*`` evict only keys with a TTL, and no key of the store has one (nothing in
-    celery-delayq sets a TTL), so they act as ``noeviction`` for the jobs. An unknown policy
+    ``volatile-*`` evict only keys with a TTL, and no key holding jobs has one (the only
+    keys with a TTL are the lateness histograms' per-minute hashes and finished batches'
+    records), so they act as ``noeviction`` for the jobs. An unknown policy
     is taken to evict.
 
     >>> [evicts_jobs(p) for p in ("noeviction", "allkeys-lru", "volatile-ttl", "new-policy")]

@@ -25,7 +25,8 @@ Besides delivering, a dispatcher keeps things that cost no Redis call per job
 (:meth:`Dispatcher.chores`, run after a pass and from the sleep): the due -> publish
 lateness of what it published (:class:`.lateness.PublishLateness`), its heartbeat
 (:mod:`.heartbeat`), and every ``STALL_SWEEP_EVERY`` s one bounded step of the sweep that
-finds and re-arms stalled schedules (:class:`.schedules.StallSweep`). Schedule points are
+finds and re-arms stalled schedules (:class:`.schedules.StallSweep`), and every
+``BATCH_SWEEP_EVERY`` s the sweep of expired batches (:meth:`.Store.sweep_batches`). Schedule points are
 fired by :mod:`.firing`. The clocks are injected: ``clock`` (monotonic s) and ``wall`` (s).
 """
 
@@ -94,6 +95,9 @@ PUBLISH_BATCH_MAX = 1_000_000
 
 #: Seconds between two steps of the sweep for stalled schedules (see schedules.StallSweep).
 STALL_SWEEP_EVERY = 10.0
+#: Seconds between two sweeps of expired batches (:meth:`.Store.sweep_batches`): a finished
+#: batch's hash expires by itself; its id and its key's record go at the next sweep.
+BATCH_SWEEP_EVERY = 60.0
 
 #: The safety poll claims a shard whose wake marker is due within this (ms) of the server's
 #: now: the clocks of a cluster's nodes differ by a little.
@@ -153,6 +157,7 @@ class Dispatcher:
         self.beat = Heartbeat(self.store, self.token, self.stats, self.server_now_ms, clock, wall)
         self._stalls: StallSweep | None = None  # built at its first step
         self._stall_sweep_at = 0.0  # clock time: the first chores run one
+        self._batch_sweep_at = 0.0  # the same, for the sweep of expired batches
         self._holds: dict[int, list[tuple[str, str]]] = {}  # the last pass's, for _settle
         # the pass's jobs lua/push.lua asked a template for: (shard, templates-hash field) -> job
         self._misses: dict[tuple[int, str], ClaimedJob] = {}
@@ -664,13 +669,15 @@ class Dispatcher:
     def _next_chore(self) -> float:
         """Clock time of the next :meth:`chores` work: the next heartbeat or stall sweep,
         or the next lateness flush when something waits to be flushed."""
-        return min(self.beat.due_at, self._stall_sweep_at, self.publish_lateness.due_at())
+        sweeps = min(self._stall_sweep_at, self._batch_sweep_at)
+        return min(self.beat.due_at, sweeps, self.publish_lateness.due_at())
 
     def chores(self, force: bool = False) -> None:
         """Flush the lateness histogram (at most every LATENESS_FLUSH_EVERY s), write the
         heartbeat (every HEARTBEAT_EVERY s) and, every PRUNE_EVERY s, remove the heartbeats
         of beats not seen for BEAT_FORGET_MS; ``force``: all of it now. Every
-        STALL_SWEEP_EVERY s (not forced), one step of the sweep for stalled schedules.
+        STALL_SWEEP_EVERY s (not forced), one step of the sweep for stalled schedules; every
+        BATCH_SWEEP_EVERY s, the sweep of expired batches.
 
         Never raises: delivery must not stop because of them. On a Redis error the
         observations are kept for the next flush, and one warning is logged until one works.
@@ -681,6 +688,9 @@ class Dispatcher:
         if now >= self._stall_sweep_at:
             self._stall_sweep_at = now + STALL_SWEEP_EVERY
             self.sweep_stalls()
+        if now >= self._batch_sweep_at:
+            self._batch_sweep_at = now + BATCH_SWEEP_EVERY
+            self.sweep_batches()
 
     def sweep_stalls(self) -> int:
         """One step of the sweep for stalled schedules (every STALL_SWEEP_EVERY s, from
@@ -695,6 +705,16 @@ class Dispatcher:
             return 0
         self.stats.stalls_repaired += repaired
         return repaired
+
+    def sweep_batches(self) -> int:
+        """Remove what is left of the finished batches whose time passed (every
+        BATCH_SWEEP_EVERY s, from :meth:`chores`): how many. Never raises."""
+        try:
+            return self.store.sweep_batches()
+        except Exception as exc:
+            logger.warning("delayq: the sweep of expired batches failed (%r); tried again in %.0f s",
+                           exc, BATCH_SWEEP_EVERY)
+            return 0
 
     # -- sleeping ----------------------------------------------------------------------------
 

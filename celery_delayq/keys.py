@@ -201,6 +201,12 @@ class ShardKeys:
         """Set: the ids of the batches whose hash lives in this shard."""
         return self._key("batches")
 
+    @property
+    def batch_expiry(self) -> str:
+        """Sorted set: id of a finished batch -> the time (ms) its record expires
+        (``delayq_batch_expires``); the beats' sweep removes what is left of it then."""
+        return self._key("batches:expiry")
+
     def batch(self, batch_id: str) -> str:
         """Hash: a batch's counts (total, succeeded, failed, cancelled), created ms, done,
         completion job id and meta (JSON)."""

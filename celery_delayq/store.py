@@ -417,6 +417,7 @@ class BatchState:
     waiting: int  # total - running - succeeded - failed - cancelled
     done: bool
     created_ms: int
+    expires_ms: int | None = None  # when the finished batch's record expires; None: kept
 
     def progress(self) -> dict[str, int]:
         return {
@@ -1688,7 +1689,8 @@ class Store:
             raise ValueError(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
         shard = self.keys.shard_of(key)
         args = [
-            job_id, key, outcome, batch_id or "", self.keys.batch_channel, self.keys.wake_channel, shard
+            job_id, key, outcome, batch_id or "", self.keys.batch_channel, self.keys.wake_channel, shard,
+            self._batch_keep_ms(),
         ]
         released, promoted, done = SCRIPTS["release"](self.client, self.keys.shard(shard).core, args)
         return ReleaseResult(bool(released), int(promoted), bool(done))
@@ -1809,6 +1811,7 @@ class Store:
                 BatchState(
                     batch_id, total, succeeded, failed, cancelled, running, waiting,
                     fields.get("done") == "1", _int_or(fields.get("created")),
+                    _int_or(fields["expires"]) if fields.get("expires") else None,
                 )
             )
         return out
@@ -1835,7 +1838,7 @@ class Store:
         if job_ids is None:
             total = _int_or(self.client.hget(self.keys.shard(shard).batch(batch_id), "total"))
             job_ids = [member_id(batch_id, i) for i in range(total)]
-        head = [batch_id, key, self.keys.batch_channel, self.keys.wake_channel, shard]
+        head = [batch_id, key, self.keys.batch_channel, self.keys.wake_channel, shard, self._batch_keep_ms()]
         core = self.keys.shard(shard).core
         calls = [
             ScriptCall(SCRIPTS["batch_cancel"], core, [*head, *job_ids[start : start + ACK_CHUNK]])
@@ -1843,6 +1846,66 @@ class Store:
         ]
         with refused_when_full(f"batch {batch_id!r} not cancelled"):
             return sum(int(result[0]) for result in run_pipelined(self.client, calls))
+
+    def _batch_keep_ms(self) -> int | str:
+        """ARGV of the scripts that may complete a batch: ms it is kept (``""``: until deleted)."""
+        keep = self.config.batch_expires
+        return "" if keep is None else max(int(keep * 1000), 1)
+
+    def delete_batch(self, batch_id: str, force: bool = False) -> str:
+        """Delete batch ``batch_id``'s record (``lua/batch_delete.lua``): ``"deleted"``,
+        ``"missing"`` (no such batch; what was left of one is removed all the same) or
+        ``"pending"`` (not finished and not ``force``: nothing done).
+
+        ``force``: a batch not finished is deleted too: its members not released yet are
+        cancelled first (:meth:`cancel_batch`), its parked completion job removed (on_complete
+        never runs); members running or held by a beat run to their end, counted nowhere.
+        Deleting only removes, so it works on a full Redis. A ``batch:<id>`` written by hand
+        as another type: :class:`CorruptData`."""
+        key = batch_key(batch_id)
+        shard = self.keys.shard_of(key)
+        if force:
+            try:
+                if self.batch_state(batch_id) is not None:
+                    self.cancel_batch(batch_id)
+            except redis.ResponseError as exc:  # WRONGTYPE: the script below says it
+                if "WRONGTYPE" not in str(exc):
+                    raise
+        args = [batch_id, key, "force" if force else "done"]
+        names = self.keys.shard(shard)
+        try:
+            status = self._write(SCRIPTS["batch_delete"], names.core, args, f"batch {batch_id!r} not deleted")
+        except redis.ResponseError as exc:
+            if "is not a hash" in str(exc):
+                raise CorruptData(
+                    f"batch {batch_id!r}: {names.batch(batch_id)} is not a hash (written by hand); "
+                    "nothing deleted: remove that key by hand (DEL)"
+                ) from exc
+            raise
+        return {0: "missing", 1: "deleted", 2: "pending"}[int(status)]
+
+    def sweep_batches(self, limit: int = 100) -> int:
+        """Remove what is left of up to ``limit`` finished batches per shard whose time
+        (``delayq_batch_expires``) passed: their hash expired by itself, their ids and key
+        records go now (``lua/batch_delete.lua``, mode ``expired``). How many were removed.
+        The beats call it every ``BATCH_SWEEP_EVERY`` s."""
+        now = self.server_now_ms()
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.zrange(shard.batch_expiry, "-inf", int(now), byscore=True, offset=0, num=limit)
+            found = pipe.execute()
+        calls = [
+            ScriptCall(SCRIPTS["batch_delete"], self.keys.shard(index).core, [bid, batch_key(bid), "expired"])
+            for index, ids in enumerate(found)
+            for bid in ids
+        ]
+        if not calls:
+            return 0
+        results = run_pipelined(self.client, calls, raise_errors=False)
+        failed = [result for result in results if isinstance(result, Exception)]
+        if failed:  # a batch:<id> written by hand as another type: left, said once a sweep
+            logger.warning("delayq: %d expired batch(es) not removed: %s", len(failed), failed[0])
+        return sum(1 for result in results if not isinstance(result, Exception) and int(result) in (0, 1))
 
     def batch_subscription(self) -> Any:
         """A pub/sub connection subscribed to the batch channel (``"<bid>|<counts JSON>"`` when a

@@ -533,6 +533,8 @@ def batch_json(state: BatchState) -> dict[str, Any]:
         "done": state.done,
         "created": iso(state.created_ms),
         "created_ms": state.created_ms,
+        "expires": None if state.expires_ms is None else iso(state.expires_ms),
+        "expires_ms": state.expires_ms,
     }
 
 

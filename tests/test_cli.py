@@ -123,15 +123,17 @@ def test_without_rich_every_command_says_how_to_install_it() -> None:
     code = WITHOUT_EXTRAS + """
 from click.testing import CliRunner
 from celery_delayq.cli import delayq, demo
-for command, args in ((delayq, ["status", "--json"]), (delayq, ["--help"]), (demo, [])):
+for command, args in ((delayq, ["status", "--json"]), (delayq, ["keys"]), (demo, [])):
     result = CliRunner().invoke(command, args)
     print(result.exit_code, result.output.strip())
+helped = CliRunner().invoke(delayq, ["--help"])
+print(helped.exit_code, "Not installed:" in helped.output, "status" in helped.output)
 """
     proc = subprocess.run([sys.executable, "-c", code, "celery_delayq.cli"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     hint = "Error: the delayq commands need rich: pip install 'celery-delayq[cli]'"
-    assert proc.stdout.splitlines()[1:] == [f"1 {hint}"] * 3, proc.stdout
+    assert proc.stdout.splitlines()[1:] == [f"1 {hint}"] * 3 + ["0 True True"], proc.stdout
 
 
 def test_a_beat_with_a_metrics_port_but_no_prometheus_client_says_so_in_one_line() -> None:

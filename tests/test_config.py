@@ -235,6 +235,7 @@ ONE_BAD_VALUE: dict[str, Any] = {
     "delayq_slot_ttl": 0.1,
     "delayq_start_ttl": 0.1,
     "delayq_start_check": "maybe",
+    "delayq_batch_expires": 0,
 }
 
 

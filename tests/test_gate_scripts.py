@@ -655,9 +655,11 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
         ("hold", ["beat-1", 60_000, 0, "{k}j0"]),
         ("hold", ["beat-1", 60_000, -1, "{k}j0", "k"]),
         ("slot_renew", [0, "{k}j0", "k"]),
-        ("release", ["{k}j0", "k", "done", "", "b", channel, 0]),
-        ("release", ["{k}j0", "", "succeeded", "", "b", channel, 0]),
-        ("release", ["{k}j0", "k", "succeeded", "", "b", channel, "-1"]),
+        ("release", ["{k}j0", "k", "done", "", "b", channel, 0, ""]),
+        ("release", ["{k}j0", "", "succeeded", "", "b", channel, 0, ""]),
+        ("release", ["{k}j0", "k", "succeeded", "", "b", channel, "-1", ""]),
+        ("release", ["{k}j0", "k", "succeeded", "", "b", channel, 0, "0"]),
+        ("release", ["{k}j0", "k", "succeeded", "", "b", channel, 0]),
         ("gate_admin", ["limit", "k", 0, channel, 0]),
         ("gate_admin", ["limit", "k", "many", channel, 0]),
         ("gate_admin", ["stop", "k", "", channel, 0]),
@@ -666,8 +668,12 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
         ("batch_open", ["b1", -1, "", "", 1, "{}"]),
         ("batch_open", ["b1", 3, "{batch:b1}:complete", "", 1, "{}"]),
         ("batch_open", ["b1", 3, "", "", "now", "{}"]),
-        ("batch_cancel", ["", "batch:b1", "c", channel, 0, "{batch:b1}:0"]),
-        ("batch_cancel", ["b1", "batch:b1", "c", channel, "zero", "{batch:b1}:0"]),
+        ("batch_cancel", ["", "batch:b1", "c", channel, 0, "", "{batch:b1}:0"]),
+        ("batch_cancel", ["b1", "batch:b1", "c", channel, "zero", "", "{batch:b1}:0"]),
+        ("batch_cancel", ["b1", "batch:b1", "c", channel, 0, "soon", "{batch:b1}:0"]),
+        ("batch_delete", ["", "batch:b1", "done"]),
+        ("batch_delete", ["b1", "batch:b1", "now"]),
+        ("batch_delete", ["b1", "batch:b1"]),
     ]
 
 
@@ -919,6 +925,9 @@ def test_the_documented_acl_user_runs_flow_control(acl_admin: tuple[EmbeddedRedi
         assert parse_batch_message(message["data"]) == (
             "b1", {"total": 2, "succeeded": 0, "failed": 1, "cancelled": 1},
         )
+        assert store.batch_state("b1").expires_ms is not None  # type: ignore[union-attr]
+        assert store.sweep_batches() == 0 and store.delete_batch("b1") == "deleted"
+        assert store.batch_states() == []
         assert admin.acl_log() == []
     finally:
         subscription.close()

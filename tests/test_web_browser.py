@@ -235,6 +235,20 @@ def test_a_key_paused_and_a_batch_cancelled_from_their_pages(page: Browser, stac
     assert batch.progress()["cancelled"] == 3
 
 
+def test_a_batch_deleted_from_its_page_lands_on_the_batches_list(page: Browser, stack: Stack) -> None:
+    """A finished batch's page: its delete button (confirmed) deletes it and the browser ends on
+    the batches list with the flash, a page that answers, not the deleted batch's 404."""
+    batch = stack.dq.batch([stack.producer.record.s("gone", i) for i in range(2)], eta=time.time() + 3600)
+    batch.cancel()
+    page.open(f"/batches/{batch.id}")
+    page.accept_confirms()
+    page.find("button[name=action][value=delete]").click()
+    page.wait(lambda: batch.id in page.text("#flashes li.ok"), 15, "the delete's flash")
+    assert page.driver.current_url.split("?")[0].endswith("/batches"), page.driver.current_url
+    assert f"{batch.id}: deleted" in page.text("#flashes li.ok")
+    assert stack.dq.batch_result(batch.id) is None
+
+
 def test_a_requeued_dead_letter_runs(page: Browser, stack: Stack) -> None:
     """The dead letter the stack buried before its beat started: requeued from /dead, the beat
     publishes it and the worker runs it."""

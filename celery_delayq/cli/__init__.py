@@ -2,8 +2,9 @@
 
 A Celery sub-command, registered through the ``celery.commands`` entry point, so it
 runs with the app ``-A`` names and that app's ``delayq_*`` settings. See docs/cli.md.
-Its tables need ``rich`` (the ``cli`` extra); without it, every command says how to
-install it (exit 1) and ``celery`` itself still runs.
+Its tables need ``rich`` (the ``cli`` extra); without it, ``celery delayq --help`` still
+lists the commands, every command says in one line how to install it (exit 1), and
+``celery`` itself still runs.
 
 The modules: :mod:`.group` (the ``delayq`` group), :mod:`.jobs`, :mod:`.schedules`,
 :mod:`.dead`, :mod:`.status`, :mod:`.flow` (gate keys and batches), :mod:`.web` (the
@@ -38,6 +39,13 @@ __all__ = [
 #: What every command says when ``rich`` is not installed.
 NEEDS_RICH = "the delayq commands need rich: pip install 'celery-delayq[cli]'"
 
+#: The ``delayq`` group's commands, listed by ``--help`` without rich (tests/test_cli.py
+#: checks them against the group's).
+COMMANDS = (
+    "batch", "batches", "cancel", "dead", "demo", "key", "keys", "limit", "ls", "pause", "purge",
+    "reschedule", "resume", "run-now", "schedules", "show", "status", "web",
+)  # fmt: skip
+
 
 def _needs_rich(name: str, missing: ImportError) -> click.Command:
     """A command named ``name`` that, whatever its arguments, says how to install the extra."""
@@ -45,6 +53,7 @@ def _needs_rich(name: str, missing: ImportError) -> click.Command:
     @click.command(
         name,
         help=NEEDS_RICH,
+        short_help="needs rich (the cli extra)",
         add_help_option=False,
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     )
@@ -52,6 +61,25 @@ def _needs_rich(name: str, missing: ImportError) -> click.Command:
         raise CliError(NEEDS_RICH) from missing
 
     return command
+
+
+class NeedsRichGroup(click.Group):
+    """The ``delayq`` group without rich: ``--help`` (and no command) lists :data:`COMMANDS`
+    and says how to install rich (exit 0); each command says it in one line (exit 1)."""
+
+    def __init__(self, missing: ImportError) -> None:
+        super().__init__(
+            "delayq",
+            help="Look at and manage delayq jobs, recurring schedules, dead letters, gate keys and "
+            f"batches.\n\n\b\nNot installed: {NEEDS_RICH}",
+        )
+        self.missing = missing
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return _needs_rich(cmd_name, self.missing) if cmd_name in COMMANDS else None
 
 
 delayq: click.Command
@@ -63,7 +91,7 @@ try:
 except ImportError as exc:  # without the `cli` extra: the entry point still loads
     if (exc.name or "").partition(".")[0] != "rich":
         raise
-    delayq = _needs_rich("delayq", exc)
+    delayq = NeedsRichGroup(exc)
     demo = _needs_rich("demo", exc)
 else:
     __all__ += ["chart_lines", "iter_commands"]

@@ -94,8 +94,11 @@ class Session:
     def parse_when(self, text: str, what: str) -> int:
         """:func:`.timeparse.parse_when` for an option: ``now``, ``+10m`` and ``-1h`` count from
         the Redis server's clock (as the beat does), not this machine's; bad: a usage error."""
+        # (the store first: a bad delayq_url, a ConfigurationError and so a ValueError, is a
+        # configuration problem, exit 3, not a bad WHEN)
+        now = self.store.server_now_ms() if is_relative(text) else None
         try:
-            return parse_when(text, self.app, self.store.server_now_ms() if is_relative(text) else None)
+            return parse_when(text, self.app, now)
         except ValueError as exc:
             usage(f"{what}: {exc}")
 

@@ -1,6 +1,6 @@
 """Flow control: ``keys``, ``key``, ``limit``, ``pause``, ``resume`` (the gate keys: their limit in
 force, slots running, jobs waiting for one, paused or not) and ``batches``, ``batch`` (progress
-of each batch, and cancelling the waiting members of one). See docs/flow-control.md.
+of each batch, cancelling the waiting members of one, deleting one). See docs/flow-control.md.
 """
 
 from __future__ import annotations
@@ -196,21 +196,51 @@ def batches_ls(ctx: click.Context, as_json: bool) -> None:
     console.print(table)
 
 
-@click.command("batch", short_help="One batch's progress; --cancel its waiting members.")
+@click.command("batch", short_help="One batch's progress; --cancel its waiting members; --delete it.")
 @click.argument("batch_id", metavar="ID")
 @click.option("--cancel", is_flag=True, help="Remove the members that have not been released yet.")
+@click.option("--delete", is_flag=True, help="Delete the batch's record (a finished batch; see --force).")
+@click.option(
+    "--force", is_flag=True,
+    help="With --delete: delete a batch not finished too, cancelling its waiting members first.",
+)  # fmt: skip
 @json_option
 @click.pass_context
-def batch_show(ctx: click.Context, batch_id: str, cancel: bool, as_json: bool) -> None:
+def batch_show(
+    ctx: click.Context, batch_id: str, cancel: bool, delete: bool, force: bool, as_json: bool
+) -> None:
     """Batch ID's progress. --cancel removes its members not released yet (waiting, parked or
     deferred; running ones finish), counted as cancelled; once nothing is left, the batch
-    completes and its on_complete runs."""
+    completes and its on_complete runs.
+
+    --delete removes a finished batch's record now (it expires by itself after
+    delayq_batch_expires). A batch not finished is refused unless --force: then its waiting
+    members are cancelled, its on_complete never runs, and members already running finish
+    uncounted."""
     s = session(ctx)
+    if force and not delete:
+        usage("--force goes with --delete")
+    if delete and cancel:
+        usage("give --cancel or --delete, not both")
+    if delete:
+        outcome = s.store.delete_batch(batch_id, force=force)
+        if outcome == "missing":
+            raise CliError(f"no batch with id {batch_id!r}")
+        if outcome == "pending":
+            raise CliError(
+                f"batch {batch_id!r} is not finished (members waiting or running): "
+                "cancel it first (--cancel), or delete it anyway with --delete --force"
+            )
+        if as_json:
+            s.emit_json({"id": batch_id, "deleted": True})
+        else:
+            click.echo(f"{batch_id}: deleted")
+        return
     if s.store.batch_state(batch_id) is None:
         raise CliError(f"no batch with id {batch_id!r}")
     cancelled = s.store.cancel_batch(batch_id) if cancel else None
     state = s.store.batch_state(batch_id)
-    if state is None:  # pragma: no cover - gone between the two reads (expired by hand)
+    if state is None:  # pragma: no cover - gone between the two reads (expired meanwhile)
         raise CliError(f"no batch with id {batch_id!r}")
     view = batch_json(state)
     if as_json:
@@ -224,5 +254,6 @@ def batch_show(ctx: click.Context, batch_id: str, cancel: bool, as_json: bool) -
         *((name, f"{view[name]:,}") for name in
           ("total", "waiting", "running", "succeeded", "failed", "cancelled")),
         ("done", "yes" if view["done"] else "no"),
+        ("expires", "-" if view["expires_ms"] is None else s.when(view["expires_ms"])),
     ]  # fmt: skip
     s.console().print(kv_table(f"batch {batch_id}", rows))

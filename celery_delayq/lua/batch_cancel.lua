@@ -12,7 +12,8 @@ gate:wait:<key>.
 
 ARGV[1] batch id, ARGV[2] its gate key (batch:<bid>)
 ARGV[3] batch channel, ARGV[4] wake channel, ARGV[5] shard index
-ARGV[6..] member ids
+ARGV[6] ms a finished batch is kept (delayq_batch_expires), or "" (kept until deleted)
+ARGV[7..] member ids
 
 Each id whose job is stored with no lease entry (waiting) or a "gate" one (parked or
 deferred) is removed, taken off gate:wait:<key> and counted in the batch's cancelled; one a
@@ -29,16 +30,17 @@ nothing, which Redis 6.2 never refuses).
 --!include gate
 local bid, key = ARGV[1], ARGV[2]
 local shard = int_arg(5)
+local keep = keep_arg(6)
 if not gate_key_ok(bid) or not gate_key_ok(key) or shard == nil or shard < 0 or ARGV[3] == nil
-    or ARGV[4] == nil then
-  return redis.error_reply('delayq batch_cancel: batch id, key, 2 channels, shard and ids expected')
+    or ARGV[4] == nil or keep == false then
+  return redis.error_reply('delayq batch_cancel: batch id, key, 2 channels, shard, keep and ids expected')
 end
 redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
 local bkey = batch_hash(bid)
 local completion = redis.call('HGET', bkey, 'completion')
 local wkey = wait_key(key)
 local cancelled = 0
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   local id = ARGV[i]
   if id ~= completion and redis.call('HEXISTS', KEYS[2], id) == 1 then
     local entry = redis.call('HGET', KEYS[3], id)
@@ -54,6 +56,6 @@ if redis.call('HEXISTS', bkey, 'total') == 1 then
   if cancelled > 0 then
     batch_add(bid, 'cancelled', cancelled)
   end
-  done = batch_check(bid, ARGV[3], ARGV[4], shard, server_now())
+  done = batch_check(bid, ARGV[3], ARGV[4], shard, server_now(), keep)
 end
 return {cancelled, done}

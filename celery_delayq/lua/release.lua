@@ -14,6 +14,7 @@ ARGV[1] job id, ARGV[2] gate key
 ARGV[3] outcome: "succeeded", "failed" or "retry" (the task will run again: not counted)
 ARGV[4] batch id, or "" (not a batch member)
 ARGV[5] batch channel, ARGV[6] wake channel, ARGV[7] shard index
+ARGV[8] ms a finished batch is kept (delayq_batch_expires), or "" (kept until deleted)
 
 When the id has no slot in gate:run:<key> (released already: a double release) nothing is
 done: {0, 0, 0}. Else the slot is removed, and the job too when it has a lease entry that is
@@ -35,9 +36,10 @@ refused with an error before anything is written.
 --!include gate
 local id, key, outcome, bid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local shard = int_arg(7)
+local keep = keep_arg(8)
 if id == nil or id == '' or not gate_key_ok(key) or shard == nil or shard < 0 or bid == nil
-    or ARGV[5] == nil or ARGV[6] == nil then
-  return redis.error_reply('delayq release: id, key, outcome, batch, 2 channels and shard expected')
+    or ARGV[5] == nil or ARGV[6] == nil or keep == false then
+  return redis.error_reply('delayq release: id, key, outcome, batch, 2 channels, shard and keep expected')
 end
 if outcome ~= 'succeeded' and outcome ~= 'failed' and outcome ~= 'retry' then
   return redis.error_reply('delayq release: the outcome must be succeeded, failed or retry')
@@ -54,7 +56,7 @@ local now = server_now()
 local done = 0
 if bid ~= '' and outcome ~= 'retry' and redis.call('HEXISTS', batch_hash(bid), 'total') == 1 then
   batch_add(bid, outcome, 1)
-  done = batch_check(bid, ARGV[5], ARGV[6], shard, now)
+  done = batch_check(bid, ARGV[5], ARGV[6], shard, now, keep)
 end
 local promoted = promote(key, ARGV[6], shard, now)
 return {1, promoted, done}

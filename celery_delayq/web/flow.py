@@ -143,16 +143,33 @@ def _cancel(batch_id: str) -> dict[str, Any]:
             "message": f"{cancelled:,} waiting member(s) cancelled"}  # fmt: skip
 
 
+def _delete(batch_id: str, force: bool) -> dict[str, Any]:
+    """``delayq batch ID --delete [--force]``: outcome deleted, missing or pending."""
+    outcome = dashboard().store.delete_batch(batch_id, force=force)
+    messages = {
+        "deleted": "deleted",
+        "missing": f"no batch with id {batch_id!r}",
+        "pending": "not finished (members waiting or running): cancel it first, or delete it "
+        "with its waiting members",
+    }
+    return {"id": batch_id, "outcome": outcome, "message": messages[outcome]}
+
+
 @bp.post("/api/batches/action")
 @bp.post("/batches/action")  # the last applied, first registered: url_for builds this one
 def batches_action() -> Any:
-    """``action`` cancel on batch ``id``: its members not released yet are removed."""
+    """``action`` on batch ``id``: cancel (its members not released yet are removed), delete
+    (a finished batch's record), force-delete (any batch; its waiting members cancelled first).
+    A form that deleted goes back to the batches list (the batch's page is gone)."""
     require_actions()
     given = fields()
     what = given.text("action")
-    if what != "cancel":
-        refuse(f"action must be cancel, got {what!r}")
+    if what not in ("cancel", "delete", "force-delete"):
+        refuse(f"action must be cancel, delete or force-delete, got {what!r}")
     ids = given.texts("id")
     if not ids:
         refuse("name the batch: the id field")
-    return action_response([_cancel(i) for i in ids], {"cancelled"}, url_for("flow.batches"))
+    if what == "cancel":
+        return action_response([_cancel(i) for i in ids], {"cancelled"}, url_for("flow.batches"))
+    results = [_delete(i, what == "force-delete") for i in ids]
+    return action_response(results, {"deleted"}, url_for("flow.batches"))

@@ -11,8 +11,9 @@ local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
 -- ms; G_BOOKED hash job id -> the release time (ms) a deferred job booked from its key's
 -- rate; G_CHECK hash job id -> "1" for a released job waiting for a worker whose next claim
 -- is a check of its slot (hold.lua), not a redelivery (see gate.lua); G_BATCHES set of the
--- shard's batch ids. The commands used on them are all in the ACL
--- rule of docs/security.md (no SISMEMBER, ZPOPMIN or EXISTS).
+-- shard's batch ids; G_BATCH_EXPIRY zset finished batch id -> the time (ms) its record
+-- expires (batch_check), read by the sweep (batch_delete.lua). The commands used on them are
+-- all in the ACL rule of docs/security.md (no SISMEMBER, ZPOPMIN, EXISTS or DEL).
 local G_KEYS = GATE_BASE .. 'gate:keys'
 local G_LIMITS = GATE_BASE .. 'gate:limits'
 local G_PAUSED = GATE_BASE .. 'gate:paused'
@@ -20,6 +21,7 @@ local G_RATES = GATE_BASE .. 'gate:rates'
 local G_BOOKED = GATE_BASE .. 'gate:booked'
 local G_CHECK = GATE_BASE .. 'gate:check'
 local G_BATCHES = GATE_BASE .. 'batches'
+local G_BATCH_EXPIRY = GATE_BASE .. 'batches:expiry'
 -- run_key(key): zset job id -> slot expiry ms; wait_key(key): zset job id -> order score;
 -- batch_hash(bid): the batch's hash.
 local function run_key(key)
@@ -129,13 +131,16 @@ local function batch_add(bid, field, n)
   local count = tonumber(redis.call('HGET', bkey, field)) or 0
   redis.call('HSET', bkey, field, string.format('%d', count + n))
 end
--- batch_check(bid, batch_channel, channel, shard, now): when the batch's succeeded + failed +
--- cancelled reach its total and it was not done yet (HSETNX done), make its completion job
--- (if any, still parked) due at now - 256, wake the beats, and publish
+-- batch_check(bid, batch_channel, channel, shard, now, keep): when the batch's succeeded +
+-- failed + cancelled reach its total and it was not done yet (HSETNX done), make its
+-- completion job (if any, still parked) due at now - 256, wake the beats, and publish
 -- "<bid>|{counts}" on batch_channel (lua_formats.batch_message mirrors it; with pcall: an ACL
--- user without the channel loses the message, never the writes after it). Returns 1 when
--- this call completed the batch, else 0.
-local function batch_check(bid, batch_channel, channel, shard, now)
+-- user without the channel loses the message, never the writes after it). keep: ms the
+-- finished batch is kept (delayq_batch_expires), or nil (kept until deleted): its hash gets
+-- that TTL and an "expires" field, and G_BATCH_EXPIRY its expiry time, in this same step (a
+-- crash cannot leave a finished batch without one). Returns 1 when this call completed the
+-- batch, else 0.
+local function batch_check(bid, batch_channel, channel, shard, now, keep)
   local bkey = batch_hash(bid)
   local h = redis.call('HMGET', bkey, 'total', 'succeeded', 'failed', 'cancelled', 'completion')
   local total = tonumber(h[1])
@@ -145,6 +150,12 @@ local function batch_check(bid, batch_channel, channel, shard, now)
   local s, f, c = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
   if s + f + c < total or redis.call('HSETNX', bkey, 'done', '1') == 0 then
     return 0
+  end
+  if keep then
+    local expires = string.format('%d', now + keep)
+    redis.call('HSET', bkey, 'expires', expires)
+    redis.call('PEXPIRE', bkey, keep)
+    redis.call('ZADD', G_BATCH_EXPIRY, expires, bid)
   end
   local completion = h[5]
   if completion and completion ~= '' and redis.call('HEXISTS', KEYS[2], completion) == 1 then
@@ -156,4 +167,38 @@ local function batch_check(bid, batch_channel, channel, shard, now)
   local counts = string.format('{"total":%d,"succeeded":%d,"failed":%d,"cancelled":%d}', total, s, f, c)
   redis.pcall('PUBLISH', batch_channel, bid .. '|' .. counts)
   return 1
+end
+-- keep_arg(i): ARGV[i] as batch_check's keep: a whole number of ms >= 1, or nil for "" (kept
+-- until deleted); false when it is neither (the caller refuses the call).
+local function keep_arg(i)
+  local raw = ARGV[i]
+  if raw == '' then
+    return nil
+  end
+  local keep = int_arg(i)
+  if keep == nil or keep < 1 then
+    return false
+  end
+  return keep
+end
+-- batch_forget(bid, key): remove what is left of a batch: its hash (field by field: no DEL in
+-- the ACL rule), its ids in G_BATCHES and G_BATCH_EXPIRY, and its key's records (G_KEYS,
+-- G_LIMITS, G_PAUSED, G_RATES, and the parked list wait_key). Slots of members still running
+-- (run_key) are left to their release.
+local function batch_forget(bid, key)
+  local bkey = batch_hash(bid)
+  local fields = redis.call('HGETALL', bkey)
+  for i = 1, #fields, 2 do
+    redis.call('HDEL', bkey, fields[i])
+  end
+  redis.call('SREM', G_BATCHES, bid)
+  redis.call('ZREM', G_BATCH_EXPIRY, bid)
+  redis.call('HDEL', G_KEYS, key)
+  redis.call('HDEL', G_LIMITS, key)
+  redis.call('HDEL', G_PAUSED, key)
+  redis.call('HDEL', G_RATES, key)
+  local wkey = wait_key(key)
+  for _, id in ipairs(redis.call('ZRANGE', wkey, 0, -1)) do
+    redis.call('ZREM', wkey, id)
+  end
 end
