@@ -144,6 +144,8 @@ def action() -> Any:
         ids = given.texts("ids")
         if not ids:
             refuse("tick the dead letters to " + what + " (the ids field)")
+    # A requeued or deleted dead letter has no page any more: back to the list, not a 404.
+    gone = [url_for("dead.dead_letter", job_id=job_id) for job_id in ids]
     if what.startswith("requeue"):
-        return action_response(requeue_results(ids, due_ms), {REQUEUED}, url_for("dead.dead"))
-    return action_response(delete_results(ids), {"deleted"}, url_for("dead.dead"))
+        return action_response(requeue_results(ids, due_ms), {REQUEUED}, url_for("dead.dead"), gone)
+    return action_response(delete_results(ids), {"deleted"}, url_for("dead.dead"), gone)
