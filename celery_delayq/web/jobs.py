@@ -20,6 +20,7 @@ from werkzeug.datastructures import MultiDict
 from ..jobs import CANCELLED, MOVED
 from ..timeparse import is_relative, parse_when
 from ..views import (
+    GATED_BY,
     JOB_STATES,
     JobFilter,
     cancel_result,
@@ -134,7 +135,7 @@ def api_job(job_id: str) -> Any:
 
 @bp.get("/jobs/<path:job_id>")
 def job(job_id: str) -> str:
-    return render_template("job.html", job=_detail(job_id))
+    return render_template("job.html", job=_detail(job_id), gated_by=GATED_BY)
 
 
 #: A job moved to within this many ms of now may be delivered before its page is read again:
