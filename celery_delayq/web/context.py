@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from flask import abort, current_app, flash, jsonify, redirect, request
+from flask import abort, current_app, flash, g, jsonify, redirect, request
 
 from ..config import DelayQConfig, redact_url
 from ..due import ms_to_datetime
@@ -25,6 +25,7 @@ __all__ = [
     "action_response",
     "dashboard",
     "local_target",
+    "nav_counts",
     "relative",
     "require_actions",
     "span",
@@ -64,6 +65,29 @@ class Dashboard:
 
     def hhmm(self, ms: int | float) -> str:
         return ms_to_datetime(ms).astimezone(self.app.timezone).strftime("%H:%M")
+
+
+def nav_counts() -> dict[str, int] | None:
+    """The counts the navigation shows beside its links: jobs stored, schedules, dead letters and
+    gate keys, in one pipeline of ``ZCARD``/``HLEN`` a shard (4 commands a shard, whatever is
+    stored). None for a live refresh (it swaps the main part only) and when Redis does not
+    answer (the page says why on its own), and on an error page."""
+    if request.headers.get("X-Delayq-Live") or g.get("delayq_error"):
+        return None
+    store = dashboard().store
+    shards = list(store.keys.all_shards())
+    try:
+        with store.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.zcard(shard.due)
+                pipe.hlen(shard.schedules)
+                pipe.hlen(shard.dead)
+                pipe.hlen(shard.gate_keys)
+            replies = [int(n) for n in pipe.execute()]
+    except Exception:  # the page's own read says what is wrong
+        return None
+    names = ("jobs", "schedules", "dead", "keys")
+    return {name: sum(replies[i :: len(names)]) for i, name in enumerate(names)}
 
 
 def dashboard() -> Dashboard:

@@ -65,7 +65,7 @@ def dead() -> str:
     more = view["total"] > offset + view["count"]
     return render_template(
         "dead.html", view=view, task=request.args.get("task") or "", offset=offset,
-        next_offset=offset + view["count"] if more else None,
+        limit=_number("limit", PAGE, 1), next_offset=offset + view["count"] if more else None,
     )  # fmt: skip
 
 

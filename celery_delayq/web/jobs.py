@@ -112,11 +112,32 @@ def api_jobs() -> Any:
     return jsonify(_page())
 
 
+def pages(total: int, limit: int, number: int) -> dict[str, int]:
+    """Where page ``number`` of the unfiltered list stands: its number, the count of pages, the
+    position (1-based) of its first job, and the total.
+
+    >>> pages(5469, 50, 2)
+    {'page': 2, 'pages': 110, 'first': 51, 'total': 5469}
+    >>> pages(0, 50, 1)
+    {'page': 1, 'pages': 1, 'first': 0, 'total': 0}
+    """
+    count = max(1, -(-total // limit))
+    return {"page": number, "pages": count, "first": min((number - 1) * limit + 1, total), "total": total}
+
+
 @bp.get("/jobs")
 def jobs() -> str:
     view = _page()
+    search = search_args(request.args)
+    stored = dashboard().store.count()  # one ZCARD a shard
+    where = None
+    if not any(search.get(name) for name in ("q", "task", "queue", "state", "from", "until")):
+        # The whole list: the page number is carried by the pager's links (a cursor page
+        # knows no rank of its own).
+        number = _number(request.args, "page", 1, 10**9) if request.args.get("cursor") else 1
+        where = pages(stored, int(search.get("limit") or PAGE), number)
     return render_template(
-        "jobs.html", view=view, search=search_args(request.args), states=JOB_STATES, actions=ACTIONS
+        "jobs.html", view=view, search=search, states=JOB_STATES, actions=ACTIONS, where=where, stored=stored
     )
 
 
