@@ -347,6 +347,17 @@ def test_no_page_is_wider_than_a_390px_window(page: Browser, stack: Stack) -> No
                 right = page.driver.execute_script("return arguments[0].getBoundingClientRect().right;", nav)
                 assert right <= inner, f"{path} at {width} px: the nav ends at {right} px"
                 assert page.console_errors() == [], path
+            page.open("/jobs/no-such-job")  # the error page too (its 404 is in the console)
+            wide = int(page.driver.execute_script("return document.documentElement.scrollWidth;"))
+            assert wide <= inner and "no job with id" in page.find("body").text, wide
+            page.console_errors()
+            if width == 390:  # the table is wider than a phone: it scrolls inside its own box
+                page.open("/jobs")
+                box = page.find("div.scroll")
+                sizes = page.driver.execute_script(
+                    "return [arguments[0].scrollWidth, arguments[0].clientWidth];", box
+                )
+                assert sizes[0] > sizes[1] <= inner, sizes
             page.open("/")
             assert int(page.text("#gated-paused")) >= 2
             page.screenshot(f"overview-{width}")
