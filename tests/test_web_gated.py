@@ -159,6 +159,8 @@ def test_each_gated_jobs_page_says_what_it_waits_for(
         assert text_of(page.text, "job-gated-reason").startswith(reason), text_of(
             page.text, "job-gated-reason"
         )
+    printed = " ".join(invoke(app, "show", ids["completion"]).stdout.split())
+    assert "waits for batch 'nightly' not complete: 0 of 2 members ended" in printed
     shown = as_json(invoke(app, "show", ids["paused"][0], "--json"))
     assert shown["gated_by"] == "paused" and shown["gated_reason"].startswith("key 'tenant:p' is paused")
     plain = client.get(f"/jobs/{ids['plain']}").text
