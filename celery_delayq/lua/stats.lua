@@ -38,7 +38,8 @@ Returns {now ms, stored, leased, dead, schedules, overdue,
   parked or deferred job leaves its gate:wait or gate:booked entry behind until its key is
   promoted or it is claimed.
 Cost: ZCARD, four HLEN, two ZCOUNT, and ZRANGE BYSCORE ... LIMIT pages: O(log n + leased),
-plus one ZCARD per gate key, per paused key, and an HGET and a ZSCORE per batch of the shard.
+plus one ZCARD per gate key and per paused key, an HMGET per batch of the shard and a ZSCORE
+per batch not done yet.
 ]]
 --!include lease
 --!include wake
@@ -53,8 +54,10 @@ local out = {now, stored, leased, redis.call('HLEN', KEYS[5]), redis.call('HLEN'
 local parked = redis.call('ZCOUNT', KEYS[1], PARK_TEXT, PARK_TEXT)
 local batch = 0
 for _, bid in ipairs(redis.call('SMEMBERS', G_BATCHES)) do
-  local completion = redis.call('HGET', batch_hash(bid), 'completion')
-  if completion and completion ~= '' and tonumber(redis.call('ZSCORE', KEYS[1], completion)) == PARK_MS then
+  local h = redis.call('HMGET', batch_hash(bid), 'completion', 'done')
+  local completion = h[1]
+  if completion and completion ~= '' and not h[2]
+      and tonumber(redis.call('ZSCORE', KEYS[1], completion)) == PARK_MS then
     batch = batch + 1
   end
 end

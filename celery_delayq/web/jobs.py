@@ -118,10 +118,11 @@ def pages(total: int, limit: int, number: int) -> dict[str, int]:
 
     >>> pages(5469, 50, 2)
     {'page': 2, 'pages': 110, 'first': 51, 'total': 5469}
-    >>> pages(0, 50, 1)
-    {'page': 1, 'pages': 1, 'first': 0, 'total': 0}
+    >>> pages(0, 50, 1), pages(120, 50, 9)["page"]
+    ({'page': 1, 'pages': 1, 'first': 0, 'total': 0}, 3)
     """
     count = max(1, -(-total // limit))
+    number = min(number, count)  # a page number from an old link, when jobs have gone since
     return {"page": number, "pages": count, "first": min((number - 1) * limit + 1, total), "total": total}
 
 
