@@ -311,8 +311,8 @@ class ShardStats:
 
     shard: int
     now_ms: int
-    stored: int  # waiting + leased
-    leased: int
+    stored: int  # waiting + every job with a lease entry
+    entries: int  # lease entries: leased + running + gated
     dead: int
     schedules: int
     overdue: int  # due (score <= now) and held by no live lease
@@ -320,10 +320,27 @@ class ShardStats:
     head_id: str | None
     next_due_ms: int | None  # the waiting job due soonest after now
     next_id: str | None
+    running: int = 0  # released gated jobs whose task is published or runs (slots taken)
+    gated_slot: int = 0  # parked: their capped key is full
+    gated_paused: int = 0  # parked: their key is paused
+    gated_batch: int = 0  # batch completion jobs waiting for their batch's members
+    gated_rate: int = 0  # deferred by their key's rate
 
     @property
     def waiting(self) -> int:
-        return self.stored - self.leased
+        """Jobs with no lease entry: due or not, no beat holds them."""
+        return self.stored - self.entries
+
+    @property
+    def gated(self) -> int:
+        """Jobs the gate holds back (parked or deferred): no beat holds them."""
+        return self.gated_slot + self.gated_paused + self.gated_batch + self.gated_rate
+
+    @property
+    def leased(self) -> int:
+        """Jobs a beat holds (claimed, not yet acked): being delivered, or held by a beat that
+        died until their lease expires."""
+        return max(self.entries - self.running - self.gated, 0)
 
 
 #: The state of a job by its lease token, for the tokens of flow control (:mod:`.gate`).
@@ -1115,12 +1132,15 @@ class Store:
     def shard_stats(self) -> list[ShardStats]:
         """Counts, overdue head and next due job of every shard (``lua/stats.lua``, one round trip).
 
-        Cheap whatever the size of the store: O(log n) a shard, plus one step per lease held.
+        Cheap whatever the size of the store: O(log n) a shard, plus one step per lease held,
+        and one per gate key, paused key and batch (what gated jobs wait for is counted per
+        key, never per job).
         """
         calls = [ScriptCall(SCRIPTS["stats"], shard.core, []) for shard in self.keys.all_shards()]
         out: list[ShardStats] = []
         for index, raw in enumerate(run_pipelined(self.client, calls)):
-            now, stored, leased, dead, schedules, overdue, head_due, head_id, next_due, next_id = raw
+            now, stored, leased, dead, schedules, overdue, head_due, head_id, next_due, next_id = raw[:10]
+            running, slot, paused, batch, rate = (int(n) for n in raw[10:15])
             out.append(
                 ShardStats(
                     index,
@@ -1134,6 +1154,11 @@ class Store:
                     head_id or None,
                     int(next_due) if next_id else None,
                     next_id or None,
+                    running,
+                    slot,
+                    paused,
+                    batch,
+                    rate,
                 )
             )
         return out
@@ -1255,9 +1280,7 @@ class Store:
                 out.append((job_id, *parsed, _lease_state(lease)))
         return out
 
-    def envelopes_and_scores(
-        self, shard: int, job_ids: Sequence[str]
-    ) -> list[tuple[str | None, int | None]]:
+    def envelopes_and_scores(self, shard: int, job_ids: Sequence[str]) -> list[tuple[str | None, int | None]]:
         """``(envelope, score)`` of jobs of one shard, in order (a leased job's score is its
         lease expiry); None for what is not stored. One round trip."""
         if not job_ids:
@@ -1612,7 +1635,8 @@ class Store:
                     raise result
                 logger.warning(
                     "delayq: Redis is over maxmemory and refused to gate %d job(s); they are "
-                    "gated again when their lease expires", len(chunk_ids)
+                    "gated again when their lease expires",
+                    len(chunk_ids),
                 )
                 out.update((job_id, GateResult(job_id, GateDecision.NOT_HELD)) for job_id in chunk_ids)
                 continue
@@ -1809,8 +1833,15 @@ class Store:
             waiting = max(total - running - succeeded - failed - cancelled, 0)
             out.append(
                 BatchState(
-                    batch_id, total, succeeded, failed, cancelled, running, waiting,
-                    fields.get("done") == "1", _int_or(fields.get("created")),
+                    batch_id,
+                    total,
+                    succeeded,
+                    failed,
+                    cancelled,
+                    running,
+                    waiting,
+                    fields.get("done") == "1",
+                    _int_or(fields.get("created")),
                     _int_or(fields["expires"]) if fields.get("expires") else None,
                 )
             )
@@ -1913,6 +1944,7 @@ class Store:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.keys.batch_channel)
         return pubsub
+
 
 def get_store(app: Any) -> Store:
     """The app's :class:`Store`: :meth:`Store.for_app`."""

@@ -24,6 +24,7 @@ from typing import Any
 from . import lateness
 from .due import ms_to_datetime
 from .envelope import decode_envelope, loaded_form
+from .gate import GATE_HEADER, Gate, batch_of, completion_id
 from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
 from .schedules import Schedule
 from .store import BatchState, JobRecord, KeyState, ShardStats, Store
@@ -31,6 +32,7 @@ from .store import BatchState, JobRecord, KeyState, ShardStats, Store
 __all__ = [
     "BEAT_ALIVE_MS",
     "CANCEL_TEXT",
+    "GATED_BY",
     "JOB_STATES",
     "JobFilter",
     "batch_json",
@@ -41,6 +43,8 @@ __all__ = [
     "cursor_text",
     "dead_page",
     "dead_view",
+    "gated_counts",
+    "gated_reason",
     "id_search",
     "iso",
     "job_detail",
@@ -159,12 +163,56 @@ def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dic
     return out
 
 
+def gated_reason(store: Store, record: JobRecord, headers: Any, now_ms: int) -> tuple[str, str]:
+    """What a gated job waits for: a key of :data:`GATED_BY` (or ``"released"``: its key let it
+    through, a beat claims it now) and a sentence saying so, read per key (its state, or its
+    batch's counts), never by scanning jobs."""
+    bid = batch_of(record.id)
+    if record.lease_until_ms is None:  # parked: score PARK_MS
+        if bid is not None and record.id == completion_id(bid):
+            batch = store.batch_state(bid)
+            if batch is None:
+                return "batch", f"batch {bid!r} not complete (its record is gone)"
+            ended = batch.succeeded + batch.failed + batch.cancelled
+            return "batch", (
+                f"batch {bid!r} not complete: {ended:,} of {batch.total:,} members ended; "
+                "this completion job is published when the last one ends"
+            )
+        gate = Gate.from_header(headers.get(GATE_HEADER)) if isinstance(headers, dict) else None
+        if gate is None:
+            return "slot", "parked by its key (its gate header does not read)"
+        key = store.key_state(gate.key)
+        if key.paused:
+            return "paused", (
+                f"key {gate.key!r} is paused: released when it is resumed "
+                f"(`delayq keys resume {gate.key}`); {key.waiting:,} job(s) of it wait"
+            )
+        limit = "no limit" if key.limit is None else f"its limit of {key.limit:,}"
+        return "slot", (
+            f"waiting for a slot: key {gate.key!r} runs {key.running:,} job(s), {limit}; "
+            "released when one of them ends"
+        )
+    if record.lease_until_ms > now_ms:
+        gate = Gate.from_header(headers.get(GATE_HEADER)) if isinstance(headers, dict) else None
+        key_text = f" of key {gate.key!r}" if gate is not None else ""
+        return "rate", f"deferred by the rate{key_text}: released when its turn comes (lease_until)"
+    return "released", "released by its key: a beat claims it now"
+
+
 def job_detail(store: Store, default_queue: str, job_id: str) -> dict[str, Any] | None:
-    """``delayq show ID --json``: a waiting, leased, gated, running or dead job; None: no such id."""
+    """``delayq show ID --json``: a waiting, leased, gated, running or dead job; None: no such
+    id. A gated job says what it waits for (``gated_by``: a key of :data:`GATED_BY` or
+    ``"released"``; ``gated_reason``: a sentence)."""
     record = store.get(job_id)
     if record is None:
         return None
     view = job_view(record, default_queue, detail=True)
+    view["gated_by"] = view["gated_reason"] = None
+    if record.state == "gated":
+        # The message's headers: its own and its route's (as publish.message_headers merges them).
+        extra = (view.get("options") or {}).get("headers")
+        headers = {**(view.get("headers") or {}), **(extra if isinstance(extra, dict) else {})}
+        view["gated_by"], view["gated_reason"] = gated_reason(store, record, headers, store.server_now_ms())
     if record.state == "dead":
         dead = store.dead_record(job_id) or {}
         view["dead"] = {k: dead.get(k) for k in ("reason", "beat")}
@@ -598,12 +646,30 @@ def beat_view(token: str, raw: Any, now_ms: int) -> dict[str, Any]:
     return out
 
 
+#: Why a gated job waits, as ``status --json`` counts them (``gated_by``) and ``show --json``
+#: names a job's (``gated_by``), with the words every page and the CLI use for each.
+GATED_BY = {
+    "slot": "waiting for a slot",
+    "paused": "key paused",
+    "batch": "batch not complete",
+    "rate": "deferred by rate",
+}
+
+
+def gated_counts(st: ShardStats) -> dict[str, int]:
+    """A shard's gated jobs by what they wait for (the keys of :data:`GATED_BY`)."""
+    return {"slot": st.gated_slot, "paused": st.gated_paused, "batch": st.gated_batch, "rate": st.gated_rate}
+
+
 def shard_view(st: ShardStats) -> dict[str, Any]:
     """One shard's counts, oldest overdue and next due job."""
     return {
         "shard": st.shard,
         "waiting": st.waiting,
         "leased": st.leased,
+        "running": st.running,
+        "gated": st.gated,
+        "gated_by": gated_counts(st),
         "dead": st.dead,
         "overdue": st.overdue,
         "oldest_overdue": iso(st.head_due_ms),
@@ -637,6 +703,9 @@ def status_view(store: Store, url: str, window_ms: int = 3_600_000) -> dict[str,
     totals = {
         "waiting": sum(st.waiting for st in stats),
         "leased": sum(st.leased for st in stats),
+        "running": sum(st.running for st in stats),
+        "gated": sum(st.gated for st in stats),
+        "gated_by": {name: sum(gated_counts(st)[name] for st in stats) for name in GATED_BY},
         "dead": sum(st.dead for st in stats),
         "overdue": sum(st.overdue for st in stats),
         "schedules": sum(st.schedules for st in stats),

@@ -272,7 +272,7 @@ def test_status_shows_beats_lateness_and_the_chart(app: Celery, r: redis.Redis, 
     assert "due → start    p50 > 300 s" in out
     assert "Jobs due per minute, next 1h: 40 (peak 8 per minute)" in out
     assert re.search(r"^\s+8 ┤█████\s*$", out, flags=re.M)  # five full columns, then nothing
-    assert re.search(r"^total\s+40\s+0\s+0\s+0\s+-\s+", out, flags=re.M)
+    assert re.search(r"^total\s+40\s+0\s+0\s+0\s+0\s+0\s+-\s+", out, flags=re.M)
 
 
 def test_status_without_beats_or_jobs(run: Run) -> None:
@@ -280,7 +280,7 @@ def test_status_without_beats_or_jobs(run: Run) -> None:
     assert "Beats: no beat seen" in out
     assert "due → publish  none recorded" in out
     assert "Jobs due per minute, next 1h: 0" in out
-    assert re.search(r"^total\s+0\s+0\s+0\s+0\s+-\s+-$", out, flags=re.M)
+    assert re.search(r"^total\s+0\s+0\s+0\s+0\s+0\s+0\s+-\s+-$", out, flags=re.M)
 
 
 def test_status_window(app: Celery, r: redis.Redis, run: Run) -> None:
@@ -752,7 +752,7 @@ def test_real_celery_subprocess(redis_url: str, r: redis.Redis) -> None:
     assert status.returncode == 0, status.stderr
     out = status.stdout
     assert f"delayq prefix delayq, 16 shards at {redis_url}" in out
-    assert re.search(r"^total\s+4\s+0\s+0\s+0\s+-\s+", out, flags=re.M)
+    assert re.search(r"^total\s+4\s+0\s+0\s+0\s+0\s+0\s+-\s+", out, flags=re.M)
     assert "recurring schedules: 1" in out and "Beats: no beat seen" in out
     assert "Jobs due per minute, next 1h: 3 (peak 1 per minute)" in out
 

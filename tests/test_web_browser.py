@@ -28,7 +28,7 @@ from celery_delayq.bulk import write_rows
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.store import get_store
 from celery_delayq.views import keys_view
-from tests.support.browser import Browser
+from tests.support.browser import WINDOW, Browser
 from tests.support.processes import Procs
 from tests.support.stack import Producer, env_for, runs, start_stack, starts_by_id, warm_up
 from tests.support.store import bury
@@ -199,6 +199,22 @@ def test_run_now_from_a_job_page_runs_it_at_once(page: Browser, stack: Stack) ->
     assert delay <= 3.0, f"started {delay:.2f} s after the click"
     page.wait(lambda: "flashes" in page.driver.page_source, 15, "the run-now flash")
     assert runs(stack.r)[job.id] == 1
+    # The browser ends on a page that answers 200 (the jobs list, not the job's page: a 404
+    # once the beat delivered it), saying the job was sent and where to follow it.
+    assert page.path() == "/jobs", page.path()
+    said = page.text("#flashes li.ok")
+    assert said.startswith(f"{job.id}: sent: e2e.record is due "), said
+    assert f"follow task id {job.id} in your result backend" in said and "Flower" in said
+    assert "no job with id" not in page.find("body").text
+    assert _status_of_this_page(page) == 200
+    assert page.console_errors() == []
+
+
+def _status_of_this_page(page: Browser) -> int:
+    """The HTTP status the page's own URL answers now (read again by the page's fetch)."""
+    script = """const done = arguments[arguments.length - 1];
+fetch(location.href, {credentials: "same-origin"}).then(r => done(r.status), () => done(-1));"""
+    return int(page.driver.execute_async_script(script))
 
 
 def test_a_schedule_paused_from_the_schedules_page_is_paused(page: Browser, stack: Stack) -> None:
@@ -278,6 +294,98 @@ def test_the_live_refresh_updates_the_overview_without_a_reload(page: Browser, s
     page.wait(lambda: page.text("#total-waiting") != waiting, 15, "the waiting count to change")
     assert page.driver.execute_script("return window.delayqNoReload;") == "still here"
     assert page.console_errors() == []
+
+
+def _long_items(stack: Stack) -> dict[str, str]:
+    """What makes a page wide: a long task name, long ids, long arguments, a long schedule
+    name, gate key and batch id, a dead letter of a long id, and jobs parked by a paused key
+    (the beat parks them). Returns the paths of their pages."""
+    tag = uuid.uuid4().hex[:6]
+    app = stack.app
+
+    @app.task(
+        base=DelayedTask, name="reports.monthly.generate_customer_invoice_pdf_and_email_it", shared=False
+    )
+    def long_named(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    job_id = f"invoice-2026-11-customer-{tag}-0123456789abcdef0123456789abcdef"
+    recipients = {"recipients": ["a@example.com"] * 20}
+    long_named.apply_in(7200, args=("x" * 300, list(range(60))), kwargs=recipients, task_id=job_id)
+    schedule = f"nightly-customer-invoice-export-to-the-accounting-system-{tag}"
+    Schedules(app).add(
+        schedule, "e2e.record", "0 3 * * *", args=["y" * 200], tz="America/Argentina/Buenos_Aires"
+    )
+    key = f"tenant:enterprise-customer-with-a-very-long-name-{tag}"
+    stack.dq.pause(key)
+    for i in range(2):  # due now: the beat claims them, and the gate parks them (key paused)
+        stack.producer.record.apply_in(0, args=("parked", i), concurrency_key=key, concurrency_limit=2)
+    batch = stack.dq.batch([stack.producer.record.s("wide", i) for i in range(3)], eta=time.time() + 7200,
+                           batch_id=f"batch-{tag}-" + "b" * 60)  # fmt: skip
+    # the beat's app has no such task: it dead-letters it
+    dead = long_named.apply_in(0, args=("z" * 100,), task_id=f"dead-{tag}-" + "d" * 80)
+    assert _wait(lambda: any(i == dead.id for i, _ in stack.dq.dead()), 30), stack.procs.logs()
+    assert _wait(lambda: get_store(app).key_state(key).waiting == 2, 30), stack.procs.logs()
+    return {
+        "job": f"/jobs/{job_id}",
+        "schedule": f"/schedules/{schedule}",
+        "edit": f"/schedules/{schedule}/edit",
+        "key": f"/keys/{key}",
+        "batch": f"/batches/{batch.id}",
+        "dead": f"/dead/{dead.id}",
+    }
+
+
+def test_no_page_is_wider_than_a_390px_window(page: Browser, stack: Stack) -> None:
+    """With long names, ids and arguments stored, every page of the dashboard at 390 px (a
+    phone) and at 1366 px is no wider than the window: its tables scroll in their own box and
+    the navigation wraps. The overview counts the paused key's parked jobs under their own
+    heading. Screenshots of the overview and a job's page at both widths
+    (``$DELAYQ_SCREENSHOTS``)."""
+    if "e2e.retired" not in stack.app.tasks:  # the first test populated the store already
+        _populate(stack)
+    pages = _long_items(stack)
+    paths = [*VIEWS, "/schedules/new", *pages.values(), "/jobs?q=invoice-2026", "/dead?limit=1"]
+    try:
+        for width in (1366, 390):
+            page.driver.set_window_size(width, 900)
+            inner = int(page.driver.execute_script("return window.innerWidth;"))
+            assert inner == width, f"the window is {inner} px wide inside, not {width}"
+            for path in paths:
+                page.open(path)
+                page.wait(lambda: page.find("main#main").is_displayed(), 30, f"main on {path}")
+                assert "Traceback" not in page.find("body").text
+                wide = int(page.driver.execute_script("return document.documentElement.scrollWidth;"))
+                assert wide <= inner, f"{path} at {width} px: the page is {wide} px wide"
+                nav = page.find("header.top nav")
+                right = page.driver.execute_script("return arguments[0].getBoundingClientRect().right;", nav)
+                assert right <= inner, f"{path} at {width} px: the nav ends at {right} px"
+                assert page.console_errors() == [], path
+            page.open("/jobs/no-such-job")  # the error page too (its 404 is in the console)
+            wide = int(page.driver.execute_script("return document.documentElement.scrollWidth;"))
+            assert wide <= inner and "no job with id" in page.find("body").text, wide
+            page.console_errors()
+            if width == 390:  # the table is wider than a phone: it scrolls inside its own box
+                page.open("/jobs")
+                box = page.find("div.scroll")
+                sizes = page.driver.execute_script(
+                    "return [arguments[0].scrollWidth, arguments[0].clientWidth];", box
+                )
+                assert sizes[0] > sizes[1] <= inner, sizes
+            page.open("/")
+            assert int(page.text("#gated-paused")) >= 2
+            page.screenshot(f"overview-{width}")
+            page.open(pages["job"])
+            page.screenshot(f"job-{width}")
+            page.open(f"{pages['key']}")
+            page.open("/jobs?state=gated")
+            parked = page.find_all("table#jobs tr[data-job-id]")
+            assert parked, "no gated job listed"
+            page.open(f"/jobs/{parked[0].get_attribute('data-job-id')}")
+            assert page.text("#job-gated-by") in ("key paused", "waiting for a slot", "batch not complete")
+            page.screenshot(f"job-gated-{width}")
+    finally:
+        page.driver.set_window_size(*WINDOW)
 
 
 @pytest.mark.slow

@@ -25,6 +25,8 @@ from tests.support.store import bury
 from tests.support.web import Answer, Client
 
 Dashboard = Callable[..., Client]
+#: The en dash of a range ("Jobs 1, dash, 50 of 120").
+DASH = "\u2013"
 HOUR = 3600
 
 
@@ -128,6 +130,56 @@ def test_paging_by_cursor_lists_every_job_once_across_shards(app: Celery, dashbo
     assert api_seen == seen
     link = next_href(client.get("/jobs?limit=2&task=t.add"))
     assert link is not None and "task=t.add" in link and "limit=2" in link
+
+
+def text_of(answer: Answer, element_id: str) -> str:
+    found = re.search(rf'id="{element_id}"[^>]*>(.*?)</(?:p|span)>', answer.text, flags=re.S)
+    assert found, f"no #{element_id}"
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", found.group(1))).split())
+
+
+def test_the_lists_show_totals_page_numbers_and_the_nav_counts(
+    app: Celery, r: redis.Redis, dashboard: Dashboard
+) -> None:
+    for i in range(11):
+        add(app, f"n{i:02d}", HOUR + i)
+    for i in range(7):
+        app.tasks["t.add"].apply_at(time.time() - 5, (i, i), task_id=f"dl{i}")
+        bury(app, f"dl{i}")
+    Schedules(app).add("tick", "t.noop", 30.0)
+    client = dashboard()
+    first = client.get("/jobs?limit=4")
+    assert text_of(first, "jobs-count") == f"Jobs 1{DASH}4 of 12 · page 1 of 3."  # 11 and the schedule's run
+    assert [text_of(first, f"nav-count-{n}") for n in ("jobs", "schedules", "dead", "keys")] == [
+        "12",
+        "1",
+        "7",
+        "0",
+    ]
+    assert 'id="first-page"' not in first.text
+    second = client.get(next_href(first) or "")
+    assert text_of(second, "jobs-count") == f"Jobs 5{DASH}8 of 12 · page 2 of 3."
+    third = client.get(next_href(second) or "")
+    assert text_of(third, "jobs-count") == f"Jobs 9{DASH}12 of 12 · page 3 of 3." and next_href(third) is None
+    assert re.search(r'<a id="first-page" href="/jobs\?limit=4">', third.text)
+    filtered = client.get("/jobs?task=t.add")
+    assert text_of(filtered, "jobs-count") == "11 jobs shown (of 12 stored)."
+
+    dead = client.get("/dead?limit=2&offset=2")
+    assert text_of(dead, "dead-count") == f"3{DASH}4 of 7 · page 2 of 4"
+    links = re.search(
+        r'<span class="pages" id="page-links">(.*?)</span>\s*\n?\s*<a id="next-page"', dead.text, re.S
+    )
+    assert links, dead.text
+    assert re.findall(r">(\d+)<", links.group(1)) == ["1", "2", "3", "4"]
+    assert '<span aria-current="page">2</span>' in links.group(1)
+    assert 'href="/dead?offset=4&amp;limit=2"' in links.group(1)
+    assert client.get("/dead?limit=2&offset=6").status == 200
+    assert text_of(client.get("/keys"), "keys-count") == "0 keys"
+    assert text_of(client.get("/batches"), "batches-count") == "0 batches"
+    # A live refresh swaps the main part only: no counts are read for its navigation.
+    live = client.get("/jobs", headers={"X-Delayq-Live": "1"})
+    assert 'id="nav-count-jobs"' not in live.text
 
 
 def test_paging_through_jobs_of_one_due_time_when_the_cursor_s_job_goes(
@@ -296,10 +348,20 @@ def test_actions_on_one_job_from_its_page(app: Celery, r: redis.Redis, dashboard
     client = dashboard(allow_actions=True)
     before = server_ms(r)
     moved = client.action("/jobs/action", [("action", "run-now"), ("ids", "one"), ("next", "/jobs/one")])
-    assert moved.status == 303 and moved.location == "/jobs/one"
+    # Not back to the job's page: a beat delivers the job in a moment, and its page is a 404 then.
+    assert moved.status == 303 and moved.location == "/jobs"
     assert before - 5 <= store.get("one").due_ms <= server_ms(r) + 5  # type: ignore[union-attr]
     shown = client.follow(moved)
-    assert flashes(shown)[0].startswith("one: due ")
+    assert shown.status == 200
+    assert flashes(shown)[0].startswith("one: sent: t.add is due ")
+    assert "follow task id one in your result backend (AsyncResult('one')) or Flower" in flashes(shown)[0]
+    later = client.action("/jobs/action", [("action", "reschedule"), ("ids", "one"), ("when", "+2h"),
+                                           ("next", "/jobs/one")])  # fmt: skip
+    assert later.status == 303 and later.location == "/jobs/one"  # still stored: its page answers
+    assert flashes(client.follow(later))[0].startswith("one: due ")
+    now = client.action("/jobs/action", [("action", "reschedule"), ("ids", "one"), ("when", "-1m"),
+                                         ("next", "/jobs/one")])  # fmt: skip
+    assert now.location == "/jobs" and "sent: t.add" in flashes(client.follow(now))[0]
     answer = client.action("/jobs/action", [("action", "reschedule"), ("ids", "one"), ("when", "+2h")])
     assert answer.status == 303
     due = store.get("one").due_ms  # type: ignore[union-attr]

@@ -373,6 +373,28 @@ def test_requeue_and_delete_one_a_selection_and_all(
     assert store.count_dead() == 0
 
 
+def test_an_action_that_removes_an_item_from_its_own_page_lands_on_its_list(
+    app: Celery, dashboard: Dashboard, dead_ids: list[str], two_schedules: Schedules
+) -> None:
+    """A dead letter requeued or deleted, or a schedule deleted, from its own page: the form's
+    ``next`` is that page, which is a 404 now; the browser goes to the list instead (200)."""
+    client = dashboard(allow_actions=True)
+    for action, item in (("requeue", "d1"), ("delete", "d2")):
+        answer = client.action("/dead/action", [("action", action), ("ids", item), ("next", f"/dead/{item}")])
+        assert answer.location == "/dead"
+        assert client.follow(answer).status == 200 and client.get(f"/dead/{item}").status == 404
+    kept = client.action("/dead/action", [("action", "requeue"), ("ids", "d3"), ("next", "/dead/d1")])
+    assert kept.location == "/dead/d1"  # another page than the item's: kept (a 404 here, as asked)
+    gone = client.action(
+        "/schedules/action", [("action", "delete"), ("name", "tick"), ("next", "/schedules/tick")]
+    )
+    assert gone.location == "/schedules" and client.follow(gone).status == 200
+    paused = client.action(
+        "/schedules/action", [("action", "pause"), ("name", "digest"), ("next", "/schedules/digest")]
+    )
+    assert paused.location == "/schedules/digest" and client.follow(paused).status == 200
+
+
 def test_requeue_all(app: Celery, dashboard: Dashboard, dead_ids: list[str]) -> None:
     client = dashboard(allow_actions=True)
     answer = client.api("/api/dead/action", {"action": "requeue-all"})

@@ -62,9 +62,7 @@ def test_the_beats_and_the_workers_flush_into_the_minute_too(app: Celery) -> Non
     assert lateness_window_view(store, "start") == lateness_view(lateness.read(store, "delayq", "start"))
 
 
-def test_a_minute_older_than_the_hour_is_not_in_it_and_its_hash_expires(
-    app: Celery, redis_url: str
-) -> None:
+def test_a_minute_older_than_the_hour_is_not_in_it_and_its_hash_expires(app: Celery, redis_url: str) -> None:
     store = get_store(app)
     key = key_for("delayq", "start")
     minute = now_minute(store)
@@ -158,8 +156,8 @@ def test_the_overview_shows_beats_overdue_shards_dead_and_charts(
     shards = re.search(r'<table id="shards">.*?</table>', page, re.S)
     assert shards
     cell = r'<td class="num">([\d,]+)</td>'
-    rows = re.findall(r"<tr>" + cell * 4, shards.group(0))
-    by_shard = {int(s): (int(waiting), int(dead)) for s, waiting, _leased, dead in rows}
+    rows = re.findall(r"<tr>" + cell * 6, shards.group(0))
+    by_shard = {int(s): (int(waiting), int(dead)) for s, waiting, _leased, _running, _gated, dead in rows}
     expected: dict[int, tuple[int, int]] = {}
     for job_id, is_dead in ((overdue, 0), (second, 0), *((j, 0) for j in later), (dead, 1)):
         waiting, buried = expected.get(store.keys.shard_of(job_id), (0, 0))

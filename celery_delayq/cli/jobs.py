@@ -113,6 +113,7 @@ def print_job(s: Session, view: dict[str, Any]) -> None:
     rows: list[tuple[str, Any]] = [
         ("id", view["id"]),
         ("state", view["state"]),
+        *([("waits for", view["gated_reason"])] if view.get("gated_reason") else []),
         ("task", view["task"]),
         ("due", f"{s.when(view['due_ms'])} ({relative(view['due_ms'], now)})"),
         ("shard", str(view["shard"])),

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import lateness
-from ..views import BEAT_ALIVE_MS, status_view, stored_lateness
+from ..views import BEAT_ALIVE_MS, GATED_BY, status_view, stored_lateness
 from .base import Session, json_option, session
 from .errors import usage
 from .render import ago, chart_lines, listing, plain_row, relative
@@ -82,14 +82,16 @@ def _print_shards(
     all_shards: bool,
 ) -> None:
     table = listing()
-    for name in ("SHARD", "WAITING", "LEASED", "DEAD", "OVERDUE"):
+    for name in ("SHARD", "WAITING", "LEASED", "RUNNING", "GATED", "DEAD", "OVERDUE"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("OLDEST OVERDUE", no_wrap=True)
     table.add_column("NEXT DUE", no_wrap=True)
     rows = stats
     hidden = 0
     if len(stats) > SHARD_ROWS and not all_shards:
-        rows = [st for st in stats if st["waiting"] or st["leased"] or st["dead"]]
+        rows = [
+            st for st in stats if st["waiting"] or st["leased"] or st["running"] or st["gated"] or st["dead"]
+        ]
         hidden = len(stats) - len(rows)
 
     def late(ms: int | None) -> str:
@@ -101,19 +103,24 @@ def _print_shards(
     for st in rows:
         plain_row(
             table,
-            str(st["shard"]), f"{st['waiting']:,}", f"{st['leased']:,}", f"{st['dead']:,}",
-            f"{st['overdue']:,}", late(st["oldest_overdue_ms"]), soon(st["next_due_ms"]),
+            str(st["shard"]), f"{st['waiting']:,}", f"{st['leased']:,}", f"{st['running']:,}",
+            f"{st['gated']:,}", f"{st['dead']:,}", f"{st['overdue']:,}", late(st["oldest_overdue_ms"]),
+            soon(st["next_due_ms"]),
         )  # fmt: skip
     oldest, soonest = totals["oldest_overdue_ms"], totals["next_due_ms"]
     table.add_section()
     plain_row(
         table,
-        "total", f"{totals['waiting']:,}", f"{totals['leased']:,}", f"{totals['dead']:,}",
-        f"{totals['overdue']:,}", late(oldest), soon(soonest), style="bold",
+        "total", f"{totals['waiting']:,}", f"{totals['leased']:,}", f"{totals['running']:,}",
+        f"{totals['gated']:,}", f"{totals['dead']:,}", f"{totals['overdue']:,}", late(oldest), soon(soonest),
+        style="bold",
     )  # fmt: skip
     console.print(table)
     if hidden:
         console.print(f"({hidden} empty shards not shown; --all-shards shows them)")
+    if totals["gated"]:
+        why = ", ".join(f"{totals['gated_by'][name]:,} {label}" for name, label in GATED_BY.items())
+        console.print(f"gated (held back by flow control; no beat holds them): {why}")
     console.print(f"recurring schedules: {totals['schedules']:,}")
 
 

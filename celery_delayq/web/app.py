@@ -24,14 +24,14 @@ import json
 import secrets
 from typing import Any
 
-from flask import Flask, Response, jsonify, render_template, request
+from flask import Flask, Response, g, jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 
 from ..connection import error_text, redis_error_kind
 from ..exceptions import DelayQError, StoreFull
 from . import dead, flow, jobs, overview, schedules
-from .context import REFRESH_SECONDS, Dashboard, dashboard, relative, span, wants_json
+from .context import REFRESH_SECONDS, Dashboard, dashboard, nav_counts, relative, span, wants_json
 
 __all__ = ["CSP", "create_app"]
 
@@ -150,6 +150,7 @@ def create_app(
     web.jinja_env.filters["span"] = span
     web.jinja_env.filters["relative"] = relative
     web.jinja_env.globals["board"] = dashboard
+    web.jinja_env.globals["nav_counts"] = nav_counts
     web.jinja_env.filters["jsontext"] = _json_inline
     web.jinja_env.filters["jsonblock"] = _json_text
 
@@ -170,6 +171,7 @@ def _json_inline(value: Any) -> str:
 
 
 def _error(status: int, message: str) -> Any:
+    g.delayq_error = True  # the error page's navigation shows no counts (Redis may be away)
     if wants_json():
         response = jsonify({"error": message, "status": status})
         response.status_code = status

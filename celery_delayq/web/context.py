@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from flask import abort, current_app, flash, jsonify, redirect, request
+from flask import abort, current_app, flash, g, jsonify, redirect, request
 
 from ..config import DelayQConfig, redact_url
 from ..due import ms_to_datetime
@@ -25,6 +25,7 @@ __all__ = [
     "action_response",
     "dashboard",
     "local_target",
+    "nav_counts",
     "relative",
     "require_actions",
     "span",
@@ -64,6 +65,29 @@ class Dashboard:
 
     def hhmm(self, ms: int | float) -> str:
         return ms_to_datetime(ms).astimezone(self.app.timezone).strftime("%H:%M")
+
+
+def nav_counts() -> dict[str, int] | None:
+    """The counts the navigation shows beside its links: jobs stored, schedules, dead letters and
+    gate keys, in one pipeline of ``ZCARD``/``HLEN`` a shard (4 commands a shard, whatever is
+    stored). None for a live refresh (it swaps the main part only) and when Redis does not
+    answer (the page says why on its own), and on an error page."""
+    if request.headers.get("X-Delayq-Live") or g.get("delayq_error"):
+        return None
+    store = dashboard().store
+    shards = list(store.keys.all_shards())
+    try:
+        with store.client.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.zcard(shard.due)
+                pipe.hlen(shard.schedules)
+                pipe.hlen(shard.dead)
+                pipe.hlen(shard.gate_keys)
+            replies = [int(n) for n in pipe.execute()]
+    except Exception:  # the page's own read says what is wrong
+        return None
+    names = ("jobs", "schedules", "dead", "keys")
+    return {name: sum(replies[i :: len(names)]) for i, name in enumerate(names)}
 
 
 def dashboard() -> Dashboard:
@@ -140,10 +164,16 @@ def local_target(target: str | None, default: str) -> str:
     return target
 
 
-def action_response(results: Iterable[Mapping[str, Any]], ok: set[str], default_next: str) -> Any:
+def action_response(
+    results: Iterable[Mapping[str, Any]], ok: set[str], default_next: str, gone: Iterable[str] = ()
+) -> Any:
     """How an action answers: JSON ``{"results": [...]}`` (status 200 when every outcome is in
     ``ok``, else 409), or, for a form, one flash message per result and a redirect back to the
-    form's ``next`` (POST, redirect, GET: a reload does not repeat the action)."""
+    form's ``next`` (POST, redirect, GET: a reload does not repeat the action).
+
+    ``gone``: the pages (``url_for`` paths) of the items the action removed or may have removed
+    (a deleted schedule, a job run now, which the beat delivers in a moment): a ``next`` naming
+    one of them goes to ``default_next`` instead, so that an action never lands on a 404."""
     listed = [dict(r) for r in results]
     failed = [r for r in listed if r.get("outcome") not in ok]
     if wants_json():
@@ -153,7 +183,17 @@ def action_response(results: Iterable[Mapping[str, Any]], ok: set[str], default_
     for r in listed:
         name = r.get("id") or r.get("name") or r.get("key") or ""
         flash(f"{name}: {r.get('message', r.get('outcome'))}", "ok" if r.get("outcome") in ok else "error")
-    return redirect(under_root(local_target(request.form.get("next"), default_next)), code=303)
+    target = local_target(request.form.get("next"), default_next)
+    if _page_path(target) in {_page_path(page) for page in gone}:
+        target = default_next
+    return redirect(under_root(target), code=303)
+
+
+def _page_path(target: str) -> str:
+    """``target``'s path without the app's root and query: the page it names."""
+    path = urlsplit(target).path
+    root = request.script_root
+    return path[len(root) :] if root and path.startswith(root + "/") else path
 
 
 def under_root(path: str, root: str | None = None) -> str:

@@ -65,7 +65,7 @@ def dead() -> str:
     more = view["total"] > offset + view["count"]
     return render_template(
         "dead.html", view=view, task=request.args.get("task") or "", offset=offset,
-        next_offset=offset + view["count"] if more else None,
+        limit=_number("limit", PAGE, 1), next_offset=offset + view["count"] if more else None,
     )  # fmt: skip
 
 
@@ -144,6 +144,8 @@ def action() -> Any:
         ids = given.texts("ids")
         if not ids:
             refuse("tick the dead letters to " + what + " (the ids field)")
+    # A requeued or deleted dead letter has no page any more: back to the list, not a 404.
+    gone = [url_for("dead.dead_letter", job_id=job_id) for job_id in ids]
     if what.startswith("requeue"):
-        return action_response(requeue_results(ids, due_ms), {REQUEUED}, url_for("dead.dead"))
-    return action_response(delete_results(ids), {"deleted"}, url_for("dead.dead"))
+        return action_response(requeue_results(ids, due_ms), {REQUEUED}, url_for("dead.dead"), gone)
+    return action_response(delete_results(ids), {"deleted"}, url_for("dead.dead"), gone)

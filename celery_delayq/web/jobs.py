@@ -14,12 +14,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, abort, jsonify, render_template, request
+from flask import Blueprint, abort, jsonify, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
 from ..jobs import CANCELLED, MOVED
 from ..timeparse import is_relative, parse_when
-from ..views import JOB_STATES, JobFilter, cancel_result, id_search, job_detail, jobs_page, move_result
+from ..views import (
+    GATED_BY,
+    JOB_STATES,
+    JobFilter,
+    cancel_result,
+    id_search,
+    job_detail,
+    job_view,
+    jobs_page,
+    move_result,
+)
 from .context import action_response, dashboard, relative, require_actions
 from .forms import refuse
 
@@ -102,11 +112,33 @@ def api_jobs() -> Any:
     return jsonify(_page())
 
 
+def pages(total: int, limit: int, number: int) -> dict[str, int]:
+    """Where page ``number`` of the unfiltered list stands: its number, the count of pages, the
+    position (1-based) of its first job, and the total.
+
+    >>> pages(5469, 50, 2)
+    {'page': 2, 'pages': 110, 'first': 51, 'total': 5469}
+    >>> pages(0, 50, 1), pages(120, 50, 9)["page"]
+    ({'page': 1, 'pages': 1, 'first': 0, 'total': 0}, 3)
+    """
+    count = max(1, -(-total // limit))
+    number = min(number, count)  # a page number from an old link, when jobs have gone since
+    return {"page": number, "pages": count, "first": min((number - 1) * limit + 1, total), "total": total}
+
+
 @bp.get("/jobs")
 def jobs() -> str:
     view = _page()
+    search = search_args(request.args)
+    stored = dashboard().store.count()  # one ZCARD a shard
+    where = None
+    if not any(search.get(name) for name in ("q", "task", "queue", "state", "from", "until")):
+        # The whole list: the page number is carried by the pager's links (a cursor page
+        # knows no rank of its own).
+        number = _number(request.args, "page", 1, 10**9) if request.args.get("cursor") else 1
+        where = pages(stored, int(search.get("limit") or PAGE), number)
     return render_template(
-        "jobs.html", view=view, search=search_args(request.args), states=JOB_STATES, actions=ACTIONS
+        "jobs.html", view=view, search=search, states=JOB_STATES, actions=ACTIONS, where=where, stored=stored
     )
 
 
@@ -125,27 +157,60 @@ def api_job(job_id: str) -> Any:
 
 @bp.get("/jobs/<path:job_id>")
 def job(job_id: str) -> str:
-    return render_template("job.html", job=_detail(job_id))
+    return render_template("job.html", job=_detail(job_id), gated_by=GATED_BY)
 
 
-def act(action: str, ids: list[str], when: str | None) -> list[dict[str, Any]]:
+#: A job moved to within this many ms of now may be delivered before its page is read again:
+#: after such a move the browser goes to the jobs list, not to the job's page.
+SOON_MS = 10_000
+
+
+def act(action: str, ids: list[str], when: str | None) -> tuple[list[dict[str, Any]], bool]:
     """Do ``action`` to each job of ``ids``: the results ``delayq cancel|reschedule|run-now
-    --json`` prints. A bad action, no ids or a bad WHEN answers 400 before anything changes."""
+    --json`` prints, and whether the jobs left (cancelled) or are about to (moved to within
+    :data:`SOON_MS` of now: a beat delivers them, and their pages are gone). A bad action, no
+    ids or a bad WHEN answers 400 before anything changes. A job moved to now says that it
+    was sent and where to follow it (``message``)."""
     board = dashboard()
     if action not in ACTIONS:
         refuse(f"action: {action!r} is not one of {', '.join(ACTIONS)}")
     if not ids:
         refuse("no job chosen: tick at least one job (ids)")
     if action == "cancel":
-        return [cancel_result(board.dq, board.store, job_id) for job_id in ids]
+        return [cancel_result(board.dq, board.store, job_id) for job_id in ids], True
+    now = board.store.server_now_ms()
     if action == "run-now":
-        due_ms, what = board.store.server_now_ms(), "run"
+        due_ms, what = now, "run"
     else:
         if not (when or "").strip():
             refuse("when: give the time to reschedule to (ISO-8601, UNIX s, now, +10m, -1h)")
         due_ms, what = _when(when or "", "when"), "reschedule"
     due_text = f"due {board.when(due_ms)} ({relative(due_ms)})"
-    return [move_result(board.dq, board.store, job_id, due_ms, what, due_text) for job_id in ids]
+    soon = due_ms <= now + SOON_MS
+    results = []
+    for job_id in ids:
+        record = board.store.get(job_id) if soon else None
+        task = job_view(record, board.default_queue)["task"] if record is not None else None
+        result = move_result(board.dq, board.store, job_id, due_ms, what, due_text)
+        if soon and result["outcome"] == MOVED:
+            result["message"] = sent_text(job_id, task, due_text)
+        results.append(result)
+    return results, soon
+
+
+def sent_text(job_id: str, task: str | None, due_text: str) -> str:
+    """What a job moved to now says: sent to the beats, and where to follow it once delivered
+    (its page is gone then: the task id is the job id).
+
+    >>> text = sent_text("j1", "proj.add", "due now")
+    >>> text.startswith("sent: proj.add is due now; a beat publishes it"), "AsyncResult('j1')" in text
+    (True, True)
+    """
+    what = task or "the job"
+    return (
+        f"sent: {what} is {due_text}; a beat publishes it within moments, and then it leaves the store: "
+        f"follow task id {job_id} in your result backend (AsyncResult({job_id!r})) or Flower"
+    )
 
 
 def _ok(action: str) -> set[str]:
@@ -157,7 +222,10 @@ def action() -> Any:
     require_actions()
     name = request.form.get("action", "")
     ids = [job_id for job_id in request.form.getlist("ids") if job_id]
-    return action_response(act(name, ids, request.form.get("when")), _ok(name), "/jobs")
+    results, left = act(name, ids, request.form.get("when"))
+    # A job cancelled, or moved to now (a beat delivers it in a moment), has no page any more.
+    gone = [url_for("jobs.job", job_id=job_id) for job_id in ids] if left else []
+    return action_response(results, _ok(name), url_for("jobs.jobs"), gone)
 
 
 @bp.post("/api/jobs/action")
@@ -173,4 +241,4 @@ def api_action() -> Any:
         refuse("ids: give a list of job ids (strings)")
     if when is not None and not isinstance(when, str):
         refuse("when: give a time as text (ISO-8601, UNIX s, now, +10m, -1h)")
-    return action_response(act(name, ids, when), _ok(name), "/jobs")
+    return action_response(act(name, ids, when)[0], _ok(name), "/jobs")

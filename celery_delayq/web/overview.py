@@ -12,7 +12,7 @@ from typing import Any
 from flask import Blueprint, jsonify, render_template
 
 from .. import lateness
-from ..views import lateness_window_view, status_view
+from ..views import GATED_BY, lateness_window_view, status_view
 from .charts import bar_chart
 from .context import dashboard
 
@@ -76,8 +76,12 @@ def overview() -> str:
             height=110,
             label_every=2,
         )
-    shards = [s for s in view["shards"] if s["waiting"] or s["leased"] or s["dead"]]
-    return render_template("overview.html", view=view, charts=charts, shards=shards, now=now)
+    shards = [
+        s for s in view["shards"] if s["waiting"] or s["leased"] or s["running"] or s["gated"] or s["dead"]
+    ]
+    return render_template(
+        "overview.html", view=view, charts=charts, shards=shards, now=now, gated_by=GATED_BY
+    )
 
 
 def _bound(le_ms: float | None) -> str:

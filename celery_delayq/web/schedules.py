@@ -131,7 +131,9 @@ def action() -> Any:
         refuse("name the schedule: the name field")
     results = [_one(what, name) for name in names]
     ok = {"paused", "resumed", "deleted", "stored", "kept"}
-    return action_response(results, ok, url_for("schedules.schedules"))
+    # A deleted schedule has no page any more: back to the list, not a 404.
+    gone = [url_for("schedules.schedule", name=name) for name in names] if what == "delete" else []
+    return action_response(results, ok, url_for("schedules.schedules"), gone)
 
 
 # -- the edit and new forms ------------------------------------------------------------------------
