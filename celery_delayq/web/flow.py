@@ -172,4 +172,5 @@ def batches_action() -> Any:
     if what == "cancel":
         return action_response([_cancel(i) for i in ids], {"cancelled"}, url_for("flow.batches"))
     results = [_delete(i, what == "force-delete") for i in ids]
-    return action_response(results, {"deleted"}, url_for("flow.batches"))
+    gone = [url_for("flow.batch", batch_id=i) for i in ids]
+    return action_response(results, {"deleted"}, url_for("flow.batches"), gone)
