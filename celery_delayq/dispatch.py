@@ -46,6 +46,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from celery import states
+from celery.exceptions import NotRegistered
 from kombu.exceptions import BatchPublishError
 
 from .backoff import Backoff
@@ -531,14 +533,13 @@ class Dispatcher:
                         if envelope.schedule is not None:
                             points.append((shard, job, envelope))
                             continue
-                        if self.config.dead_letter_unknown and envelope.task not in registered:
-                            publishing.bury(
-                                job,
-                                f"task {envelope.task!r} is not registered in the beat's app "
-                                "(import its module in the beat, or set "
-                                f"{setting_name(self.app, 'delayq_dead_letter_unknown')}=False)",
-                                envelope,
-                            )
+                        if (self.config.dead_letter_unknown and envelope.task not in registered
+                                and not is_retry(envelope)):
+                            reason = (f"task {envelope.task!r} is not registered in the beat's app "
+                                      "(import its module in the beat, or set "
+                                      f"{setting_name(self.app, 'delayq_dead_letter_unknown')}=False)")
+                            publishing.bury(job, reason, envelope)
+                            fail_result(self.app, envelope, reason)
                             continue
                         key = gated.released.get(job.id)
                         if key is None:
@@ -822,6 +823,33 @@ class Dispatcher:
         self.publish_lateness.last_flush()
         self.beat.remove()
         self.close()
+
+
+def is_retry(envelope: Envelope) -> bool:
+    """Whether ``envelope`` is a task's retry (its ``retries`` header is above 0): a worker
+    that runs the task stored it, so its name and routing are real and the beat publishes it
+    by name, as ``send_task`` would, even when it does not import the task.
+
+    >>> from celery_delayq.envelope import Envelope
+    >>> def env(headers): return Envelope("t", headers, {}, b"", "", "", {}, None, 0)
+    >>> is_retry(env({"retries": 1})), is_retry(env({"retries": 0})), is_retry(env({}))
+    (True, False, False)
+    """
+    retries = envelope.headers.get("retries")
+    return isinstance(retries, int) and not isinstance(retries, bool) and retries > 0
+
+
+def fail_result(app: Any, envelope: Envelope, reason: str) -> None:
+    """Store FAILURE (``NotRegistered(reason)``) as the result of a job the beat dead-lettered
+    for its unknown task, so that a caller waiting on it gets the error instead of waiting for
+    good. Never raises: without a result backend, or when it fails, only the log says it."""
+    task_id = envelope.headers.get("id")
+    if not isinstance(task_id, str):
+        return
+    try:
+        app.backend.store_result(task_id, NotRegistered(reason), states.FAILURE)
+    except Exception as exc:  # the job is in the dead letters either way
+        logger.warning("delayq: storing the FAILURE of dead-lettered task %s failed: %r", task_id, exc)
 
 
 def _count_stale(done: dict[str, bool], what: str, verb: str) -> tuple[int, int]:

@@ -10,6 +10,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -17,7 +18,15 @@ from celery import Task, shared_task
 
 from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
-from .due import celery_expires, celery_naive_as_utc, due_ms_from_delay, due_ms_from_eta, ms_to_datetime
+from .due import (
+    celery_expires,
+    celery_naive_as_utc,
+    due_iso,
+    due_ms_from_delay,
+    due_ms_from_eta,
+    ms_to_datetime,
+)
+from .envelope import DUE_HEADER
 from .exceptions import InvalidDueTime, InvalidOptions
 from .gate import GATE_HEADER, GATE_OPTIONS, Gate, check_key, gated_id, key_tag, pop_gate
 from .keys import is_point_id
@@ -125,6 +134,20 @@ class DelayQTaskMixin:
 
     def _delayq_app(self) -> Any:
         return self._get_app()  # type: ignore[attr-defined]
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Celery's hook before each run: a message a beat published (it carries the
+        ``delayq_due`` header) and has no ``eta`` gets ``self.request.eta`` = its due time
+        (ISO-8601 UTC, to the millisecond, as ``delayq_publish_eta`` would write it), so the
+        task reads what plain Celery's ``eta``/``countdown`` gives it; the message itself has no
+        ``eta``, so the worker runs it at once, whatever its own clock says."""
+        request = getattr(self, "request", None)
+        due = getattr(request, DUE_HEADER, None)
+        if request is not None and due is not None and getattr(request, "eta", None) is None:
+            # a header that is not a number of seconds leaves eta None
+            with contextlib.suppress(TypeError, ValueError, OverflowError):
+                request.eta = due_iso(round(float(due) * 1000.0))
+        super().before_start(task_id, args, kwargs)  # type: ignore[misc]
 
     def apply_at(self, eta: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
         """Schedule the task to run at ``eta``: an aware datetime or a UNIX timestamp in seconds.

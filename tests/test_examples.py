@@ -17,6 +17,7 @@ import redis
 
 from celery_delayq import DelayQ, Schedules
 from celery_delayq.config import DEFAULTS
+from celery_delayq.due import due_iso
 from tests.support.apps import make_app
 from tests.support.processes import Procs
 
@@ -145,9 +146,11 @@ def test_django_settings_example(redis_url: str, r: redis.Redis, procs: Procs) -
     log = _log(r, "examples:django:log")
     welcome = {e["user"]: e for e in log if e["task"] == "send_welcome"}
     assert sorted(welcome) == [42, 43], log
-    assert welcome[42]["due"] is not None and welcome[42]["eta"] is None  # countdown: via the beat
+    # countdown: via the beat; the message has no eta, the task reads its due time as request.eta
+    assert welcome[42]["due"] is not None and welcome[42]["eta"] == due_iso(round(welcome[42]["due"] * 1000))
     assert welcome[43]["due"] is None and welcome[43]["eta"] is None  # no countdown: direct
     sync = [e for e in log if e["task"] == "sync_account"]
     assert [e["retries"] for e in sync] == [0, 1] and len({e["id"] for e in sync}) == 1, sync
-    assert all(e["due"] is not None and e["eta"] is None for e in sync)  # the retry too
+    # the retry too: each run came through the beat and reads its due time as request.eta
+    assert all(e["due"] is not None and e["eta"] == due_iso(round(e["due"] * 1000)) for e in sync)
     assert runs == {welcome[42]["id"]: 1, welcome[43]["id"]: 1, sync[0]["id"]: 2}

@@ -34,7 +34,7 @@ def record(task: Any, **detail: Any) -> None:
         "id": request.id,
         "retries": request.retries,
         "due": getattr(request, "delayq_due", None),  # set when a delayq beat published it
-        "eta": request.eta,  # set when the message waits in a worker (Celery's own ETA)
+        "eta": request.eta,  # Celery's own ETA, or the due time of a job a delayq beat published
         "ran": time.time(),
         **detail,
     }

@@ -1,0 +1,1 @@
+"""What runs Celery's own integration tests with delayq (``tests/test_celery_suite.py``)."""
