@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
@@ -185,7 +186,7 @@ def gated_reason(store: Store, record: JobRecord, headers: Any, now_ms: int) -> 
         if key.paused:
             return "paused", (
                 f"key {gate.key!r} is paused: released when it is resumed "
-                f"(`delayq keys resume {gate.key}`); {key.waiting:,} job(s) of it wait"
+                f"(`celery delayq resume {shlex.quote(gate.key)}`); {key.waiting:,} job(s) of it wait"
             )
         limit = "no limit" if key.limit is None else f"its limit of {key.limit:,}"
         return "slot", (

@@ -163,6 +163,11 @@ def test_each_gated_jobs_page_says_what_it_waits_for(
     assert "waits for batch 'nightly' not complete: 0 of 2 members ended" in printed
     shown = as_json(invoke(app, "show", ids["paused"][0], "--json"))
     assert shown["gated_by"] == "paused" and shown["gated_reason"].startswith("key 'tenant:p' is paused")
+    # the command the reason names is the CLI's own, and resumes the key
+    command = shown["gated_reason"].split("`")[1].split()
+    assert command == ["celery", "delayq", "resume", "tenant:p"]
+    assert invoke(app, *command[2:]).exit_code == 0
+    assert as_json(invoke(app, "show", ids["paused"][0], "--json"))["gated_by"] != "paused"
     plain = client.get(f"/jobs/{ids['plain']}").text
     assert text_of(plain, "job-state") == "leased" and 'id="job-gated-by"' not in plain
     running = as_json(invoke(app, "show", ids["running"], "--json"))
