@@ -1379,6 +1379,20 @@ class Store:
         except redis.exceptions.NoPermissionError:
             return True
 
+    def nav_counts(self) -> dict[str, int]:
+        """Jobs stored, schedules, dead letters and gate keys over all shards, in one pipeline of
+        ``ZCARD``/``HLEN`` a shard (4 commands a shard, whatever is stored): the dashboard's
+        navigation counts."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.zcard(shard.due)
+                pipe.hlen(shard.schedules)
+                pipe.hlen(shard.dead)
+                pipe.hlen(shard.gate_keys)
+            replies = [int(n) for n in pipe.execute()]
+        names = ("jobs", "schedules", "dead", "keys")
+        return {name: sum(replies[i :: len(names)]) for i, name in enumerate(names)}
+
     def count_schedules(self) -> int:
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keys.all_shards():

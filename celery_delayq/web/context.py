@@ -74,20 +74,10 @@ def nav_counts() -> dict[str, int] | None:
     answer (the page says why on its own), and on an error page."""
     if request.headers.get("X-Delayq-Live") or g.get("delayq_error"):
         return None
-    store = dashboard().store
-    shards = list(store.keys.all_shards())
     try:
-        with store.client.pipeline(transaction=False) as pipe:
-            for shard in shards:
-                pipe.zcard(shard.due)
-                pipe.hlen(shard.schedules)
-                pipe.hlen(shard.dead)
-                pipe.hlen(shard.gate_keys)
-            replies = [int(n) for n in pipe.execute()]
+        return dashboard().store.nav_counts()
     except Exception:  # the page's own read says what is wrong
         return None
-    names = ("jobs", "schedules", "dead", "keys")
-    return {name: sum(replies[i :: len(names)]) for i, name in enumerate(names)}
 
 
 def dashboard() -> Dashboard:
