@@ -169,6 +169,7 @@ def gated_reason(store: Store, record: JobRecord, headers: Any, now_ms: int) -> 
     through, a beat claims it now) and a sentence saying so, read per key (its state, or its
     batch's counts), never by scanning jobs."""
     bid = batch_of(record.id)
+    gate = Gate.from_header(headers.get(GATE_HEADER)) if isinstance(headers, dict) else None
     if record.lease_until_ms is None:  # parked: score PARK_MS
         if bid is not None and record.id == completion_id(bid):
             batch = store.batch_state(bid)
@@ -179,7 +180,6 @@ def gated_reason(store: Store, record: JobRecord, headers: Any, now_ms: int) -> 
                 f"batch {bid!r} not complete: {ended:,} of {batch.total:,} members ended; "
                 "this completion job is published when the last one ends"
             )
-        gate = Gate.from_header(headers.get(GATE_HEADER)) if isinstance(headers, dict) else None
         if gate is None:
             return "slot", "parked by its key (its gate header does not read)"
         key = store.key_state(gate.key)
@@ -194,7 +194,6 @@ def gated_reason(store: Store, record: JobRecord, headers: Any, now_ms: int) -> 
             "released when one of them ends"
         )
     if record.lease_until_ms > now_ms:
-        gate = Gate.from_header(headers.get(GATE_HEADER)) if isinstance(headers, dict) else None
         key_text = f" of key {gate.key!r}" if gate is not None else ""
         return "rate", f"deferred by the rate{key_text}: released when its turn comes (lease_until)"
     return "released", "released by its key: a beat claims it now"
