@@ -1372,10 +1372,15 @@ class Store:
         """Whether any shard may hold a schedule definition: on one server, one ``EXISTS`` of
         every shard's hash; on a Cluster (keys of many slots), or for a user whose ACL has no
         ``EXISTS`` (the rule of an older version), always True."""
+        return self._any_exists([shard.schedules for shard in self.keys.all_shards()])
+
+    def _any_exists(self, keys: list[str]) -> bool:
+        """Whether any of ``keys`` (one per shard) may exist: one ``EXISTS`` on one server; on a
+        Cluster (keys of many slots), or for a user whose ACL has no ``EXISTS``, always True."""
         if self.is_cluster:
             return True
         try:
-            return int(self.client.exists(*(shard.schedules for shard in self.keys.all_shards()))) > 0
+            return int(self.client.exists(*keys)) > 0
         except redis.exceptions.NoPermissionError:
             return True
 
@@ -1935,13 +1940,8 @@ class Store:
         records go now (``lua/batch_delete.lua``, mode ``expired``). How many were removed.
         The beats call it every ``BATCH_SWEEP_EVERY`` s; on one server with no finished batch
         stored, it costs one ``EXISTS``."""
-        if not self.is_cluster:
-            batch_expiry = [shard.batch_expiry for shard in self.keys.all_shards()]
-            try:
-                if not int(self.client.exists(*batch_expiry)):
-                    return 0
-            except redis.exceptions.NoPermissionError:  # the rule of an older version
-                pass
+        if not self._any_exists([shard.batch_expiry for shard in self.keys.all_shards()]):
+            return 0
         now = self.server_now_ms()
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keys.all_shards():
