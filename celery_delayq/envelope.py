@@ -1,31 +1,43 @@
-"""The stored envelope: its format, version 1 and 2, written and read; and the one view of
+"""The stored envelope: its format (version 3; version 2 is still read), written and read; and the one view of
 a stored job (task, args, kwargs, queue, priority: :class:`Envelope`) that every reader
 (``DelayQ.pending``, the CLI's job lists, Spark's reader) shares.
 
 An envelope is the Celery message ``apply_async`` would have published, built at schedule
 time (:mod:`.build` makes it, :mod:`.publish` sends it), stored as compact JSON
-(version 2). It stores only what cannot be rebuilt: a header or property equal to its
+(version 3). It stores only what cannot be rebuilt: a header or property equal to its
 default, or to a value that is stored anyway (the id, the task name, the absolute expiry),
 is left out, and :func:`decode_envelope` puts it back, in Celery's order::
 
-    {"v": 2, "i": task id, "t": task name,
-     "a": argsrepr, "k": kwargsrepr, "o": origin, "h": {other headers},
+    {"v": 3, "i": task id,
+     "n": [la, lk, lb], "a": argsrepr, "k": kwargsrepr,
+     "j": JSON body less its plain tail | "b": body text,
+     "t": task name, "o": origin, "h": {other headers},
      "r": reply_to, "p": {other properties},
-     "j": JSON body less its plain tail | "b": body text | "z": base64 body,
-     "ct": content type, "ce": content encoding,
+     "z": base64 body, "ct": content type, "ce": content encoding,
      "q": queue name | {routed options},
      "x": absolute expiry ms, "c": created ms, "s": [schedule name, point ms]}
 
-Version 1 envelopes (every header and property in full) are still read.
+*Encoded once, at enqueue.* The job's own parts of its broker message (the argument reprs and
+the body) come first, in this order, as JSON strings: their text between the quotes is already
+what kombu's Redis transport writes for them in a message (``json`` with ``ensure_ascii``, the
+body unencoded: :mod:`.wire`). ``n`` gives the length of each of those three texts, so
+``lua/push.lua`` cuts them out of the stored envelope by position and joins them into the
+message with no decoding or encoding of its own. ``n`` is written whenever the headers are in
+Celery's order and the body is text (``j`` or ``b``); otherwise (``H``, ``P``, a binary body
+``z``) the envelope has no ``n``, its ``a``/``k`` follow ``t``, and the beat delivers it.
+Version 2 (the same fields, without ``n`` and in the order ``i, t, a, k, o, h, r, p, j|b|z,
+ct, ce, q, x, c, s``) is still read; no released version wrote version 1.
 
 Who else reads the format, and what of it (nothing else knows it):
 
-* the ``jobs`` hash keeps a version-2 envelope stored under its own id without its
-  ``"i"`` (:func:`stored_form`, :func:`loaded_form`; :class:`~.store.Store` calls them);
+* the ``jobs`` hash keeps an envelope stored under its own id without its ``"i"``
+  (:func:`stored_form`, :func:`loaded_form`; :class:`~.store.Store` calls them);
 * ``lua/requeue.lua`` stores a requeued envelope the same way: it cuts the opening
-  ``{"v":2,"i":<id>,`` (:func:`id_opening`, passed in ARGV[3]) down to ``{"v":2,``; every
-  other script stores, returns or moves envelopes as opaque strings;
-* :mod:`.wire` fills message templates per job from :func:`template_fields`: the id, the
+  ``{"v":3,"i":<id>,`` (:func:`id_opening`, passed in ARGV[3]) down to ``{"v":3,``;
+* ``lua/push.lua`` reads ``n``, ``a``, ``k``, ``j``/``b`` by position (above), the shape (the
+  text from ``t`` to ``c``) as the key of its message template, and ``c`` as the last field;
+  every other script stores, returns or moves envelopes as opaque strings;
+* :mod:`.wire` makes the message templates from :func:`template_fields`: the id, the
   argument reprs and the body of an envelope whose other fields (its *shape*) are shared.
 """
 
@@ -46,8 +58,10 @@ __all__ = [
     "DUE_HEADER",
     "ENVELOPE_VERSION",
     "JSON_CT",
+    "PLAIN_TAIL",
     "UTF8",
     "Envelope",
+    "JobBody",
     "Pieces",
     "body_members",
     "decode_envelope",
@@ -64,9 +78,9 @@ __all__ = [
     "template_fields",
 ]
 
-ENVELOPE_VERSION = 2
+ENVELOPE_VERSION = 3
 
-#: Header added at publish: the job's due time, seconds since the epoch (float).
+#: Header added at publish: the job's due time, ms since the epoch (a whole number).
 DUE_HEADER = "delayq_due"
 
 #: Header added when a beat publishes a job through kombu: its claim (see :mod:`.starts`).
@@ -132,7 +146,7 @@ class Envelope:
 
 #: Celery's body ``embed`` with no callbacks, errbacks, chain or chord, as kombu's JSON writes
 #: it at the end of a body: a JSON body ending so is stored without this tail (field ``j``).
-_PLAIN_TAIL = ', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+PLAIN_TAIL = ', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
 JSON_CT = "application/json"
 UTF8 = "utf-8"
 
@@ -219,8 +233,8 @@ def _body_fields(content_type: Any, content_encoding: Any, payload: Any) -> dict
     out: dict[str, Any] = {}
     if isinstance(payload, bytes | bytearray | memoryview):
         out["z"] = base64.b64encode(payload).decode("ascii")
-    elif payload.endswith(_PLAIN_TAIL):
-        out["j"] = payload[: -len(_PLAIN_TAIL)]
+    elif payload.endswith(PLAIN_TAIL):
+        out["j"] = payload[: -len(PLAIN_TAIL)]
     else:
         out["b"] = payload
     if not (type(content_type) is str and content_type == JSON_CT):
@@ -299,10 +313,14 @@ def encode_envelope(
     created now. Checked by :func:`_check_size`."""
     headers, props = message
     expires_ms, expires_iso = (None, None) if expires is None else expires
-    envelope: dict[str, Any] = {"v": ENVELOPE_VERSION, "i": task_id, "t": name}
-    envelope.update(_compact_headers(headers, task_id, name, expires_iso))
+    envelope: dict[str, Any] = {"v": ENVELOPE_VERSION, "i": task_id}
+    header_fields = _compact_headers(headers, task_id, name, expires_iso)
+    body_fields = _body_fields(*body)
+    envelope.update(_job_fields(header_fields, body_fields))
+    envelope["t"] = name
+    envelope.update(header_fields)
     envelope.update(_compact_props(props, task_id))
-    envelope.update(_body_fields(*body))
+    envelope.update(body_fields)
     envelope.update(_route_field(route))
     if expires_ms is not None:
         envelope["x"] = expires_ms
@@ -310,6 +328,24 @@ def encode_envelope(
     if schedule is not None:
         envelope["s"] = [schedule[0], schedule[1]]
     return _check_size(_dump(envelope, name, route), max_payload, task_id, name)
+
+
+def _job_fields(header_fields: dict[str, Any], body_fields: dict[str, Any]) -> dict[str, Any]:
+    """The job's own fields, taken out of ``header_fields`` and ``body_fields``: ``n``, ``a``,
+    ``k`` and ``j`` or ``b``, in this order; none for headers not in Celery's order or a binary
+    body (see the module's docstring)."""
+    if "H" in header_fields or "z" in body_fields:
+        return {}
+    field = "j" if "j" in body_fields else "b"
+    argsrepr = header_fields.pop("a", "()")
+    kwargsrepr = header_fields.pop("k", "{}")
+    text = body_fields.pop(field)
+    return {"n": _lengths(argsrepr, kwargsrepr, text), "a": argsrepr, "k": kwargsrepr, field: text}
+
+
+def _lengths(*texts: str) -> list[int]:
+    """The length of each of ``texts`` as JSON writes it, less its quotes (``n``)."""
+    return [len(_jstr(text)) - 2 for text in texts]
 
 
 # -- the same, in pieces: for many jobs of one task and options (see .build) -----------------
@@ -353,17 +389,27 @@ def shared_pieces(
 def is_plain_embed(encoded: str) -> bool:
     """True when ``encoded``, Celery's body ``embed`` as kombu's JSON writes it, is the plain
     one (no callbacks, errbacks, chain or chord): such a body is stored as ``j``."""
-    return encoded == _PLAIN_TAIL[2:-1]
+    return encoded == PLAIN_TAIL[2:-1]
 
 
-def plain_body(encoded_args: str) -> str:
-    """The body member of a plain JSON body, from ``[args, kwargs]`` as kombu's JSON writes it."""
-    return ',"j":' + _jstr(encoded_args[:-1])
+#: A job's body for :func:`envelope_from_pieces`: ``(field, text, other members)``, the field
+#: ``"j"`` or ``"b"`` with its text; or ``""`` and ``""`` and the body's members (binary).
+JobBody = tuple[str, str, str]
 
 
-def body_members(content_type: Any, content_encoding: Any, payload: Any) -> str:
-    """The body _members of any other body (its content type and encoding when not JSON/UTF-8)."""
-    return _members(_body_fields(content_type, content_encoding, payload))
+def plain_body(encoded_args: str) -> JobBody:
+    """The body of a plain JSON body, from ``[args, kwargs]`` as kombu's JSON writes it."""
+    return ("j", encoded_args[:-1], "")
+
+
+def body_members(content_type: Any, content_encoding: Any, payload: Any) -> JobBody:
+    """The body of any other body (its content type and encoding when not JSON/UTF-8)."""
+    fields = _body_fields(content_type, content_encoding, payload)
+    for field in ("j", "b"):
+        if field in fields:
+            text = fields.pop(field)
+            return (field, text, _members(fields))
+    return ("", "", _members(fields))
 
 
 def schedule_member(schedule: tuple[str, int] | None) -> str:
@@ -372,17 +418,26 @@ def schedule_member(schedule: tuple[str, int] | None) -> str:
 
 
 def envelope_from_pieces(
-    pieces: Pieces, task_id: str, reprs: tuple[str, str], body: str, expires_ms: int | None,
+    pieces: Pieces, task_id: str, reprs: tuple[str, str], body: JobBody, expires_ms: int | None,
     sched: str, max_payload: int | None,
 ) -> str:  # fmt: skip
     """One job's envelope from ``pieces``: exactly what :func:`encode_envelope` writes."""
     argsrepr, kwargsrepr = reprs
-    parts = ['{"v":2,"i":', _jstr(task_id), pieces.head]
-    if argsrepr != "()":
-        parts += (',"a":', _jstr(argsrepr))
-    if kwargsrepr != "{}":
-        parts += (',"k":', _jstr(kwargsrepr))
-    parts += (pieces.middle, body, pieces.tail)
+    field, text, members = body
+    parts = ['{"v":3,"i":', _jstr(task_id)]
+    if field:
+        a, k, b = _jstr(argsrepr), _jstr(kwargsrepr), _jstr(text)
+        parts += (
+            ',"n":[', str(len(a) - 2), ",", str(len(k) - 2), ",", str(len(b) - 2), '],"a":', a, ',"k":', k,
+            ',"', field, '":', b, pieces.head,
+        )  # fmt: skip
+    else:
+        parts.append(pieces.head)
+        if argsrepr != "()":
+            parts += (',"a":', _jstr(argsrepr))
+        if kwargsrepr != "{}":
+            parts += (',"k":', _jstr(kwargsrepr))
+    parts += (pieces.middle, members, pieces.tail)
     if expires_ms is not None:
         parts += (',"x":', str(expires_ms))
     parts += (',"c":', str(local_now_ms()), sched, "}")
@@ -399,10 +454,10 @@ def decode_envelope(raw: str, max_bytes: int | None = None) -> Envelope:
     an empty queue name (``"q": ""``: no worker reads it)."""
     data = load_json(raw, "envelope", dict, max_bytes)
     version = data.get("v")
-    if version != 2 and version != 1:
+    if version != 3 and version != 2:
         raise CorruptData(f"unknown envelope version {version!r}")
     try:
-        envelope = _decode_v2(data) if version == 2 else _decode_v1(data)
+        envelope = _decode(data)
     except (KeyError, TypeError, ValueError, LookupError, OverflowError, OSError) as exc:
         raise CorruptData(f"envelope field missing or malformed: {exc!r}") from exc
     if envelope.route.get("queue") == "":
@@ -410,7 +465,8 @@ def decode_envelope(raw: str, max_bytes: int | None = None) -> Envelope:
     return envelope
 
 
-def _decode_v2(data: dict[str, Any]) -> Envelope:
+def _decode(data: dict[str, Any]) -> Envelope:
+    """Versions 3 and 2 (the same fields; ``n`` is only for lua/push.lua)."""
     job_id = data["i"]
     name = data["t"]
     if type(job_id) is not str or type(name) is not str:
@@ -454,7 +510,7 @@ def _decode_v2(data: dict[str, Any]) -> Envelope:
             props.update(_object(other, "p"))
     content_encoding = data.get("ce", UTF8)
     if "j" in data:
-        body = (data["j"] + _PLAIN_TAIL).encode(content_encoding)
+        body = (data["j"] + PLAIN_TAIL).encode(content_encoding)
     elif "b" in data:
         body = data["b"].encode(content_encoding)
     else:
@@ -482,27 +538,12 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _decode_v1(data: dict[str, Any]) -> Envelope:
-    body_text = data["body"]
-    body = base64.b64decode(body_text) if data["b64"] else body_text.encode(data["ce"])
-    return Envelope(
-        task=str(data["task"]),
-        headers=dict(data["headers"]),
-        props=dict(data["props"]),
-        body=body,
-        content_type=str(data["ct"]),
-        content_encoding=str(data["ce"]),
-        route=dict(data["route"]),
-        expires_ms=data.get("expires"),
-        created_ms=int(data.get("created", 0)),
-        schedule=(str(data["sched"][0]), int(data["sched"][1])) if data.get("sched") else None,
-    )
-
-
 # -- cut for wire.py's message templates -------------------------------------------------------
 
 #: Fields of a version-2 envelope a template can take (others go the reference way).
-_TEMPLATE_FIELDS = frozenset({"v", "i", "t", "a", "k", "o", "h", "r", "p", "j", "b", "ct", "ce", "q", "c"})
+_TEMPLATE_FIELDS = frozenset(
+    {"v", "i", "n", "t", "a", "k", "o", "h", "r", "p", "j", "b", "ct", "ce", "q", "c"}
+)
 
 
 def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, str, str, str] | None:
@@ -520,8 +561,10 @@ def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, st
         data = load_json(raw, "envelope")
     except ValueError:  # not JSON, nested too deeply: decode_envelope says why
         return None
-    if type(data) is not dict or data.get("v") != 2 or not _TEMPLATE_FIELDS.issuperset(data):
+    if type(data) is not dict or data.get("v") not in (2, 3) or not _TEMPLATE_FIELDS.issuperset(data):
         return None
+    data["v"] = 3  # (a version-2 envelope has the same shape)
+    data.pop("n", None)
     job_id = data.pop("i", None)
     args = data.pop("a", "()")
     kwargs = data.pop("k", "{}")
@@ -534,7 +577,7 @@ def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, st
         plain = False
     if not (type(job_id) is str and type(args) is str and type(kwargs) is str and type(text) is str):
         return None
-    return (plain, repr(data)), data, job_id, args, kwargs, text + _PLAIN_TAIL if plain else text
+    return (plain, repr(data)), data, job_id, args, kwargs, text + PLAIN_TAIL if plain else text
 
 
 def shape_envelope(shape: dict[str, Any], job_id: str, reprs: tuple[str, str], body: bytes) -> Envelope:
@@ -548,46 +591,46 @@ def shape_envelope(shape: dict[str, Any], job_id: str, reprs: tuple[str, str], b
 
 # -- as the jobs hash keeps it -----------------------------------------------------------------
 
-# A version-2 envelope opens with its task id. Stored under that same id it is kept without it
-# (the hash field holds it: about 45 bytes less a job) and given it back whenever it is read:
-# claim, get, scan. decode_envelope always sees whole envelopes.
-_WITH_ID = '{"v":2,"i":'
-_WITHOUT_ID = '{"v":2,"t":'
+# An envelope opens with its task id. Stored under that same id it is kept without it (the
+# hash field holds it: about 45 bytes less a job) and given it back whenever it is read: claim,
+# get, scan. decode_envelope always sees whole envelopes. (Version 2 was kept the same way.)
+_OPENINGS = ('{"v":3,', '{"v":2,')
 
 
 def id_opening(job_id: str) -> str:
-    """How a version-2 envelope of ``job_id`` opens (``lua/requeue.lua`` gets it as ARGV[3]).
+    """How an envelope of ``job_id`` opens (``lua/requeue.lua`` gets it as ARGV[3]).
 
     >>> id_opening("a")
-    '{"v":2,"i":"a",'
+    '{"v":3,"i":"a",'
     """
-    return _WITH_ID + _jstr(job_id) + ","
+    return '{"v":3,"i":' + _jstr(job_id) + ","
 
 
 def stored_form(job_id: str, envelope: str) -> str:
     """``envelope`` as the ``jobs`` hash keeps it under ``job_id``: without its id when it is
-    a version-2 envelope of that very id, else unchanged.
+    an envelope of that very id, else unchanged.
 
-    >>> stored_form("a", '{"v":2,"i":"a","t":"t.add","c":1}')
-    '{"v":2,"t":"t.add","c":1}'
-    >>> stored_form("b", '{"v":2,"i":"a","t":"t.add","c":1}')
-    '{"v":2,"i":"a","t":"t.add","c":1}'
+    >>> stored_form("a", '{"v":3,"i":"a","t":"t.add","c":1}')
+    '{"v":3,"t":"t.add","c":1}'
+    >>> stored_form("b", '{"v":3,"i":"a","t":"t.add","c":1}')
+    '{"v":3,"i":"a","t":"t.add","c":1}'
     """
-    if envelope.startswith(_WITH_ID):
-        prefix = id_opening(job_id)
+    for opening in _OPENINGS:
+        prefix = opening + '"i":' + _jstr(job_id) + ","
         if envelope.startswith(prefix):
-            return '{"v":2,' + envelope[len(prefix) :]
+            return opening + envelope[len(prefix) :]
     return envelope
 
 
 def loaded_form(job_id: str, stored: str) -> str:
     """The envelope of ``job_id`` from what the ``jobs`` hash keeps (see :func:`stored_form`).
 
-    >>> loaded_form("a", '{"v":2,"t":"t.add","c":1}')
-    '{"v":2,"i":"a","t":"t.add","c":1}'
+    >>> loaded_form("a", '{"v":3,"t":"t.add","c":1}')
+    '{"v":3,"i":"a","t":"t.add","c":1}'
     >>> loaded_form("a", "anything else")
     'anything else'
     """
-    if stored.startswith(_WITHOUT_ID):
-        return id_opening(job_id) + stored[7:]
+    for opening in _OPENINGS:
+        if stored.startswith(opening) and not stored.startswith('"i":', len(opening)):
+            return opening + '"i":' + _jstr(job_id) + "," + stored[len(opening) :]
     return stored

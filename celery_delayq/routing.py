@@ -62,7 +62,7 @@ def direct_args(
     task_serializer); ``declare``: declares a kombu queue (once per pass)."""
     amqp = app.amqp
     headers = dict(envelope.headers)
-    headers[DUE_HEADER] = due_ms / 1000.0
+    headers[DUE_HEADER] = due_ms
     if with_eta:
         headers["eta"] = due_iso(due_ms)
     route = dict(envelope.route)
@@ -130,7 +130,7 @@ def send_task(
     ``with_eta`` (``delayq_publish_eta``): with its due time as the message's ``eta``;
     ``claim``: the :data:`~.envelope.CLAIM_HEADER` it carries (see :mod:`.starts`)."""
     headers = dict(envelope.headers)
-    headers[DUE_HEADER] = due_ms / 1000.0
+    headers[DUE_HEADER] = due_ms
     if with_eta:
         headers["eta"] = due_iso(due_ms)
     props = dict(envelope.props)
@@ -164,4 +164,3 @@ def send_task(
         content_encoding=envelope.content_encoding,
         **route,
     )
-

@@ -190,6 +190,8 @@ def read_marker(raw: Any) -> float | None:
     if not isinstance(raw, str) or not _MARKER.fullmatch(raw):
         return None
     return float(raw)
+
+
 _DONE = (False, True)  # 0 nothing done, 1 done (bury, sched_del)
 _PUT = (False, True, False)  # sched_put: 0 refused (exists), 1 stored, 2 not stalled
 
@@ -212,6 +214,7 @@ def _decode(script: str, table: Sequence[_Code], code: Any) -> _Code:
     if type(code) is int and 0 <= code < len(table):
         return table[code]
     raise StoreError(f"delayq {script}: unexpected reply {code!r} (its codes are 0 to {len(table) - 1})")
+
 
 logger = logging.getLogger("celery_delayq.store")
 
@@ -482,8 +485,6 @@ def refuse_point_id(job_id: str) -> None:
             f"stop the schedule; use another id (Schedules(app).run_now({name!r}) runs the "
             "schedule's task now)"
         )
-
-
 
 
 @contextmanager
@@ -759,8 +760,9 @@ class Store:
         shard_list = list(shards)
         ttl_ms = int(self.config.reclaim_ttl * 1000)
         space, *rest = push_args
-        # a delivery tag prefix of its own for each call: the script counts from 1 in each, and
-        # kombu keys a worker's unacked messages by their tag (two alike: one is lost on restore)
+        # a delivery tag prefix of its own for each call (the script adds the job's id): kombu keys a
+        # worker's unacked messages by their tag (two alike: one is lost on restore), and a retry
+        # keeps its task's id
         calls = [
             ScriptCall(
                 SCRIPTS["push"],
@@ -1732,7 +1734,13 @@ class Store:
             raise ValueError(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
         shard = self.keys.shard_of(key)
         args = [
-            job_id, key, outcome, batch_id or "", self.keys.batch_channel, self.keys.wake_channel, shard,
+            job_id,
+            key,
+            outcome,
+            batch_id or "",
+            self.keys.batch_channel,
+            self.keys.wake_channel,
+            shard,
             self._batch_keep_ms(),
         ]
         released, promoted, done = SCRIPTS["release"](self.client, self.keys.shard(shard).core, args)

@@ -144,9 +144,9 @@ class DelayQTaskMixin:
         request = getattr(self, "request", None)
         due = getattr(request, DUE_HEADER, None)
         if request is not None and due is not None and getattr(request, "eta", None) is None:
-            # a header that is not a number of seconds leaves eta None
+            # a header that is not a number of ms leaves eta None
             with contextlib.suppress(TypeError, ValueError, OverflowError):
-                request.eta = due_iso(round(float(due) * 1000.0))
+                request.eta = due_iso(round(float(due)))
         super().before_start(task_id, args, kwargs)  # type: ignore[misc]
 
     def apply_at(self, eta: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:

@@ -15,16 +15,19 @@ pushes for the same job, and runs a real worker on it.
 with the same options differ only in a few fields (id, argument reprs, body, due
 time, the due time as ``eta`` when ``delayq_publish_eta`` is on, delivery tag), so
 the message of the first such job is built by :func:`wire_message` with placeholder
-values and cut into a template at the placeholders; every later job of that *shape*
-fills the template in with ``json``'s own string encoder. Anything unusual (an expiry,
-a schedule point, a compressed body, an exchange to route through) goes the reference way.
+values, its body as text (no ``body_encoding``: kombu's Redis transport reads such a
+body as it is), and cut into a template at the placeholders. The same template serves
+both ways of filling it: ``lua/push.lua`` joins it with the JSON-escaped pieces the
+envelope already holds (encoded once, at enqueue: :mod:`.envelope`), and
+:meth:`WireTemplates.build` does the same here for ``lua/deliver.lua``. Anything unusual
+(an expiry, a schedule point, a binary body, an exchange to route through) goes the
+reference way.
 :func:`~.envelope.template_fields` cuts an envelope into a job's values and its shape: this
 module does not read the envelope format itself.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
@@ -38,7 +41,7 @@ from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps as kombu_dumps
 
 from .due import due_iso
-from .envelope import Envelope, shape_envelope, template_fields
+from .envelope import PLAIN_TAIL, Envelope, shape_envelope, template_fields
 
 __all__ = ["TEMPLATE_FORMAT", "WireTemplates", "template_space", "wire_message"]
 
@@ -49,7 +52,7 @@ _DUE_MS = 9_876_543_210_123
 #: Most templates kept (one per task, producer and set of options seen recently).
 MAX_TEMPLATES = 1024
 #: The version of the templates ``lua/push.lua`` reads (part of every template space).
-TEMPLATE_FORMAT = 1
+TEMPLATE_FORMAT = 2
 #: Settings a message depends on beyond its job's shape (part of the template space).
 _SPACE_SETTINGS = (
     "task_default_queue", "task_default_exchange", "task_default_exchange_type", "task_default_routing_key",
@@ -58,8 +61,15 @@ _SPACE_SETTINGS = (
 )  # fmt: skip
 
 
+_CHANNELS = object()
+
+
 def wire_message(
-    channel: Any, producer: Any, kwargs: dict[str, Any], tag: str | None = None
+    channel: Any,
+    producer: Any,
+    kwargs: dict[str, Any],
+    tag: str | None = None,
+    body_encoding: Any = _CHANNELS,
 ) -> tuple[str, str] | None:
     """The list key and the JSON that kombu's Redis transport would ``LPUSH`` for
     ``producer.publish(**kwargs)`` on ``channel``.
@@ -67,15 +77,19 @@ def wire_message(
     None when that publish would do more than one ``LPUSH`` into a queue's list (an
     exchange to route through, compression, entities to declare, a queue with
     ``x-expires``): such a message goes through kombu itself. ``tag`` replaces kombu's
-    random delivery tag (the templates use it for a placeholder).
+    random delivery tag (the templates use it for a placeholder); ``body_encoding``
+    replaces the channel's (``None``: the body as text, as kombu writes it with the
+    transport option ``body_encoding`` set to None).
     """
-    return _wire(channel, producer, tag, **kwargs)
+    encoding = channel.body_encoding if body_encoding is _CHANNELS else body_encoding
+    return _wire(channel, producer, tag, encoding, **kwargs)
 
 
 def _wire(
     channel: Any,
     producer: Any,
     tag: str | None,
+    body_encoding: Any,
     body: Any,
     routing_key: Any = None,
     delivery_mode: Any = None,
@@ -129,7 +143,11 @@ def _wire(
         "properties": properties,
     }
     # Channel.basic_publish with the anonymous exchange (the routing key is the queue), _put
-    message["body"], body_encoding = channel.encode_body(body, channel.body_encoding)
+    if body_encoding is None:  # kombu's Producer sends the text of a body it serialized itself
+        if content_encoding != "utf-8":
+            return None
+        body = body.decode(content_encoding)
+    message["body"], body_encoding = channel.encode_body(body, body_encoding)
     properties.update(
         body_encoding=body_encoding,
         delivery_tag=channel._next_delivery_tag() if tag is None else tag,
@@ -164,26 +182,13 @@ def template_space(channel: Any, producer: Any, conf: Any) -> str:
     return hashlib.sha1(repr(parts).encode("utf-8", "backslashreplace")).hexdigest()[:16]
 
 
-def _whole_numbers_only(value: Any) -> bool:
-    """True when every number in ``value`` is an int (a float would share ``lua/push.lua``'s shape
-    key with the int of the same value) and no object or array is empty (cjson reads both the same)."""
-    if isinstance(value, float):
-        return False
-    if isinstance(value, dict):
-        return bool(value) and all(_whole_numbers_only(v) for v in value.values())
-    if isinstance(value, list):
-        return bool(value) and all(_whole_numbers_only(v) for v in value)
-    return True
-
-
 @dataclass(frozen=True)
 class _Template:
     key: str  # the list to push to
     queue: str  # the queue it belongs to (declared once per pass)
     literals: tuple[str, ...]  # len(holes) + 1 pieces of JSON around the holes
     holes: tuple[int, ...]  # which value goes in each hole (index into the per-job values)
-    body_encoding: str | None  # "base64" (kombu's default for Redis) or None: the body as text
-    content_encoding: str
+    plain: bool  # the body is a plain JSON body stored less its tail (``j``): the tail is a literal
     eta: bool  # whether the message has an eta header (the due time, delayq_publish_eta)
     task: str  # the task name
 
@@ -194,8 +199,13 @@ _NOT_WIRE = object()
 class WireTemplates:
     """Message templates per job shape, for one kombu Redis channel.
 
-    ``args_for(producer, envelope, due_ms)`` gives the ``Producer.publish`` keyword arguments
-    Celery would use (the dispatcher's routing); it is called once per shape.
+    A template is the message of its shape cut at the job's own values, each a hole between two
+    literals: 0 the id, 1 the argsrepr, 2 the kwargsrepr, 3 the body, 4 the due time (ms), 5 the
+    delivery tag, 6 the eta. Holes 0-3 and 5 lie between the quotes of a JSON string: what fills
+    them is already JSON-escaped text (the envelope keeps it so: :mod:`.envelope`), and the body
+    is sent as text (no ``body_encoding``). ``args_for(producer, envelope, due_ms)`` gives the
+    ``Producer.publish`` keyword arguments Celery would use (the dispatcher's routing); it is
+    called once per shape.
     """
 
     def __init__(
@@ -220,22 +230,16 @@ class WireTemplates:
         if template is _NOT_WIRE:
             return None
         assert isinstance(template, _Template)
-        try:
-            body = text.encode(template.content_encoding)
-        except (LookupError, UnicodeError):
-            return None
-        if template.body_encoding is None:
-            body_json = _jstr(body.decode(template.content_encoding))
-        else:
-            body_json = '"' + base64.b64encode(body).decode("ascii") + '"'
+        if template.plain:
+            text = text[: -len(PLAIN_TAIL)]
         values = (
-            _jstr(job_id),
-            _jstr(args),
-            _jstr(kwargs),
-            body_json,
-            repr(due_ms / 1000.0),
-            '"' + str(uuid.uuid4()) + '"',
-            '"' + due_iso(due_ms) + '"' if template.eta else "",
+            _jstr(job_id)[1:-1],
+            _jstr(args)[1:-1],
+            _jstr(kwargs)[1:-1],
+            _jstr(text)[1:-1],
+            str(due_ms),
+            str(uuid.uuid4()),
+            due_iso(due_ms),
         )
         literals, holes = template.literals, template.holes
         parts = [literals[0]]
@@ -246,28 +250,22 @@ class WireTemplates:
 
     def lua_template(self, raw: str, registered: Callable[[str], bool]) -> str:
         """The template ``lua/push.lua`` fills in for jobs of the shape of the envelope ``raw``,
-        as JSON: literals ``l`` around holes ``h`` (0 id, 1 argsrepr, 2 kwargsrepr, 3 body,
-        4 due seconds, 5 delivery tag, 6 eta), the list key ``k``, ``b`` 1 for a base64 body, and
-        the queue ``q`` and task ``t``. ``"-"`` when that shape must go the beat's way: no
-        template (see :meth:`build`), a task ``registered`` refuses, a body not UTF-8 (the
-        script encodes UTF-8 only), or a number that is not whole in the shape."""
+        as JSON: literals ``l`` around holes ``h`` (as above: 0 id, 1 argsrepr, 2 kwargsrepr,
+        3 body, 4 due ms, 5 delivery tag), the list key ``k``, and the queue ``q`` and task
+        ``t``. ``"-"`` when that shape must go the beat's way: no template (see :meth:`build`),
+        a task ``registered`` refuses, or an ``eta`` to write (``delayq_publish_eta``: the beat
+        writes dates)."""
         cut = template_fields(raw)
         if cut is None:
             return "-"
         shape_key, data = cut[0], cut[1]
         template = self._template(shape_key, data)
-        if (
-            not isinstance(template, _Template)
-            or template.content_encoding != "utf-8"
-            or not registered(template.task)
-            or not _whole_numbers_only(data)
-        ):
+        if not isinstance(template, _Template) or template.eta or not registered(template.task):
             return "-"
         spec = {
             "l": list(template.literals),
             "h": list(template.holes),
             "k": template.key,
-            "b": 1 if template.body_encoding == "base64" else 0,
             "q": template.queue,
             "t": template.task,
         }
@@ -278,43 +276,34 @@ class WireTemplates:
         ones are dropped when :data:`MAX_TEMPLATES` are kept)."""
         template = self._templates.get(key)
         if template is None:
-            template = self._make(shape)
+            template = self._make(shape, plain=key[0])
             if len(self._templates) >= MAX_TEMPLATES:
                 self._templates.clear()
             self._templates[key] = template
         return template
 
-    def _make(self, shape: dict[str, Any]) -> Any:
+    def _make(self, shape: dict[str, Any], plain: bool) -> Any:
         """The template of one shape: the reference message of a job of that shape with
-        placeholder values, cut at the placeholders; ``_NOT_WIRE`` when it has none."""
+        placeholder values, its body as text, cut at the placeholders; ``_NOT_WIRE`` when it has
+        none (a body not in UTF-8 among them)."""
+        body = _BODY + PLAIN_TAIL.encode() if plain else _BODY
         try:
-            envelope = shape_envelope(shape, _ID, (_ARGS, _KWARGS), _BODY)
-            content_encoding = envelope.content_encoding
-            body_text = _BODY.decode(content_encoding)
+            envelope = shape_envelope(shape, _ID, (_ARGS, _KWARGS), body)
             kwargs = self.args_for(self.producer, envelope, _DUE_MS)
-            built = wire_message(self.channel, self.producer, kwargs, tag=_TAG)
+            built = wire_message(self.channel, self.producer, kwargs, tag=_TAG, body_encoding=None)
         except Exception:  # the reference way reports it, job by job
             return _NOT_WIRE
         if built is None:
             return _NOT_WIRE
         key, text = built
-        reference = json.loads(text)
-        encoded_body = reference["body"]
-        body_encoding = reference["properties"].get("body_encoding")
-        if body_encoding == "base64":
-            body_hole = '"' + base64.b64encode(_BODY).decode("ascii") + '"'
-        elif body_encoding in (None, "utf-8") and encoded_body == body_text:
-            body_encoding, body_hole = None, _jstr(body_text)
-        else:
-            return _NOT_WIRE
         holes_by_text = {
-            _jstr(_ID): 0,
-            _jstr(_ARGS): 1,
-            _jstr(_KWARGS): 2,
-            body_hole: 3,
-            repr(_DUE_MS / 1000.0): 4,
-            _jstr(_TAG): 5,
-            _jstr(due_iso(_DUE_MS)): 6,
+            _jstr(_ID)[1:-1]: 0,
+            _jstr(_ARGS)[1:-1]: 1,
+            _jstr(_KWARGS)[1:-1]: 2,
+            _jstr(_BODY.decode())[1:-1]: 3,
+            str(_DUE_MS): 4,
+            _jstr(_TAG)[1:-1]: 5,
+            due_iso(_DUE_MS): 6,
         }
         pieces = re.split("(" + "|".join(re.escape(h) for h in holes_by_text) + ")", text)
         literals = tuple(pieces[0::2])
@@ -326,8 +315,7 @@ class WireTemplates:
             queue=str(kwargs["routing_key"]),
             literals=literals,
             holes=holes,
-            body_encoding=body_encoding,
-            content_encoding=content_encoding,
+            plain=plain,
             eta=6 in holes,
             task=envelope.task,
         )

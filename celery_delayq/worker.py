@@ -24,7 +24,7 @@ first recorded task. On shutdown (``worker_process_shutdown`` in a prefork child
 >>> app = Celery(broker="redis://127.0.0.1:6390/0", set_as_current=False)
 >>> recorder = install(app)
 >>> class Request:
-...     delayq_due, eta = time.time() - 0.3, None
+...     delayq_due, eta = round(time.time() * 1000) - 300, None
 >>> class Task:
 ...     request = Request()
 >>> Task.app = app
@@ -91,7 +91,7 @@ class LatenessRecorder:
         if due is None:
             return False
         try:
-            due = float(due)
+            due = float(due) / 1000.0  # (ms)
             late_ms = (time.time() - due) * 1000.0
         except (TypeError, ValueError):
             return False
@@ -130,8 +130,9 @@ class LatenessRecorder:
             sent = self.histogram.flush(get_store(self.app), self.key)
         except Exception as exc:  # Redis away: the counts are kept for the next flush
             if not self._failing:
-                logger.warning("delayq: cannot write task start lateness to Redis (%r); kept for "
-                               "the next try", exc)
+                logger.warning(
+                    "delayq: cannot write task start lateness to Redis (%r); kept for the next try", exc
+                )
             self._failing = True
             return 0
         self._failing = False

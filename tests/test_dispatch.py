@@ -44,7 +44,7 @@ def test_run_once_publishes_due_jobs_and_acks_them(
     by_id = {m["headers"]["id"]: m for m in messages}
     for res in due:
         assert res.due is not None
-        assert by_id[res.id]["headers"]["delayq_due"] == res.due.timestamp()
+        assert by_id[res.id]["headers"]["delayq_due"] == round(res.due.timestamp() * 1000)
         assert by_id[res.id]["headers"]["eta"] is None  # the worker runs it at once
     stats = dispatcher.stats
     assert (stats.claimed, stats.published, stats.acked, stats.dead_lettered) == (3, 3, 3, 0)

@@ -123,7 +123,7 @@ def test_task_received_event_of_a_delayq_job(
         assert event["eta"] is None, event  # the worker runs it at once: nothing to hold
         assert due - CLOCK_TOL <= event["timestamp"] <= due + MAX_LATE, (event, due)
         (start,) = starts[job.id]
-        assert start["due"] == due  # the delayq_due header reached the task
+        assert start["due"] == pytest.approx(due, abs=1e-6)  # the delayq_due header reached the task
         assert abs(seconds(start["eta"]) - due) < 0.0005, start  # request.eta: set by DelayedTask
     assert datetime.fromisoformat(got[celery_job.id][0]["eta"]) == celery_eta  # Celery's own ETA
     assert starts[celery_job.id][0]["due"] is None

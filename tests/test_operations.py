@@ -403,11 +403,11 @@ def test_the_prerun_receiver_records_delayq_messages_only(
     monkeypatch.setattr(worker, "FLUSH_EVERY", 3600.0)  # only the flush() below writes
     task = app.tasks["t.add"]
     assert worker.install(app) is recorder
-    run_prerun(task, delayq_due=time.time() - 0.15)  # 150 ms late: the (100, 250] bucket
-    run_prerun(task, delayq_due=time.time() + 5)  # "early" (clock skew): counts as 0
-    run_prerun(task, delayq_due=str(time.time() - 3))  # a header that came back as text
+    run_prerun(task, delayq_due=(time.time() - 0.15) * 1000)  # 150 ms late: the (100, 250] bucket
+    run_prerun(task, delayq_due=(time.time() + 5) * 1000)  # "early" (clock skew): counts as 0
+    run_prerun(task, delayq_due=str((time.time() - 3) * 1000))  # a header that came back as text
     run_prerun(task)  # a plain Celery message: no header
-    run_prerun(task, delayq_due=time.time() - 0.2, eta="2026-01-01T00:00:00+00:00")  # a broker ETA retry
+    run_prerun(task, delayq_due=(time.time() - 0.2) * 1000, eta="2026-01-01T00:00:00+00:00")  # a broker ETA retry
     run_prerun(task, delayq_due="not a time")
     assert recorder.flush() == 3
     snap = lateness.read(get_store(app), "delayq", "start")
@@ -422,7 +422,7 @@ def test_the_flusher_thread_writes_within_seconds(
 ) -> None:
     task = app.tasks["t.add"]
     for _ in range(5):
-        run_prerun(task, delayq_due=time.time() - 0.01)
+        run_prerun(task, delayq_due=(time.time() - 0.01) * 1000)
     deadline = time.monotonic() + 15
     while lateness.read(get_store(app), "delayq", "start").count < 5 and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -97,7 +97,7 @@ def messages(r: redis.Redis, queue: str = "celery") -> list[dict[str, Any]]:
                 "task": headers["task"],
                 "args": args,
                 "kwargs": kwargs,
-                "due": round(headers["delayq_due"] * 1000),
+                "due": headers["delayq_due"],
             }
         )
     return out

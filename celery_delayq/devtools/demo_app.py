@@ -54,7 +54,7 @@ def ping(self: Any, n: int) -> None:
     pipe = _client().pipeline(transaction=False)
     pipe.hincrby(f"{PREFIX}:runs", self.request.id, 1)
     if due is not None:
-        pipe.rpush(f"{PREFIX}:lateness", round((start - float(due)) * 1000.0, 3))
+        pipe.rpush(f"{PREFIX}:lateness", round(start * 1000.0 - float(due), 3))  # (due: ms)
     pipe.execute()
     if TASK_S > 0:
         time.sleep(TASK_S)  # the job's "work", after its start was recorded

@@ -1,30 +1,31 @@
 --[[ push: claim a shard's due jobs and deliver, inside Redis, those whose message has a template.
 
 The in-Redis delivery path (docs/how-it-works.md, "The in-Redis path"). Used only when the
-Celery broker is this same Redis server and database, as deliver.lua. For each due job whose
-kombu message can be made from a stored *template* (wire.py: one per job shape, that is per task,
-options and producer), this script fills the template in with the job's own values, LPUSHes the
-message into its queue's list and removes the job, all in this one step: no job data goes to the
-beat and back, and a beat that dies at any point duplicates nothing. Every other due job (no
-template yet, flow control, a schedule point, an expiry, a corrupt envelope, a push refused) is
-claimed exactly as claim.lua claims it and returned to the beat, which delivers it the other way.
+Celery broker is this same Redis server and database, as deliver.lua. Each due job whose
+envelope holds its message's own parts already encoded (envelope.py: "n", "a", "k", "j"/"b" first)
+and whose *shape* (the envelope's text from "t" to "c") has a stored template (wire.py: its
+message cut at the job's own values) becomes its message here by joining: the template's literals
+with the id, the argument reprs and the body cut out of the envelope, the due time (the job's
+score, as Redis gives it) and a delivery tag. Nothing is decoded or encoded here. The message is
+LPUSHed into its queue's list and the job removed in this one step: no job data goes to the beat
+and back, and a beat that dies at any point duplicates nothing. Every other due job (no template
+yet, flow control, a schedule point, an expiry, another envelope form, a push refused) is claimed
+exactly as claim.lua claims it and returned to the beat, which delivers it the other way.
 
 KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake: as claim.lua
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
-(the shard's seven keys, with its hash tag, in the order every script takes them)
-The templates hash ("<base>wire", built from KEYS[1] minus "due", so it shares the shard's hash
-tag) maps "<space>|<shape key>" to a template (JSON, see wire.py's lua_template) or to "-" (this
-shape goes to the beat); a template that does not read, or names an empty queue or list key, is
-a miss (the beat writes it again, or "-"). The queue lists are not declared in KEYS: this script is never sent to
-a Redis Cluster (the lists live outside the shard's slot there).
+The templates hash ("<base>wire", from KEYS[1] less "due": the shard's hash tag) maps
+"<space>|<j or b>|<shape>" to a template (JSON: wire.py's lua_template) or to "-" (this shape goes
+to the beat); a template that does not read is a miss (the beat writes it again). The queue
+lists are not in KEYS: this script is never sent to a Redis Cluster.
 
 ARGV[1] token: the claimer's lease token (no "|" in it)
 ARGV[2] batch: most jobs to take
 ARGV[3] reclaim TTL in ms (for the jobs returned to the beat)
 ARGV[4] space: the beat's template namespace (a digest of the settings a message depends on)
-ARGV[5] tag prefix: the delivery tags are this text followed by 12 hex digits, one per message
+ARGV[5] tag prefix: a message's delivery tag is this text and the job's id (unique per call)
 ARGV[6] the largest envelope (bytes) delivered here (delayq_max_payload); a longer one goes to the beat
-ARGV[7], ARGV[8]: header names (gate, batch completion): an envelope naming either goes to the beat
+ARGV[7], ARGV[8]: header names (gate, batch completion): a shape naming either goes to the beat
 
 Returns {now ms, next ms, repaired, pushed, P, (lateness ms, count) x P, U, (queue, task, count)
 x U, then id, envelope, due ms, tries, miss for each job returned to the beat}: next, repaired
@@ -32,16 +33,10 @@ and the returned jobs as claim.lua; the lateness of the pushed jobs (the server'
 pushes minus each job's due time), counted by value; the templates used, by queue and task;
 miss is the templates-hash field to fill for this job's shape (once per shape and call), or "".
 
-A shape key is the envelope's fields less the job's own (id, argument reprs, body, creation time),
-written with each string's length (so two shapes never share a key). A number in a shape must be a
-whole number of at most 53 bits, and an empty object or array is not taken: such a shape goes to
-the beat. (Numbers are compared as values: 1 and 1.0 in a header are one shape.)
-
 Memory: no script flags. When Redis is over maxmemory the first write (an LPUSH, or the lease of a
 returned job) is refused: nothing is written and the call fails with the OOM error; the beat
-claims that shard with claim.lua then (which may run when full), and deliver.lua's pushes are
-refused in the same way (see deliver.lua: a full broker must not grow). Bad arguments are refused
-with an error before anything is written.
+claims that shard with claim.lua then (which may run when full). Bad arguments are refused with
+an error before anything is written.
 ]]
 --!include args
 --!include sliced
@@ -61,399 +56,98 @@ end
 if batch == nil or batch < 1 or ttl == nil or ttl < 1 or max_payload == nil then
   return redis.error_reply('delayq push: batch, TTL and payload limit must be whole numbers >= 1')
 end
-if space == nil or space == '' or tag_prefix == nil or gate_header == nil or done_header == nil then
-  return redis.error_reply('delayq push: space, tag prefix and header names are required')
+if space == nil or space == '' or tag_prefix == nil or gate_header == nil or done_header == nil
+    or string.find(tag_prefix, '[^%w%-_.:]') then
+  return redis.error_reply('delayq push: space, tag prefix (letters, digits, -_.:) and header names are required')
 end
 local WIRE = string.sub(KEYS[1], 1, #KEYS[1] - 3) .. 'wire'
-local PLAIN_TAIL = ', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
--- SHAPE_ORDER: the fields a shape key is made of, in this order (each name is followed by its value
--- as canon writes it, which never opens with a letter of a name: the key reads back one way)
-local SHAPE_ORDER = {'v', 't', 'o', 'r', 'ct', 'ce', 'q', 'h', 'p'}
-local SHAPE_FIELDS = {}
-for _, name in ipairs(SHAPE_ORDER) do
-  SHAPE_FIELDS[name] = true
-end
-local OWN_FIELDS = {a = true, k = true, j = true, b = true, c = true}
-local floor = math.floor
-local byte, char, sub, find, format = string.byte, string.char, string.sub, string.find, string.format
+local sub, find, match = string.sub, string.find, string.match
 
 local function server_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- canon(v): v (decoded by cjson) written so that two different values never give one text; nil
--- for what is not taken (a fraction, a number past 53 bits, an empty table, a mixed table).
-local function canon(v)
-  local tv = type(v)
-  if tv == 'string' then
-    return 's' .. #v .. ':' .. v
-  elseif tv == 'number' then
-    if v == floor(v) and v > -9007199254740992 and v < 9007199254740992 then
-      return format('i%.0f;', v)
-    end
-    return nil
-  elseif tv == 'boolean' then
-    return v and 'T' or 'F'
-  elseif v == cjson.null then
-    return 'N'
-  elseif tv ~= 'table' then
-    return nil
-  end
-  local count = 0
-  for _ in pairs(v) do
-    count = count + 1
-  end
-  if count == 0 then
-    return nil
-  end
-  local parts
-  if #v == count then
-    parts = {'l', count, ':'}
-    for i = 1, count do
-      local c = canon(v[i])
-      if c == nil then
-        return nil
-      end
-      parts[#parts + 1] = c
-    end
-    return table.concat(parts)
-  end
-  local names = {}
-  for name in pairs(v) do
-    if type(name) ~= 'string' then
-      return nil
-    end
-    names[#names + 1] = name
-  end
-  table.sort(names)
-  parts = {'d', count, ':'}
-  for _, name in ipairs(names) do
-    local c = canon(v[name])
-    if c == nil then
-      return nil
-    end
-    parts[#parts + 1] = canon(name)
-    parts[#parts + 1] = c
-  end
-  return table.concat(parts)
-end
-
--- jstr(s): s as Python's json writes a string (ensure_ascii: \uXXXX for every byte outside
--- printable ASCII, UTF-16 surrogate pairs past U+FFFF), or nil when s is not valid UTF-8.
-local ESCAPES = {['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t',
-  ['\b'] = '\\b', ['\f'] = '\\f'}
-local function jstr(s)
-  if not find(s, '[^ -~]') and not find(s, '"', 1, true) and not find(s, '\\', 1, true) then
-    return '"' .. s .. '"'
-  end
-  local out, i, n = {'"'}, 1, #s
-  while i <= n do
-    local c = byte(s, i)
-    if c < 128 then
-      local ch = char(c)
-      local esc = ESCAPES[ch]
-      if esc then
-        out[#out + 1] = esc
-      elseif c < 32 or c == 127 then
-        out[#out + 1] = format('\\u%04x', c)
-      else
-        out[#out + 1] = ch
-      end
-      i = i + 1
-    else
-      local size, cp
-      if c >= 240 and c < 245 then
-        size, cp = 4, c - 240
-      elseif c >= 224 then
-        size, cp = 3, c - 224
-      elseif c >= 194 and c < 224 then
-        size, cp = 2, c - 192
-      else
-        return nil
-      end
-      if i + size - 1 > n then
-        return nil
-      end
-      for k = i + 1, i + size - 1 do
-        local b = byte(s, k)
-        if b < 128 or b > 191 then
-          return nil
-        end
-        cp = cp * 64 + (b - 128)
-      end
-      if (size == 3 and cp < 2048) or (size == 4 and (cp < 65536 or cp > 1114111)) then
-        return nil
-      end
-      if cp >= 65536 then
-        cp = cp - 65536
-        out[#out + 1] = format('\\u%04x\\u%04x', 55296 + floor(cp / 1024), 56320 + cp % 1024)
-      else
-        out[#out + 1] = format('\\u%04x', cp)
-      end
-      i = i + size
-    end
-  end
-  out[#out + 1] = '"'
-  return table.concat(out)
-end
-
--- base64(s): standard base64 with padding (kombu's body encoding for Redis). PAIRS maps 12 bits to
--- their two letters (built at the first use in a call).
-local B64 = {}
-local alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
-for i = 1, 64 do
-  B64[i - 1] = sub(alphabet, i, i)
-end
-local PAIRS
-local function base64(s)
-  if PAIRS == nil then
-    PAIRS = {}
-    for i = 0, 4095 do
-      PAIRS[i] = B64[floor(i / 64)] .. B64[i % 64]
-    end
-  end
-  local out, n, j = {}, #s, 0
-  local full = n - n % 3
-  for i = 1, full, 3 do
-    local a, b, c = byte(s, i, i + 2)
-    local v = a * 65536 + b * 256 + c
-    local high = floor(v / 4096)
-    out[j + 1] = PAIRS[high]
-    out[j + 2] = PAIRS[v - high * 4096]
-    j = j + 2
-  end
-  if n - full == 1 then
-    local v = byte(s, n) * 65536
-    out[j + 1] = B64[floor(v / 262144)] .. B64[floor(v / 4096) % 64] .. '=='
-  elseif n - full == 2 then
-    local a, b = byte(s, n - 1, n)
-    local v = a * 65536 + b * 256
-    out[j + 1] = B64[floor(v / 262144)] .. B64[floor(v / 4096) % 64] .. B64[floor(v / 64) % 64] .. '='
-  end
-  return table.concat(out)
-end
-
--- seconds(ms): repr(ms / 1000.0) as Python writes it (the delayq_due header), for 0 <= ms.
-local function seconds(ms)
-  local frac = ms % 1000
-  if frac == 0 then
-    return format('%.0f.0', (ms - frac) / 1000)
-  end
-  local text = format('%.0f.%03d', (ms - frac) / 1000, frac)
-  return (string.gsub(text, '0+$', ''))
-end
-
--- iso(ms): due.due_iso(ms), the UTC time as datetime.isoformat() writes it, for years 1970-9999.
-local function iso(ms)
-  local frac = ms % 1000
-  local s = (ms - frac) / 1000
-  local days = floor(s / 86400)
-  local rest = s - days * 86400
-  -- civil_from_days (H. Hinnant)
-  local z = days + 719468
-  local era = floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
-  local y = yoe + era * 400
-  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
-  local mp = floor((5 * doy + 2) / 153)
-  local d = doy - floor((153 * mp + 2) / 5) + 1
-  local m = mp < 10 and mp + 3 or mp - 9
-  if m <= 2 then
-    y = y + 1
-  end
-  local text = format('%04d-%02d-%02dT%02d:%02d:%02d', y, m, d, floor(rest / 3600), floor(rest / 60) % 60, rest % 60)
-  if frac ~= 0 then
-    text = text .. format('.%03d000', frac)
-  end
-  return '"' .. text .. '+00:00"'
-end
-
--- templates: field -> decoded template, or false (go to the beat; missing: a miss)
-local templates, missed = {}, {}
+-- template(field): the decoded template of a templates-hash field; false (the beat delivers) or
+-- 'miss' (none yet, or one that does not read). Read once per call.
+local templates = {}
 local function template(field)
   local found = templates[field]
-  if found == nil then
-    local raw = redis.call('HGET', WIRE, field)
-    if not raw then
-      found = 'miss'
-    elseif raw == '-' then
-      found = false
-    else
-      local ok, decoded = pcall(cjson.decode, raw)
-      found = ok and type(decoded) == 'table' and type(decoded.l) == 'table' and type(decoded.h) == 'table'
-        and #decoded.l == #decoded.h + 1 and type(decoded.k) == 'string' and type(decoded.q) == 'string'
-        and type(decoded.t) == 'string' and decoded.k ~= '' and decoded.q ~= '' and decoded or false
-      if not found then
-        found = 'miss'  -- a template that does not read is written again by the beat
-      else
-        for _, hole in ipairs(found.h) do
-          if type(hole) ~= 'number' or hole < 0 or hole > 6 then
-            found = 'miss'
-            break
-          end
-          if hole == 6 then
-            found.e = true
-          end
-        end
-        for _, literal in ipairs(found ~= 'miss' and found.l or {}) do
-          if type(literal) ~= 'string' then
-            found = 'miss'
-            break
-          end
+  if found ~= nil then
+    return found
+  end
+  local raw = redis.call('HGET', WIRE, field)
+  found = 'miss'
+  if raw == '-' then
+    found = false
+  elseif raw then
+    local ok, t = pcall(cjson.decode, raw)
+    if ok and type(t) == 'table' and type(t.l) == 'table' and type(t.h) == 'table' and #t.l == #t.h + 1
+        and type(t.k) == 'string' and t.k ~= '' and type(t.q) == 'string' and t.q ~= ''
+        and type(t.t) == 'string' then
+      found = t
+      for n, hole in ipairs(t.h) do
+        if type(hole) ~= 'number' or hole < 0 or hole > 5 or type(t.l[n]) ~= 'string' then
+          found = 'miss'
         end
       end
+      if type(t.l[#t.l]) ~= 'string' then
+        found = 'miss'
+      end
     end
-    templates[field] = found
   end
+  templates[field] = found
   return found
 end
 
-local bodies = {[true] = {}, [false] = {}}  -- base64 or not -> body text -> its JSON
-local times = {}  -- due ms -> {seconds, iso or false}
-local tags = 0
-
--- prepare(stored): what every job of this envelope text (less its creation time) shares: {pieces,
--- template} where pieces are the template's literals with the argument reprs and the body filled in
--- and merged, and the numbers 0 (id), 4 (due seconds), 5 (tag), 6 (eta) where a job's own value goes;
--- or false (the job goes to the beat), and the miss field when the shape has no template yet.
-local function prepare(stored)
-  if sub(stored, 1, 11) ~= '{"v":2,"t":' or find(stored, gate_header, 1, true)
-      or find(stored, done_header, 1, true) then
-    return false
+-- message(id, stored, due): the list key, the message and the template of a job (due: its due ms
+-- as text); or nil, and the templates-hash field to fill when its shape has no template yet.
+local missed = {}
+local function message(id, stored, due)
+  -- the job's own pieces, by position: {"v":3,"n":[la,lk,lb],"a":"...","k":"...","j":"...",
+  if #stored + #id + 16 > max_payload or find(id, '[^%w%-_.:]') or not find(due, '^%d+$') then
+    return nil
   end
-  local ok, d = pcall(cjson.decode, stored)
-  if not ok or type(d) ~= 'table' or d.v ~= 2 then
-    return false
+  local la, lk, lb, a0 = match(stored, '^{"v":3,"n":%[(%d+),(%d+),(%d+)%],"a":"()')
+  if not a0 then
+    return nil
   end
-  for name in pairs(d) do
-    if not SHAPE_FIELDS[name] and not OWN_FIELDS[name] then
-      return false
-    end
+  local k0 = a0 + tonumber(la) + 7
+  local b0 = k0 + tonumber(lk) + 7
+  local s0 = b0 + tonumber(lb) + 2
+  local kind = sub(stored, b0 - 4, b0 - 4)
+  if sub(stored, k0 - 7, k0 - 1) ~= '","k":"' or sub(stored, b0 - 7, b0 - 1) ~= '","' .. kind .. '":"'
+      or (kind ~= 'j' and kind ~= 'b') or sub(stored, s0 - 2, s0 + 3) ~= '","t":' then
+    return nil
   end
-  local text, plain = d.j, true
-  if text == nil then
-    text, plain = d.b, false
+  -- the shape: from "t" to the creation time, which ends the envelope (a schedule point after it,
+  -- an expiry "x" or a flow-control header in it: the beat delivers)
+  local c = find(stored, ',"c":%d+}$', s0)
+  if not c then
+    return nil
   end
-  local args, kwargs = d.a or '()', d.k or '{}'
-  if type(text) ~= 'string' or type(args) ~= 'string' or type(kwargs) ~= 'string' then
-    return false
+  local shape = sub(stored, s0, c - 1)
+  if find(shape, ',"x":', 1, true) or find(shape, gate_header, 1, true) or find(shape, done_header, 1, true) then
+    return nil
   end
-  local parts = {space, plain and '|j|' or '|b|'}
-  for _, name in ipairs(SHAPE_ORDER) do
-    local value = d[name]
-    if value ~= nil then
-      local c = canon(value)
-      if c == nil then
-        return false
-      end
-      parts[#parts + 1] = name
-      parts[#parts + 1] = c
-    end
-  end
-  local field = table.concat(parts)
+  local field = space .. '|' .. kind .. '|' .. shape
   local t = template(field)
   if t == 'miss' then
     if missed[field] then
-      return false
+      return nil
     end
     missed[field] = true
-    return false, field
+    return nil, field
   elseif not t then
-    return false
-  end
-  if plain then
-    text = text .. PLAIN_TAIL
-  end
-  local cache = bodies[t.b == 1]
-  local body = cache[text]
-  if body == nil then
-    if t.b == 1 then
-      body = '"' .. base64(text) .. '"'
-    else
-      body = jstr(text)
-    end
-    cache[text] = body
-  end
-  local fixed = {[1] = jstr(args), [2] = jstr(kwargs), [3] = body}
-  if not (fixed[1] and fixed[2] and body) then
-    return false
-  end
-  -- the delivery tag's quotes and prefix join the literals around it: its hole takes 12 hex digits
-  local pieces, run = {}, {t.l[1]}
-  for n, hole in ipairs(t.h) do
-    if fixed[hole] then
-      run[#run + 1] = fixed[hole]
-    else
-      if hole == 5 then
-        run[#run + 1] = '"' .. tag_prefix
-      end
-      pieces[#pieces + 1] = table.concat(run)
-      pieces[#pieces + 1] = hole
-      run = hole == 5 and {'"'} or {}
-    end
-    run[#run + 1] = t.l[n + 1]
-  end
-  pieces[#pieces + 1] = table.concat(run)
-  -- Celery's message as kombu writes it: id, root_id, due, correlation_id, tag (one concatenation)
-  local usual = #pieces == 11 and pieces[2] == 0 and pieces[4] == 0 and pieces[6] == 4 and pieces[8] == 0
-    and pieces[10] == 5
-  return {pieces, t, usual}
-end
-
--- message(id, stored, due): the list key, the message and the template, or nil and the miss field.
--- The shared part is prepared once per call for each envelope text less its creation time.
-local prepared = {}
-local function message(id, stored, due)
-  if #stored + #id + 16 > max_payload or due < 0 or due > 253402300799999 then
     return nil
   end
-  local shared = stored
-  local c = find(stored, ',"c":', #stored - 30, true)
-  if c and find(stored, '^%d+}$', c + 5) then
-    shared = sub(stored, 1, c - 1)
-  end
-  local ready = prepared[shared]
-  if ready == nil then
-    local miss
-    ready, miss = prepare(stored)
-    prepared[shared] = ready
-    if miss then
-      return nil, miss
-    end
-  end
-  if not ready then
-    return nil
-  end
-  local t = ready[2]
-  local idj = jstr(id)
-  if not idj then
-    return nil
-  end
-  local when = times[due]
-  if when == nil then
-    when = {seconds(due), t.e and iso(due)}
-    times[due] = when
-  elseif t.e and not when[2] then
-    when[2] = iso(due)
-  end
-  tags = tags + 1
-  local tag = format('%012x', tags)
-  local pieces = ready[1]
-  if ready[3] then
-    local p = pieces
-    return t.k, p[1] .. idj .. p[3] .. idj .. p[5] .. when[1] .. p[7] .. idj .. p[9] .. tag .. p[11], t
-  end
-  local values = {[0] = idj, [4] = when[1], [5] = tag, [6] = when[2]}
-  local parts = {}
-  for n = 1, #pieces do
-    local piece = pieces[n]
-    if type(piece) == 'number' then
-      parts[n] = values[piece]
-    else
-      parts[n] = piece
-    end
+  local values = {
+    [0] = id, sub(stored, a0, k0 - 8), sub(stored, k0, b0 - 8), sub(stored, b0, s0 - 3), due, tag_prefix .. id,
+  }
+  local parts, l, h = {t.l[1]}, t.l, t.h
+  for n = 1, #h do
+    parts[n + n] = values[h[n]]
+    parts[n + n + 1] = l[n + 1]
   end
   return t.k, table.concat(parts), t
 end
@@ -491,17 +185,18 @@ for i, id in ipairs(ids) do
   if not stored then
     gone[#gone + 1] = id
   else
-    local due = tonumber(found[i + i])
+    local due_text = found[i + i]
     local tries = 0
     if leases[i] then
-      local d, n = lease_read(leases[i])
+      local d, n = match(leases[i], '^(%-?%d+)|(%d+)|')
       if d then
-        due, tries = d, n
+        due_text, tries = d, tonumber(n)
       else
         repaired = repaired + 1
       end
     end
-    local key, text, t = message(id, stored, due)
+    local due = tonumber(due_text)
+    local key, text, t = message(id, stored, due_text)
     if key then
       local list = lists[key]
       if list == nil then

@@ -10,7 +10,7 @@ KEYS[6] schedules, KEYS[7] history: not used here
 
 ARGV[1] job id
 ARGV[2] due time in ms
-ARGV[3] the opening of a version-2 envelope that carries this id ('{"v":2,"i":<id as JSON>,'):
+ARGV[3] the opening of an envelope that carries this id ('{"v":3,"i":<id as JSON>,'):
         an envelope that opens with it is stored without its id, as enqueue stores it
 ARGV[4] wake channel
 ARGV[5] shard index, echoed in the wake message
@@ -48,7 +48,7 @@ end
 local envelope = record.envelope
 local opening = ARGV[3]
 if string.sub(envelope, 1, #opening) == opening then
-  envelope = '{"v":2,' .. string.sub(envelope, #opening + 1)
+  envelope = string.sub(opening, 1, 7) .. string.sub(envelope, #opening + 1)  -- '{"v":3,' and the rest
 end
 redis.call('HSET', KEYS[2], id, envelope)
 redis.call('HDEL', KEYS[3], id)

@@ -61,7 +61,8 @@ def recorder() -> redis.Redis:
 
 def _record(task: Any) -> None:
     start = time.time()
-    due = getattr(task.request, "delayq_due", None)
+    due = getattr(task.request, "delayq_due", None)  # ms since the epoch
+    due = None if due is None else due / 1000.0  # recorded in seconds, as "start"
     pipe = recorder().pipeline(transaction=False)
     pipe.hincrby("e2e:runs", task.request.id, 1)
     eta = task.request.eta  # the message's eta header (an ISO string), or None

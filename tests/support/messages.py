@@ -12,6 +12,7 @@ from celery import Celery
 
 from celery_delayq.dispatch import Dispatcher
 from tests.support.store import broker_lists
+from tests.support.wire import text_body
 
 
 def dispatch(app: Celery) -> None:
@@ -31,6 +32,7 @@ def pop_broker_messages(r: redis.Redis) -> dict[str, list[dict[str, Any]]]:
 
 def normalized(message: dict[str, Any], task_id: str) -> dict[str, Any]:
     message = json.loads(json.dumps(message).replace(task_id, "<id>"))
+    text_body(message)
     message["properties"].pop("delivery_tag")
     message["headers"].pop("delayq_due", None)
     message["headers"].pop("delayq_claim", None)  # kombu-path messages only: the beat's claim
