@@ -553,9 +553,9 @@ def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, st
     field a template cannot take, or one that does not read (decode_envelope says why).
 
     >>> _, shape, job_id, args, kwargs, body = template_fields(
-    ...     '{"v":2,"i":"a","t":"t.add","a":"(1,)","j":"[[1], {}","c":1}')
+    ...     '{"v":3,"i":"a","n":[4,2,8],"a":"(1,)","k":"{}","j":"[[1], {}","t":"t.add","c":1}')
     >>> shape, job_id, args, kwargs, body.startswith('[[1], {}, {"callbacks": null')
-    ({'v': 2, 't': 't.add'}, 'a', '(1,)', '{}', True)
+    ({'v': 3, 't': 't.add'}, 'a', '(1,)', '{}', True)
     """
     try:
         data = load_json(raw, "envelope")
