@@ -8,8 +8,7 @@ time (:mod:`.build` makes it, :mod:`.publish` sends it), stored as compact JSON
 default, or to a value that is stored anyway (the id, the task name, the absolute expiry),
 is left out, and :func:`decode_envelope` puts it back, in Celery's order::
 
-    {"v": 3, "i": task id,
-     "n": [la, lk, lb], "a": argsrepr, "k": kwargsrepr,
+    {"v": 3, "i": task id, "a": argsrepr, "k": kwargsrepr,
      "j": JSON body less its plain tail | "b": body text,
      "t": task name, "o": origin, "h": {other headers},
      "r": reply_to, "p": {other properties},
@@ -20,13 +19,13 @@ is left out, and :func:`decode_envelope` puts it back, in Celery's order::
 *Encoded once, at enqueue.* The job's own parts of its broker message (the argument reprs and
 the body) come first, in this order, as JSON strings: their text between the quotes is already
 what kombu's Redis transport writes for them in a message (``json`` with ``ensure_ascii``, the
-body unencoded: :mod:`.wire`). ``n`` gives the length of each of those three texts, so
-``lua/push.lua`` cuts them out of the stored envelope by position and joins them into the
-message with no decoding or encoding of its own. ``n`` is written whenever the headers are in
-Celery's order and the body is text (``j`` or ``b``); otherwise (``H``, ``P``, a binary body
-``z``) the envelope has no ``n``, its ``a``/``k`` follow ``t``, and the beat delivers it.
-Version 2 (the same fields, without ``n`` and in the order ``i, t, a, k, o, h, r, p, j|b|z,
-ct, ce, q, x, c, s``) is still read; no released version wrote version 1.
+body unencoded: :mod:`.wire`). ``lua/push.lua`` cuts them out of the stored envelope and joins
+them into the message with no decoding or encoding of its own: each ends at the first ``","``
+after it, as JSON-escaped text never holds that (every ``"`` in it follows a backslash). They
+come first whenever the headers are in Celery's order and the body is text (``j`` or ``b``);
+otherwise (``H``, ``P``, a binary body ``z``) ``a``/``k`` follow ``t``, when not ``()``/``{}``,
+and the beat delivers the job. Version 2 (the same fields in the order ``i, t, a, k, o, h, r,
+p, j|b|z, ct, ce, q, x, c, s``) is still read; no released version wrote version 1.
 
 Who else reads the format, and what of it (nothing else knows it):
 
@@ -34,7 +33,7 @@ Who else reads the format, and what of it (nothing else knows it):
   (:func:`stored_form`, :func:`loaded_form`; :class:`~.store.Store` calls them);
 * ``lua/requeue.lua`` stores a requeued envelope the same way: it cuts the opening
   ``{"v":3,"i":<id>,`` (:func:`id_opening`, passed in ARGV[3]) down to ``{"v":3,``;
-* ``lua/push.lua`` reads ``n``, ``a``, ``k``, ``j``/``b`` by position (above), the shape (the
+* ``lua/push.lua`` cuts ``a``, ``k``, ``j``/``b`` out (above), the shape (the
   text from ``t`` to ``c``) as the key of its message template, and ``c`` as the last field;
   every other script stores, returns or moves envelopes as opaque strings;
 * :mod:`.wire` makes the message templates from :func:`template_fields`: the id, the
@@ -331,21 +330,16 @@ def encode_envelope(
 
 
 def _job_fields(header_fields: dict[str, Any], body_fields: dict[str, Any]) -> dict[str, Any]:
-    """The job's own fields, taken out of ``header_fields`` and ``body_fields``: ``n``, ``a``,
-    ``k`` and ``j`` or ``b``, in this order; none for headers not in Celery's order or a binary
-    body (see the module's docstring)."""
+    """The job's own fields, taken out of ``header_fields`` and ``body_fields``: ``a``, ``k``
+    and ``j`` or ``b``, in this order; none for headers not in Celery's order or a binary body
+    (see the module's docstring)."""
     if "H" in header_fields or "z" in body_fields:
         return {}
     field = "j" if "j" in body_fields else "b"
     argsrepr = header_fields.pop("a", "()")
     kwargsrepr = header_fields.pop("k", "{}")
     text = body_fields.pop(field)
-    return {"n": _lengths(argsrepr, kwargsrepr, text), "a": argsrepr, "k": kwargsrepr, field: text}
-
-
-def _lengths(*texts: str) -> list[int]:
-    """The length of each of ``texts`` as JSON writes it, less its quotes (``n``)."""
-    return [len(_jstr(text)) - 2 for text in texts]
+    return {"a": argsrepr, "k": kwargsrepr, field: text}
 
 
 # -- the same, in pieces: for many jobs of one task and options (see .build) -----------------
@@ -426,11 +420,17 @@ def envelope_from_pieces(
     field, text, members = body
     parts = ['{"v":3,"i":', _jstr(task_id)]
     if field:
-        a, k, b = _jstr(argsrepr), _jstr(kwargsrepr), _jstr(text)
         parts += (
-            ',"n":[', str(len(a) - 2), ",", str(len(k) - 2), ",", str(len(b) - 2), '],"a":', a, ',"k":', k,
-            ',"', field, '":', b, pieces.head,
-        )  # fmt: skip
+            ',"a":',
+            _jstr(argsrepr),
+            ',"k":',
+            _jstr(kwargsrepr),
+            ',"',
+            field,
+            '":',
+            _jstr(text),
+            pieces.head,
+        )
     else:
         parts.append(pieces.head)
         if argsrepr != "()":
@@ -466,7 +466,7 @@ def decode_envelope(raw: str, max_bytes: int | None = None) -> Envelope:
 
 
 def _decode(data: dict[str, Any]) -> Envelope:
-    """Versions 3 and 2 (the same fields; ``n`` is only for lua/push.lua)."""
+    """Versions 3 and 2 (the same fields)."""
     job_id = data["i"]
     name = data["t"]
     if type(job_id) is not str or type(name) is not str:
@@ -541,9 +541,7 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 # -- cut for wire.py's message templates -------------------------------------------------------
 
 #: Fields of a version-2 envelope a template can take (others go the reference way).
-_TEMPLATE_FIELDS = frozenset(
-    {"v", "i", "n", "t", "a", "k", "o", "h", "r", "p", "j", "b", "ct", "ce", "q", "c"}
-)
+_TEMPLATE_FIELDS = frozenset({"v", "i", "t", "a", "k", "o", "h", "r", "p", "j", "b", "ct", "ce", "q", "c"})
 
 
 def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, str, str, str] | None:
@@ -553,7 +551,7 @@ def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, st
     field a template cannot take, or one that does not read (decode_envelope says why).
 
     >>> _, shape, job_id, args, kwargs, body = template_fields(
-    ...     '{"v":3,"i":"a","n":[4,2,8],"a":"(1,)","k":"{}","j":"[[1], {}","t":"t.add","c":1}')
+    ...     '{"v":3,"i":"a","a":"(1,)","k":"{}","j":"[[1], {}","t":"t.add","c":1}')
     >>> shape, job_id, args, kwargs, body.startswith('[[1], {}, {"callbacks": null')
     ({'v': 3, 't': 't.add'}, 'a', '(1,)', '{}', True)
     """
@@ -564,7 +562,6 @@ def template_fields(raw: str) -> tuple[tuple[bool, str], dict[str, Any], str, st
     if type(data) is not dict or data.get("v") not in (2, 3) or not _TEMPLATE_FIELDS.issuperset(data):
         return None
     data["v"] = 3  # (a version-2 envelope has the same shape)
-    data.pop("n", None)
     job_id = data.pop("i", None)
     args = data.pop("a", "()")
     kwargs = data.pop("k", "{}")

@@ -667,7 +667,7 @@ def test_dead_ls_show_requeue_rm(app: Celery, r: redis.Redis, run: Run) -> None:
     assert store.dead_record("d1") is None
     # stored without its id, as enqueue stores it
     raw = r.hget(store.keys.for_job("d1").jobs, "d1")
-    assert raw == stored_form("d1", job.envelope) and raw.startswith('{"v":2,"t":')  # type: ignore[union-attr]
+    assert raw == stored_form("d1", job.envelope) and raw.startswith('{"v":3,"a":')  # type: ignore[union-attr]
     later = as_json(run("dead", "requeue", "d2", "--at", "+1h", "--json"))["results"][0]
     assert later["outcome"] == "requeued"
     assert abs(store.get("d2").due_ms - (time.time() * 1000 + HOUR_MS)) < 5000  # type: ignore[union-attr]

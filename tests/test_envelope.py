@@ -163,10 +163,10 @@ def test_planned_envelope_inside_a_worker_task_and_with_a_schedule(app: Celery) 
 def test_compact_envelope_of_a_plain_job(app: Celery) -> None:
     envelope = build_envelope(app, app.tasks["t.noop"], "3f1e5c9a-0000-4000-8000-000000000000", DUE)
     data = json.loads(envelope)
-    assert list(data) == ["v", "i", "n", "a", "k", "j", "t", "o", "r", "q", "c"]
+    assert list(data) == ["v", "i", "a", "k", "j", "t", "o", "r", "q", "c"]
     assert envelope.count("3f1e5c9a-0000-4000-8000-000000000000") == 1
     assert (data["v"], data["t"], data["j"], data["q"]) == (3, "t.noop", "[[], {}", "celery")
-    assert (data["n"], data["a"], data["k"]) == ([2, 2, 7], "()", "{}")
+    assert (data["a"], data["k"]) == ("()", "{}")
     decoded = decode_envelope(envelope)
     assert decoded.body == b'[[], {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
     assert list(decoded.headers) == [
@@ -435,7 +435,7 @@ def test_the_stored_envelope_leaves_its_id_to_the_hash_field(app: Celery, r: red
     store = get_store(app)
     shard = store.keys.for_job(res.id)
     raw = r.hget(shard.jobs, res.id)
-    assert raw is not None and res.id not in raw and raw.startswith('{"v":3,"n":[')
+    assert raw is not None and res.id not in raw and raw.startswith('{"v":3,"a":"(1, 2)","k":"{}","j":')
     record = store.get(res.id)
     assert record is not None and decode_envelope(record.envelope).headers["id"] == res.id
     assert [decode_envelope(j.envelope).headers["root_id"] for j in store.scan()] == [res.id]
@@ -478,12 +478,9 @@ def test_the_one_view_of_a_job(app: Celery) -> None:
 
 
 def test_stored_form_round_trip_and_requeue_opening() -> None:
-    envelope = '{"v":3,"i":"j\\u00e9","n":[2,2,7],"a":"()","k":"{}","j":"[[], {}","t":"t.add","c":1}'
+    envelope = '{"v":3,"i":"j\\u00e9","a":"()","k":"{}","j":"[[], {}","t":"t.add","c":1}'
     assert id_opening("j\u00e9") == '{"v":3,"i":"j\\u00e9",'
-    assert (
-        stored_form("j\u00e9", envelope)
-        == '{"v":3,"n":[2,2,7],"a":"()","k":"{}","j":"[[], {}","t":"t.add","c":1}'
-    )
+    assert stored_form("j\u00e9", envelope) == '{"v":3,"a":"()","k":"{}","j":"[[], {}","t":"t.add","c":1}'
     assert loaded_form("j\u00e9", stored_form("j\u00e9", envelope)) == envelope
     assert stored_form("other", envelope) == envelope
     old = '{"v":2,"i":"j\\u00e9","t":"t.add","c":1}'  # version 2 was kept the same way

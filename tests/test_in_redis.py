@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from hypothesis import settings
+from hypothesis import example, settings
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
@@ -142,6 +142,11 @@ def lua_env() -> Iterator[Callable[[bool], tuple[Celery, Dispatcher, WireTemplat
 
 @JOB_VALUES
 @settings(max_examples=150, deadline=None)
+# texts that hold what the script looks for where a text ends ('","', '","k":"', '","t":') and
+# what JSON escapes before a quote (a backslash, a quote): each text still ends where it ends
+@example(args='","k":"', kwargs='\\","t":', due_ms=1)
+@example(args="\\", kwargs='"\\"', due_ms=253_402_300_799_999)
+@example(args='x","j":"y', kwargs='","b":"', due_ms=0)
 @WITH_AND_WITHOUT_ETA
 def test_the_script_fills_templates_in_as_the_beat_does(
     lua_env: Callable[[bool], tuple[Celery, Dispatcher, WireTemplates, list[Any]]],

@@ -2,7 +2,7 @@
 
 The in-Redis delivery path (docs/how-it-works.md, "The in-Redis path"). Used only when the
 Celery broker is this same Redis server and database, as deliver.lua. Each due job whose
-envelope holds its message's own parts already encoded (envelope.py: "n", "a", "k", "j"/"b" first)
+envelope holds its message's own parts already encoded (envelope.py: "a", "k", "j"/"b" first)
 and whose *shape* (the envelope's text from "t" to "c") has a stored template (wire.py: its
 message cut at the job's own values) becomes its message here by joining: the template's literals
 with the id, the argument reprs and the body cut out of the envelope, the due time (the job's
@@ -104,22 +104,27 @@ end
 -- as text); or nil, and the templates-hash field to fill when its shape has no template yet.
 local missed = {}
 local function message(id, stored, due)
-  -- the job's own pieces, by position: {"v":3,"n":[la,lk,lb],"a":"...","k":"...","j":"...",
-  if #stored + #id + 16 > max_payload or find(id, '[^%w%-_.:]') or not find(due, '^%d+$') then
+  if #stored + #id + 16 > max_payload or find(id, '[^%w%-_.:]') or not find(due, '^%d+$')
+      or sub(stored, 1, 12) ~= '{"v":3,"a":"' then
     return nil
   end
-  local la, lk, lb, a0 = match(stored, '^{"v":3,"n":%[(%d+),(%d+),(%d+)%],"a":"()')
-  if not a0 then
+  -- the job's own texts: {"v":3,"a":"...","k":"...","j" or "b":"...","t":... Each ends at the first
+  -- '","' after it: in JSON-escaped text every '"' follows a backslash.
+  local a0, k0, b0 = 13, nil, nil
+  local a1 = find(stored, '","', a0, true)
+  if a1 and sub(stored, a1, a1 + 6) == '","k":"' then
+    k0 = a1 + 7
+  end
+  local k1 = k0 and find(stored, '","', k0, true)
+  local kind = k1 and sub(stored, k1 + 3, k1 + 3)
+  if k1 and (kind == 'j' or kind == 'b') and sub(stored, k1, k1 + 6) == '","' .. kind .. '":"' then
+    b0 = k1 + 7
+  end
+  local b1 = b0 and find(stored, '","', b0, true)
+  if not b1 or sub(stored, b1, b1 + 5) ~= '","t":' then
     return nil
   end
-  local k0 = a0 + tonumber(la) + 7
-  local b0 = k0 + tonumber(lk) + 7
-  local s0 = b0 + tonumber(lb) + 2
-  local kind = sub(stored, b0 - 4, b0 - 4)
-  if sub(stored, k0 - 7, k0 - 1) ~= '","k":"' or sub(stored, b0 - 7, b0 - 1) ~= '","' .. kind .. '":"'
-      or (kind ~= 'j' and kind ~= 'b') or sub(stored, s0 - 2, s0 + 3) ~= '","t":' then
-    return nil
-  end
+  local s0 = b1 + 2
   -- the shape: from "t" to the creation time, which ends the envelope (a schedule point after it,
   -- an expiry "x" or a flow-control header in it: the beat delivers)
   local c = find(stored, ',"c":%d+}$', s0)
@@ -142,7 +147,7 @@ local function message(id, stored, due)
     return nil
   end
   local values = {
-    [0] = id, sub(stored, a0, k0 - 8), sub(stored, k0, b0 - 8), sub(stored, b0, s0 - 3), due, tag_prefix .. id,
+    [0] = id, sub(stored, a0, a1 - 1), sub(stored, k0, k1 - 1), sub(stored, b0, b1 - 1), due, tag_prefix .. id,
   }
   local parts, l, h = {t.l[1]}, t.l, t.h
   for n = 1, #h do
