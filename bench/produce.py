@@ -41,7 +41,7 @@ def _calls(shape: str) -> Iterator[Call]:
 def row_apply_at(ctx: Context) -> RowResult:
     """``apply_at`` one real job per call vs ``apply_async(countdown=3600)`` of the same job to a
     Redis broker, and the call's time in PING round trips of the same server, measured in the
-    same run; then the same two with no-argument jobs."""
+    same run; and the same two with no-argument jobs."""
     result = RowResult("apply_at")
     server = ctx.redis()
     url = server.url + "/0"
@@ -84,9 +84,9 @@ def row_apply_at(ctx: Context) -> RowResult:
     result.lines.append(Line(f"apply_at: jobs/s, one call per job, {BARE}", bare_ours, "jobs/s",
                              baseline=bare_base))
     result.notes.append(
-        f"one process, {seconds:g} s of each (two interleaved halves) for each job shape: {REAL} "
-        "bench.job(user_id, text, locale=...), arguments differing per job (bench/jobs.py job_call), "
-        f"then {BARE}; broker and store on one Redis server; baseline: apply_async(args, kwargs, "
+        f"one process, {seconds:g} s of each (two halves, sides and job shapes interleaved) for each job "
+        f"shape: {REAL} bench.job(user_id, text, locale=...), arguments differing per job (bench/jobs.py "
+        f"job_call), and {BARE}; broker and store on one Redis server; baseline: apply_async(args, kwargs, "
         "countdown=3600) of the same job to that broker; per call "
         f"(the timed loops' mean), {REAL}: apply_at {call_us:.0f} µs = {call_us / rtt_us:.2f} PING RTT "
         f"(one EVALSHA round trip), apply_async {celery_us:.0f} µs = {celery_us / rtt_us:.2f} PING RTT; "
