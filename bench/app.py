@@ -11,11 +11,14 @@ Configured from the environment that :mod:`bench.harness` sets for each child:
   (``Dispatcher(keep_lateness=...)``, ``stats.lateness_ms``: server clock when the publish was
   sent, minus the due time).
 
-One task, ``bench.job()``, with no arguments (the memory rows measure a no-argument task). A
-worker running it notes ``"<start> <due>"`` (seconds since the epoch), where due is the
-``delayq_due`` header of a delayq job or the ``eta`` of a Celery ETA task, so both are measured
-by the same code; a thread appends the notes to ``bench:starts`` every 0.1 s (one RPUSH per
-batch, not per task: the worker's own cost per task stays as small as it can be).
+One task, ``bench.job(user_id, text, locale=..., payload=...)``: the rows schedule it with a
+real job's arguments, :func:`bench.jobs.job_call` (an int, a text of 32-39 characters and a
+``locale=``, all differing per job), and some also with no arguments or with a 2 KB ``payload=``
+(:data:`bench.jobs.SHAPES`); it ignores them. A worker running it notes ``"<start> <due>"``
+(seconds since the epoch), where due is the ``delayq_due`` header of a delayq job or the ``eta``
+of a Celery ETA task, so both are measured by the same code; a thread appends the notes to
+``bench:starts`` every 0.1 s (one RPUSH per batch, not per task: the worker's own cost per task
+stays as small as it can be).
 """
 
 from __future__ import annotations
@@ -54,7 +57,6 @@ app.conf.update(
 )
 
 
-
 class _Starts:
     """Buffers the start records of this process; a thread RPUSHes them every 0.1 s."""
 
@@ -89,11 +91,26 @@ class _Starts:
 _starts = _Starts()
 
 
+#: A ``delayq_due`` above this is in milliseconds, not seconds (1e11 s is in the year 5138).
+MS_ABOVE = 1e11
+
+
+def due_seconds(value: Any) -> float:
+    """A ``delayq_due`` header in seconds since the epoch: the header was a float of seconds and
+    becomes an int of milliseconds; both are read.
+
+    >>> due_seconds(1700000000.25), due_seconds(1700000000250), due_seconds("1700000000250")
+    (1700000000.25, 1700000000.25, 1700000000.25)
+    """
+    due = float(value)
+    return due / 1000.0 if due > MS_ABOVE else due
+
+
 def due_of(request: Any) -> float | None:
-    """The due time of the running task: delayq's header, else Celery's ``eta``."""
+    """The due time of the running task (seconds): delayq's header, else Celery's ``eta``."""
     due = getattr(request, "delayq_due", None)
     if due is not None:
-        return float(due)
+        return due_seconds(due)
     eta = getattr(request, "eta", None)
     if isinstance(eta, str):
         eta = datetime.fromisoformat(eta)
@@ -103,7 +120,8 @@ def due_of(request: Any) -> float | None:
 
 
 @app.task(base=DelayedTask, bind=True, name=TASK_NAME)  # type: ignore[untyped-decorator]
-def job(self: Any) -> None:
+def job(self: Any, user_id: int | None = None, text: str = "", locale: str = "en-US",
+        payload: str = "") -> None:
     start = time.time()
     due = due_of(self.request)
     _starts.add(f"{start:.6f} {due if due is not None else start:.6f}")
@@ -182,4 +200,4 @@ def _on_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
     now = time.time()
     due = (headers or {}).get("delayq_due")
     if due is not None and _log is not None:
-        _log.add((now - float(due)) * 1000.0)
+        _log.add((now - due_seconds(due)) * 1000.0)

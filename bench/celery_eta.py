@@ -1,10 +1,11 @@
 """The Celery ETA baseline of rows 6, 9 and 10, measured once per run.
 
-``n`` tasks ``apply_async(eta=...)`` into a Redis broker on a dedicated server, all due within
-the same second, while no worker runs: the broker's ``used_memory`` grows by the bytes of ``n``
-pending ETA messages (row 10). Then one worker starts and fetches them all (Celery holds ETA
-tasks in the worker's memory until due): its RSS once it holds them is row 9's baseline. Then
-the second comes, and the time until the last task started is row 6's baseline.
+``n`` real jobs (:func:`bench.jobs.job_call`) sent with ``apply_async(args, kwargs, eta=...)``
+into a Redis broker on a dedicated server, all due within the same second, while no worker
+runs: the broker's ``used_memory`` grows by the bytes of ``n`` pending ETA messages (row 10).
+Then one worker starts and fetches them all (Celery holds ETA tasks in the worker's memory
+until due): its RSS once it holds them is row 9's baseline. Then the second comes, and the time
+until the last task started is row 6's baseline.
 
 It is slow (the worker fetches about 1,000 ETA tasks a second on this machine), hence the
 smaller ``n`` outside ``--full``. Only the parts the selected rows need are run.
@@ -28,6 +29,7 @@ from .harness import (
     wait_until,
     watch,
 )
+from .jobs import job_call
 
 QUEUE = "celery"
 #: Conservative rates for choosing the due second: every task must be in the worker before it.
@@ -76,10 +78,11 @@ def _run(ctx: Context) -> CeleryEta:
         ctx.say(f"Celery ETA baseline: sending {n:,} apply_async(eta=...) tasks")
         t0 = time.perf_counter()
         for i in range(n):
-            p.task.apply_async(eta=datetime.fromtimestamp(due + i / n, UTC))
+            p.task.apply_async(*job_call(i), eta=datetime.fromtimestamp(due + i / n, UTC))
         out.send_rate = n / (time.perf_counter() - t0)
         out.bytes_per_message = (used_memory(client) - before) / n
-        out.notes.append(f"{n:,} ETA tasks (bench.job(), no arguments) sent with apply_async(eta=) at "
+        out.notes.append(f"{n:,} ETA tasks (real jobs: bench.job(user_id, text, locale=...)) sent with "
+                         f"apply_async(args, kwargs, eta=) at "
                          f"{out.send_rate:,.0f}/s into a Redis broker with no worker; its used_memory "
                          f"grew {out.bytes_per_message:,.0f} B per message")
         if need_rss:

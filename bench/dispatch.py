@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -26,6 +27,7 @@ from .harness import (
     wake_channel,
     watch,
 )
+from .jobs import BARE, PAYLOAD, PAYLOAD_BYTES, REAL, job_call
 from .report import Line, RowResult
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -189,28 +191,34 @@ def _starved(share: float) -> str:
     return " (under 90%: other processes took the server's CPU, so this limit is understated)"
 
 
-def kombu_message(p: Producer) -> str:
-    """The JSON kombu's Redis transport LPUSHes for ``bench.job()`` (sent through Celery into
-    the broker list, then taken back out)."""
-    p.app.send_task(p.task.name)
+def kombu_message(p: Producer, shape: str = REAL) -> str:
+    """The JSON kombu's Redis transport LPUSHes for ``bench.job`` with job 0's arguments of
+    ``shape`` (sent through Celery into the broker list, then taken back out)."""
+    args, kwargs = job_call(0, shape)
+    p.app.send_task(p.task.name, args, kwargs)
     raw = p.client.rpop(QUEUE)
     if not raw:
         raise BenchError(f"no message in the broker list {QUEUE!r} after send_task")
     return str(raw)
 
 
-def _fill_due(p: Producer, n: int) -> Fill:
+def _fill_due(p: Producer, n: int, shape: str = REAL) -> Fill:
     now = time.time()
-    return fill(p, n, lambda i: now, FILL_BUDGET)
+    return fill(p, n, lambda i: now, FILL_BUDGET, shape)
+
+
+#: The runs of the dispatch row: (beats, job shape).
+DISPATCH_RUNS = ((1, REAL), (2, REAL), (1, BARE), (1, PAYLOAD))
 
 
 def row_dispatch(ctx: Context) -> RowResult:
-    """One beat and two beats, a Redis broker, ``dispatch_jobs`` due at once; the Redis limit."""
+    """One beat and two beats, a Redis broker, ``dispatch_jobs`` real jobs due at once; the Redis
+    limit; one beat again with no-argument jobs and with 2 KB payload jobs."""
     result = RowResult("dispatch")
     n = ctx.sizes.dispatch_jobs
     server = ctx.redis()
     url = server.url + "/0"
-    runs: dict[int, Drained] = {}
+    runs: dict[tuple[int, str], Drained] = {}
     row_t0 = time.monotonic()
     pid = server.process.pid if server.process else None
     with producer(url, url) as p:
@@ -219,25 +227,37 @@ def row_dispatch(ctx: Context) -> RowResult:
         limit, limit_cpu = redis_limit(p.client, n, pid)
         message = kombu_message(p)
         limit_msg, limit_msg_cpu = redis_limit(p.client, n, pid, message)
-        for beats in (1, 2):
+        for beats, shape in DISPATCH_RUNS:
             p.client.flushall()
-            ctx.say(f"dispatch: {_beats(beats)}, storing {n:,} due jobs, then publishing them")
-            runs[beats] = drain_measured(ctx, p, url, url, beats, n, lambda: int(p.client.llen(QUEUE)),
-                                         lambda: _fill_due(p, n), servers={"redis": pid} if pid else None)
-            took = runs[beats].took
-            result.notes.append(f"{_beats(beats)}: all {n:,} published {took:.1f} s after the start "
-                                f"({n / took:,.0f} jobs/s overall); {cpu_text(runs[beats])}")
-            if beats == 1:
-                result.notes.append(f"fill: {runs[1].filled.method}; fill time is not measured")
+            ctx.say(f"dispatch: {_beats(beats)}, storing {n:,} due jobs ({shape}), then publishing them")
+            run = drain_measured(ctx, p, url, url, beats, n, lambda: int(p.client.llen(QUEUE)),
+                                 functools.partial(_fill_due, p, n, shape),
+                                 servers={"redis": pid} if pid else None)
+            runs[(beats, shape)] = run
+            result.notes.append(f"{_beats(beats)}, {shape}: all {n:,} published {run.took:.1f} s after the "
+                                f"start ({n / run.took:,.0f} jobs/s overall); {cpu_text(run)}")
+            if (beats, shape) == (1, REAL):
+                result.notes.append(f"fill: {run.filled.method}; fill time is not measured")
     ctx.stop_redis(server)
     row_s = time.monotonic() - row_t0
     size = f"{n:,} due"
-    result.lines.append(Line(f"dispatch: 1 beat, Redis broker, {size} (vs the Redis limit)", runs[1].rate,
-                             "jobs/s", baseline=limit, target=">=0.5"))
-    result.lines.append(Line(f"dispatch: 1 beat, {size} (vs the limit with messages)", runs[1].rate,
-                             "jobs/s", baseline=limit_msg))
-    result.lines.append(Line(f"dispatch: 2 beats, {size} (vs 1 beat)", runs[2].rate, "jobs/s",
-                             baseline=runs[1].rate, target=">=1.7"))
+    real, bare, payload = runs[(1, REAL)].rate, runs[(1, BARE)].rate, runs[(1, PAYLOAD)].rate
+    lines = result.lines
+    lines.append(Line(f"dispatch: 1 beat, Redis broker, {size}, {REAL} (vs the Redis limit)", real, "jobs/s",
+                      baseline=limit, target=">=0.5"))
+    lines.append(Line(f"dispatch: 1 beat, {size}, {REAL} (vs the limit with messages)", real, "jobs/s",
+                      baseline=limit_msg))
+    lines.append(Line(f"dispatch: 2 beats, {size}, {REAL} (vs 1 beat)", runs[(2, REAL)].rate, "jobs/s",
+                      baseline=real, target=">=1.7"))
+    lines.append(Line(f"dispatch: 1 beat, {size}, {REAL} (vs {BARE})", real, "jobs/s", baseline=bare))
+    lines.append(Line(f"dispatch: 1 beat, {size}, {PAYLOAD} (vs {REAL})", payload, "jobs/s", baseline=real))
+    result.notes.append(
+        f"the jobs: {REAL} = bench.job(user_id, text, locale=...), an int, a text of 32-39 characters and "
+        f"a 5-character locale, all differing per job (bench/jobs.py job_call); {BARE} = bench.job(); "
+        f"{PAYLOAD} = the real job with payload= a {PAYLOAD_BYTES:,}-character string differing per job. "
+        f"Side by side, 1 beat: {REAL} {real:,.0f} jobs/s, {BARE} {bare:,.0f} jobs/s, {PAYLOAD} "
+        f"{payload:,.0f} jobs/s"
+    )
     result.notes.append(
         f"the Redis limit: {n:,} uuid members of one sorted set, all due, moved into a list on the same "
         f"server by a bare Lua script (ZRANGE BYSCORE LIMIT {LIMIT_CHUNK:,}, one LPUSH, one ZREM per call; "
@@ -246,8 +266,8 @@ def row_dispatch(ctx: Context) -> RowResult:
         "(bench/dispatch.py LIMIT_SCRIPT)"
     )
     result.notes.append(
-        f"the limit with messages: the same, but each member has its own copy of bench.job's kombu message "
-        f"({len(message):,} B, taken from a real broker list) in a hash, and each call reads them "
+        f"the limit with messages: the same, but each member has its own copy of a real bench.job's kombu "
+        f"message ({len(message):,} B, taken from a real broker list) in a hash, and each call reads them "
         f"(one HMGET), pushes the messages and removes the members from the zset and the hash "
         f"(LIMIT_MESSAGES_SCRIPT): {limit_msg:,.0f} jobs/s, the server at {limit_msg_cpu:.0f}% of one core"
         f"{_starved(limit_msg_cpu)}; "
@@ -256,8 +276,8 @@ def row_dispatch(ctx: Context) -> RowResult:
     if n < 1_000_000:
         result.notes.append(
             f"{n:,} jobs due at once, not the issue's 1,000,000: this row took {row_s:.0f} s, so 1M would "
-            f"take about {row_s * 1_000_000 / n:.0f} s here (stores filled twice, drained by 1 then 2 "
-            "beats), too much of the 10-minute budget of the whole suite on 2 cores; "
+            f"take about {row_s * 1_000_000 / n:.0f} s here (stores filled {len(DISPATCH_RUNS)} times, "
+            "drained by 1 or 2 beats), too much of the 10-minute budget of the whole suite on 2 cores; "
             "python -m bench --full --only dispatch runs 1M"
         )
     result.notes.append(
@@ -336,7 +356,7 @@ def row_dispatch_rabbitmq(ctx: Context) -> RowResult:
     ctx.stop_redis(server)
     result.lines.append(Line(f"{what}, {n:,} due", rate, "jobs/s", target=">=5000", on="ours"))
     result.notes.append(
-        f"{n:,} jobs due at once in a Redis store, published by one beat into RabbitMQ "
+        f"{n:,} real jobs due at once in a Redis store, published by one beat into RabbitMQ "
         f"(queue {queue}, purged and deleted after); rate between 5% and 95% of the queue's "
         f"message count; all published {took:.1f} s after the start; fill: {filled.method}"
     )
@@ -367,7 +387,8 @@ def row_scale(ctx: Context) -> RowResult:
     result.lines.append(Line(f"scale: dispatch, {large:,} pending vs {small:,}", rates[large], "jobs/s",
                              baseline=rates[small], target=">=0.8"))
     result.notes.append(
-        f"{sz.scale_due:,} jobs due at once, published by one beat into a Redis broker, with "
+        f"{sz.scale_due:,} real jobs (bench.job(user_id, text, locale=...), bench/jobs.py) due at once, "
+        "published by one beat into a Redis broker, with "
         f"{small:,} then {large:,} jobs pending (due over the next hours) in the same store; "
         "beats frozen while the due jobs are stored (see dispatch); rate between 5% and 95% published"
     )

@@ -1,15 +1,17 @@
 """Row ``flow``: capped jobs (issue 15) against the same jobs uncapped, in one run.
 
-10,000 jobs (1,000 in quick mode) of a 10 ms task, 100 per key over 100 keys, due at once:
+10,000 jobs (1,000 in quick mode) of a 10 ms task, 100 per key over 100 keys, due at once, each
+with a real job's arguments too (:func:`bench.jobs.job_call`: a user id, a text, ``locale=``):
 once with ``concurrency_key=k<i>, concurrency_limit=2``, once without. Each side: one beat
 (frozen while the jobs are stored, then thawed), two workers ``-P threads -c 8``; the store and
 the broker on two Redis servers, so that the store's ``INFO commandstats`` counts delayq's
 commands only (beat, workers' slot releases and renewals), not the broker's.
 
 This module is also imported by the row's workers (``imports=["bench.flow"]``): it adds the
-task ``bench.flow_job(seconds, key)`` to :mod:`bench.app`, which notes ``"<start> <end> <key>"``
-(``time.time()``; the end is taken before the task returns, so before the worker gives the slot
-back) and appends the notes to a list in the *broker's* Redis every 0.1 s.
+task ``bench.flow_job(seconds, key, user_id, text, locale=...)`` to :mod:`bench.app`, which
+notes ``"<start> <end> <key>"`` (``time.time()``; the end is taken before the task returns, so
+before the worker gives the slot back) and appends the notes to a list in the *broker's* Redis
+every 0.1 s.
 
 Figures: throughput (jobs/s between 5% and 95% of the recorded ends), capped vs uncapped;
 slot release → next start of the same key, p50 and p99: with limit L, the key's i-th end frees
@@ -34,6 +36,7 @@ from celery_delayq import DelayedTask
 from .app import _Starts
 from .app import app as _bench_app
 from .harness import Context, Producer, percentile, producer, wait_until, wake_channel
+from .jobs import job_call
 from .report import Line, RowResult
 
 FLOW_TASK = "bench.flow_job"
@@ -70,7 +73,8 @@ _notes = _Notes()
 
 
 @_bench_app.task(base=DelayedTask, bind=True, name=FLOW_TASK)  # type: ignore[untyped-decorator]
-def flow_job(self: Any, seconds: float, key: str) -> None:
+def flow_job(self: Any, seconds: float, key: str, user_id: int | None = None, text: str = "",
+             locale: str = "en-US", payload: str = "") -> None:
     start = time.time()
     time.sleep(seconds)
     _notes.add(f"{start:.6f} {time.time():.6f} {key}")
@@ -151,7 +155,8 @@ def _fill(task: Any, n: int, keys: int, capped: bool) -> None:
     now = time.time()
     for k in range(keys):
         key = f"k{k}"
-        items = [(now, (TASK_SECONDS, key), None) for _ in range(per_key)]
+        items = [(now, (TASK_SECONDS, key, *args), kwargs)
+                 for args, kwargs in map(job_call, range(k * per_key, (k + 1) * per_key))]
         options = {"concurrency_key": key, "concurrency_limit": LIMIT} if capped else {}
         task.apply_at_many(items, **options)
 
@@ -248,5 +253,6 @@ def _report(result: RowResult, n: int, capped: Side, plain: Side, binding: Side)
     )
 
 
-def _producer_side(seconds: float, key: str) -> None:
+def _producer_side(seconds: float, key: str, user_id: int | None = None, text: str = "",
+                   locale: str = "en-US", payload: str = "") -> None:
     """The producer's stand-in for ``bench.flow_job`` (never run here)."""

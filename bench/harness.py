@@ -31,6 +31,8 @@ from celery.utils import uuid
 from celery_delayq import DelayedTask
 from celery_delayq.devtools.embedded import EmbeddedRedis
 
+from .jobs import REAL, call_of, fields, job_call, markers
+
 ROOT = Path(__file__).resolve().parent.parent
 APP_MODULE = "bench.app"
 TASK_NAME = "bench.job"
@@ -417,7 +419,8 @@ def make_producer(broker: str, store: str, **conf: Any) -> Producer:
     )
 
     @app.task(base=DelayedTask, bind=True, name=TASK_NAME, shared=False)  # type: ignore[untyped-decorator]
-    def job(self: Any) -> None:
+    def job(self: Any, user_id: int | None = None, text: str = "", locale: str = "en-US",
+            payload: str = "") -> None:
         return None
 
     return Producer(app, job, redis.Redis.from_url(store, decode_responses=True))
@@ -447,6 +450,8 @@ def wake_channel(p: Producer) -> str:
 #: Stands for the task id in a templated envelope (as long as a uuid).
 _PLACEHOLDER = "bench0placeholder0000000000000000000"
 FILL_CHUNK = 10_000
+#: Stands for the due time (ms) in a templated envelope: 2100-01-01, found nowhere else.
+_DUE_MARK = 4_102_444_800_123
 
 
 @dataclass
@@ -456,48 +461,86 @@ class Fill:
     via_many: int  # jobs stored by apply_at_many
     many_rate: float  # apply_at_many jobs/s on those
     fast: bool  # the rest went through Store.enqueue with templated envelopes
+    shape: str = REAL
 
     @property
     def method(self) -> str:
+        what = f"bench.job, {self.shape}"
         if not self.fast:
-            return f"apply_at_many ({self.many_rate:,.0f} jobs/s)"
-        return (f"apply_at_many for the first {self.via_many:,} ({self.many_rate:,.0f} jobs/s, too slow "
-                f"for the budget), then Store.enqueue with one build_envelope() per task templated "
-                f"by id ({self.jobs / self.seconds:,.0f} jobs/s overall)")
+            return f"{what}: apply_at_many ({self.many_rate:,.0f} jobs/s)"
+        return (f"{what}: apply_at_many for the first {self.via_many:,} ({self.many_rate:,.0f} jobs/s, too "
+                f"slow for the budget), then Store.enqueue with one build_envelope() templated by the "
+                f"task id and the job's arguments ({self.jobs / self.seconds:,.0f} jobs/s overall)")
 
 
-def envelope_template(p: Producer) -> str | None:
-    """A stored envelope of ``bench.job()`` with a placeholder id, or None if that cannot be had."""
+class Template:
+    """``build_envelope()``'s output for job ``i`` of a shape, without building it: one envelope
+    built with marker values (:func:`bench.jobs.markers`) and a placeholder id, the markers then
+    replaced by job ``i``'s values and the placeholder by its id. Made only when that gives, for
+    a sample job, exactly what ``build_envelope()`` gives."""
+
+    def __init__(self, envelope: str, shape: str) -> None:
+        self.envelope = envelope
+        self.shape = shape
+        self.marks = [(name, str(value)) for name, value in markers(shape).items()]
+        self.due = str(_DUE_MARK) in envelope
+
+    def __call__(self, job_id: str, i: int, due_ms: int) -> str:
+        values = fields(i, self.shape)
+        out = self.envelope
+        for name, mark in self.marks:
+            out = out.replace(mark, str(values[name]))
+        if self.due:
+            out = out.replace(str(_DUE_MARK), str(due_ms))
+        return out.replace(_PLACEHOLDER, job_id)
+
+
+def envelope_template(p: Producer, shape: str = REAL) -> Template | None:
+    """A :class:`Template` of ``bench.job``'s stored envelope for ``shape``, or None if that
+    cannot be had (the build's API or format changed)."""
     try:
         from celery_delayq.build import build_envelope
 
-        envelope = build_envelope(p.app, p.task, _PLACEHOLDER, int(time.time() * 1000), None, None, {})
+        marked = call_of(markers(shape))
+        sample_id, sample, due_ms = uuid(), 123_457, int(time.time() * 1000) + 3_600_123
+        args, kwargs = job_call(sample, shape)
+        # The envelope holds the time it was built (ms): the two builds can fall in two
+        # milliseconds, hence a few tries.
+        for _ in range(5):
+            envelope = build_envelope(p.app, p.task, _PLACEHOLDER, _DUE_MARK, *marked, {})
+            built = build_envelope(p.app, p.task, sample_id, due_ms, args, kwargs, {})
+            if not isinstance(envelope, str) or _PLACEHOLDER not in envelope:
+                return None
+            template = Template(envelope, shape)
+            if any(mark not in envelope for _, mark in template.marks):
+                return None
+            if template(sample_id, sample, due_ms) == built:
+                return template
     except Exception:
         return None
-    if not isinstance(envelope, str) or _PLACEHOLDER not in envelope:
-        return None
-    return envelope
+    return None
 
 
-def fill(p: Producer, n: int, due_at: Callable[[int], float], budget_s: float) -> Fill:
-    """Store ``n`` ``bench.job()`` jobs, job ``i`` due at ``due_at(i)`` (seconds since the epoch).
+def fill(p: Producer, n: int, due_at: Callable[[int], float], budget_s: float, shape: str = REAL) -> Fill:
+    """Store ``n`` ``bench.job`` jobs of ``shape``, job ``i`` due at ``due_at(i)`` (seconds since the
+    epoch), with :func:`bench.jobs.job_call`'s arguments for ``i``.
 
     ``apply_at_many`` in chunks of 10,000 while it looks like finishing within ``budget_s``;
     if it does not, the rest goes through the store's own ``enqueue`` (what ``apply_at_many``
-    calls after building each message) with ``build_envelope()``'s output for one job, its id
-    replaced per job: byte for byte what ``apply_at_many`` stores, minus the per-job build.
+    calls after building each message) with a :class:`Template` of ``build_envelope()``'s
+    output: byte for byte what ``apply_at_many`` stores, minus the per-job build.
     """
     from celery_delayq.store import get_store
 
     t0 = time.perf_counter()
     done = 0
     many_jobs, many_time = 0, 0.0
-    template: str | None = None
+    template: Template | None = None
     fast = False
     while done < n:
         k = min(FILL_CHUNK, n - done)
         if template is None:
-            items = [(due_at(i), None, None) for i in range(done, done + k)]
+            items = [(due_at(i), *job_call(i, shape)) for i in range(done, done + k)]
             t = time.perf_counter()
             p.task.apply_at_many(items)
             many_time += time.perf_counter() - t
@@ -505,7 +548,7 @@ def fill(p: Producer, n: int, due_at: Callable[[int], float], budget_s: float) -
             done += k
             left = budget_s - (time.perf_counter() - t0)
             if done < n and (n - done) * many_time / many_jobs > left:
-                template = envelope_template(p)
+                template = envelope_template(p, shape)
                 fast = template is not None
                 if not fast:
                     budget_s = float("inf")  # no faster path: keep going
@@ -513,14 +556,16 @@ def fill(p: Producer, n: int, due_at: Callable[[int], float], budget_s: float) -
             jobs = []
             for i in range(done, done + k):
                 job_id = uuid()
-                jobs.append((job_id, round(due_at(i) * 1000), template.replace(_PLACEHOLDER, job_id)))
+                due_ms = round(due_at(i) * 1000)
+                jobs.append((job_id, due_ms, template(job_id, i, due_ms)))
             try:
                 get_store(p.app).enqueue(jobs)
             except (TypeError, AttributeError, ValueError):  # the store's API changed: the slow path
                 template, fast, budget_s = None, False, float("inf")
                 continue
             done += k
-    return Fill(n, time.perf_counter() - t0, many_jobs, many_jobs / many_time if many_time else 0.0, fast)
+    many_rate = many_jobs / many_time if many_time else 0.0
+    return Fill(n, time.perf_counter() - t0, many_jobs, many_rate, fast, shape)
 
 
 # -- measuring -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
 
+from .app import due_seconds
 from .celery_eta import celery_eta
 from .harness import (
     STARTS_KEY,
@@ -30,6 +31,7 @@ from .harness import (
     wake_channel,
     watch,
 )
+from .jobs import job_call
 from .report import Line, RowResult
 
 QUEUE = "celery"
@@ -50,11 +52,11 @@ def _warm_up(ctx: Context, p: Producer, beat: Child | None, workers: list[Child]
     """A few jobs through the stack (each worker gets some), then forget them (and their
     publish records)."""
     k = 4 * len(workers)
-    for _ in range(k):
+    for i in range(k):
         if beat is not None:
-            p.task.apply_in(0)
+            p.task.apply_in(0, *job_call(i))
         else:
-            p.task.apply_async()
+            p.task.apply_async(*job_call(i))
     children = [*workers, *([beat] if beat else [])]
     wait_until(lambda: p.client.llen(STARTS_KEY) >= k, 60, 0.02, children, "warm-up jobs did not run")
     time.sleep(0.5)  # the beat's publish log is flushed every 0.2 s
@@ -114,8 +116,8 @@ def row_lateness_steady(ctx: Context) -> RowResult:
         for _ in range(warm):
             p.task.apply_async()
         t_send = time.time()
-        for due in schedule[:pre]:
-            p.task.apply_async(eta=datetime.fromtimestamp(due, UTC))
+        for i, due in enumerate(schedule[:pre]):
+            p.task.apply_async(*job_call(i), eta=datetime.fromtimestamp(due, UTC))
         t_sent = time.time()
         workers = [ctx.start_worker(url, url, pool=STEADY_POOL) for _ in range(STEADY_WORKERS)]
         for worker in workers:
@@ -129,12 +131,12 @@ def row_lateness_steady(ctx: Context) -> RowResult:
         time.sleep(max(0.0, t0 - time.time()))
         cpu = _cpu_watch(server, producer=True, workers=workers)
         leads = [ETA_PRESEND]
-        for due in schedule[pre:]:
+        for i, due in enumerate(schedule[pre:], pre):
             wait = due - ETA_PRESEND - time.time()
             if wait > 0:
                 time.sleep(wait)
             leads.append(due - time.time())
-            p.task.apply_async(eta=datetime.fromtimestamp(due, UTC))
+            p.task.apply_async(*job_call(i), eta=datetime.fromtimestamp(due, UTC))
         deadline = t0 + seconds + 30.0
         with contextlib.suppress(BenchError):  # what has not run by then is counted below
             watch(lambda: int(p.client.llen(STARTS_KEY)), n, timeout=deadline - time.time(),
@@ -161,7 +163,8 @@ def row_lateness_steady(ctx: Context) -> RowResult:
                              baseline=percentile(theirs_ms, 99), target="<=2",
                              baseline_at_least=bool(missing)))
     result.notes.append(
-        f"delayq: {n:,} jobs due 1 ms apart, stored before the first is due ({filled.method}); one beat, "
+        f"delayq: {n:,} real jobs (bench.job(user_id, text, locale=...), bench/jobs.py) due 1 ms apart, "
+        f"stored before the first is due ({filled.method}); one beat, "
         f"{STEADY_WORKERS} workers ({' '.join(STEADY_POOL)}), broker and store on one Redis server; "
         "due→publish is the beat's own record (Dispatcher(keep_lateness=...): the server clock once "
         "the publish was sent, minus the due time; beat run with -S bench.app.RecordingScheduler, a "
@@ -172,7 +175,8 @@ def row_lateness_steady(ctx: Context) -> RowResult:
     )
     behind = "; below 0: this process fell behind" if min(leads) < 0 else ""
     result.notes.append(
-        f"Celery ETA: the same {n:,} due times, apply_async(eta=) from this process: the first "
+        f"Celery ETA: the same {n:,} jobs and due times, apply_async(args, kwargs, eta=) from this "
+        "process: the first "
         f"{pre:,} ({ETA_PRESEND:g} s of the schedule) before the workers started "
         f"({pre / max(1e-9, t_sent - t_send):,.0f}/s), fetched in {t_fetched - t_ready:.1f} s, {fetch_note}; "
         f"the rest while they ran, {ETA_PRESEND:g} s ahead of due (lead p1/min "
@@ -216,8 +220,8 @@ def _send_rate(p: Producer, k: int = 1000) -> float:
     """apply_async(eta=) per second from this process, into a scratch queue (deleted after)."""
     eta = datetime.fromtimestamp(time.time() + 3600, UTC)
     t0 = time.perf_counter()
-    for _ in range(k):
-        p.task.apply_async(eta=eta, queue="bench-calibrate")
+    for i in range(k):
+        p.task.apply_async(*job_call(i), eta=eta, queue="bench-calibrate")
     rate = k / (time.perf_counter() - t0)
     p.client.delete("bench-calibrate")
     return rate
@@ -302,6 +306,7 @@ def row_lateness_burst(ctx: Context) -> RowResult:
             "lateness_burst runs 1M"
         )
     result.notes.append(
+        "real jobs (bench.job(user_id, text, locale=...), bench/jobs.py); "
         "time from the start of the due second until the last job is in the broker list (LLEN "
         "sampled every 10 ms); beats running and idle before the jobs are stored; no worker"
     )
@@ -323,17 +328,17 @@ def row_wakeup(ctx: Context) -> RowResult:
     with producer(url, url) as p:
         beat = ctx.start_beat(url, url, publish_log=True)
         ctx.wait_beats(p.client, wake_channel(p), [beat])
-        p.task.apply_at(time.time() + 3600)  # what the beat sleeps for
+        p.task.apply_at(time.time() + 3600, *job_call(0))  # what the beat sleeps for
         time.sleep(0.5)
         ctx.say(f"wakeup: {tries} tries")
         received: list[float] = []
-        for _ in range(tries):
-            p.task.apply_at(time.time() + rng.uniform(0.02, 0.1))
+        for i in range(tries):
+            p.task.apply_at(time.time() + rng.uniform(0.02, 0.1), *job_call(i + 1))
             got = p.client.brpop([QUEUE], timeout=10)
             now = time.time()
             if got is None:
                 raise BenchError(f"a job due within 100 ms was not published within 10 s\n{beat.log_tail()}")
-            due = float(json.loads(got[1])["headers"]["delayq_due"])
+            due = due_seconds(json.loads(got[1])["headers"]["delayq_due"])
             received.append((now - due) * 1000.0)
             time.sleep(rng.uniform(0.0, 0.02))
         published = _published(beat, tries)
@@ -342,7 +347,7 @@ def row_wakeup(ctx: Context) -> RowResult:
     result.lines.append(Line(f"wakeup: earlier job while the beat sleeps, due→publish p99 ({tries} tries)",
                              percentile(published, 99), "ms", target="<=10", on="ours"))
     result.notes.append(
-        "one beat sleeping for a job due in an hour; each try stores a job due 20-100 ms later "
+        "one beat sleeping for a job due in an hour; each try stores a real job due 20-100 ms later "
         "(apply_at), waits for it in the broker list (BRPOP), then the next; due→publish measured in "
         f"the beat: p50/p99/max {_pcts(published)}; seen by the BRPOP consumer: {_pcts(received)}"
     )

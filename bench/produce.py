@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from celery.utils import uuid
 
 from .harness import Context, envelope_template, producer, timed_loop
+from .jobs import BARE, REAL, Call, job_call
 from .report import Line, RowResult
 
 BATCH = 1000
@@ -30,67 +33,95 @@ def ping_times(client: Any, n: int) -> list[float]:
     return out
 
 
+def _calls(shape: str) -> Iterator[Call]:
+    """The arguments of job 0, 1, 2, ... of ``shape`` (:func:`bench.jobs.job_call`)."""
+    return (job_call(i, shape) for i in itertools.count())
+
+
 def row_apply_at(ctx: Context) -> RowResult:
-    """``apply_at`` one job per call vs ``apply_async(countdown=3600)`` to a Redis broker, and
-    the call's time in PING round trips of the same server, measured in the same run."""
+    """``apply_at`` one real job per call vs ``apply_async(countdown=3600)`` of the same job to a
+    Redis broker, and the call's time in PING round trips of the same server, measured in the
+    same run; and the same two with no-argument jobs."""
     result = RowResult("apply_at")
     server = ctx.redis()
     url = server.url + "/0"
     seconds = ctx.sizes.produce_seconds
     with producer(url, url) as p:
         due = time.time() + 3600
-        for _ in range(100):  # connections, scripts loaded
-            p.task.apply_at(due)
-            p.task.apply_async(countdown=3600)
+        for args, kwargs in itertools.islice(_calls(REAL), 100):  # connections, scripts loaded
+            p.task.apply_at(due, args, kwargs)
+            p.task.apply_async(args, kwargs, countdown=3600)
             p.client.ping()
-        ours: list[float] = []
-        base: list[float] = []
         pings: list[float] = []
-        for _ in range(2):  # interleaved halves: drift of the machine hits every side
-            ours.append(timed_loop(lambda: p.task.apply_at(due), seconds / 2))
-            pings.extend(ping_times(p.client, PINGS // 2))
-            base.append(timed_loop(lambda: p.task.apply_async(countdown=3600), seconds / 2))
+        ours: dict[str, list[float]] = {REAL: [], BARE: []}
+        base: dict[str, list[float]] = {REAL: [], BARE: []}
+        calls = {shape: (_calls(shape), _calls(shape)) for shape in (REAL, BARE)}
+        for _ in range(2):  # interleaved halves: drift of the machine hits every side and shape
+            for shape in (REAL, BARE):
+                ours_calls, base_calls = calls[shape]
+
+                def apply_at(calls: Iterator[Call] = ours_calls) -> None:
+                    p.task.apply_at(due, *next(calls))
+
+                def apply_async(calls: Iterator[Call] = base_calls) -> None:
+                    p.task.apply_async(*next(calls), countdown=3600)
+
+                ours[shape].append(timed_loop(apply_at, seconds / 2))
+                if shape == REAL:
+                    pings.extend(ping_times(p.client, PINGS // 2))
+                base[shape].append(timed_loop(apply_async, seconds / 2))
+        rates = {shape: (sum(ours[shape]) / 2, sum(base[shape]) / 2) for shape in (REAL, BARE)}
     ctx.stop_redis(server)
-    call_us = 2e6 / sum(ours)
-    celery_us = 2e6 / sum(base)
+    ours_rate, base_rate = rates[REAL]
+    call_us = 1e6 / ours_rate
+    celery_us = 1e6 / base_rate
     rtt_us = statistics.median(pings) * 1e6
-    result.lines.append(Line("apply_at: jobs/s, one call per job", sum(ours) / 2, "jobs/s",
-                             baseline=sum(base) / 2, target=">=3"))
-    result.lines.append(Line("apply_at: µs a call, in PING round trips of the server", call_us, "µs",
+    bare_ours, bare_base = rates[BARE]
+    result.lines.append(Line(f"apply_at: jobs/s, one call per job, {REAL}", ours_rate, "jobs/s",
+                             baseline=base_rate, target=">=3"))
+    result.lines.append(Line(f"apply_at: µs a call, {REAL}, in PING round trips of the server", call_us, "µs",
                              baseline=rtt_us, target="<=1.5"))
+    result.lines.append(Line(f"apply_at: jobs/s, one call per job, {BARE}", bare_ours, "jobs/s",
+                             baseline=bare_base))
     result.notes.append(
-        f"one process, {seconds:g} s of each (two interleaved halves), no-argument task; broker and "
-        "store on one Redis server; baseline: apply_async(countdown=3600) to that broker; per call "
-        f"(the timed loops' mean): apply_at {call_us:.0f} µs = {call_us / rtt_us:.2f} PING RTT (one EVALSHA "
-        f"round trip), apply_async {celery_us:.0f} µs = {celery_us / rtt_us:.2f} PING RTT; a PING round trip "
+        f"one process, {seconds:g} s of each (two halves, sides and job shapes interleaved) for each job "
+        f"shape: {REAL} bench.job(user_id, text, locale=...), arguments differing per job (bench/jobs.py "
+        f"job_call), and {BARE}; broker and store on one Redis server; baseline: apply_async(args, kwargs, "
+        "countdown=3600) of the same job to that broker; per call "
+        f"(the timed loops' mean), {REAL}: apply_at {call_us:.0f} µs = {call_us / rtt_us:.2f} PING RTT "
+        f"(one EVALSHA round trip), apply_async {celery_us:.0f} µs = {celery_us / rtt_us:.2f} PING RTT; "
+        f"{BARE}: apply_at {1e6 / bare_ours:.0f} µs, apply_async {1e6 / bare_base:.0f} µs; a PING round trip "
         f"here: {rtt_us:.0f} µs, the median of {len(pings):,} PINGs timed one by one through "
-        "redis-py on one connection, after each half of apply_at"
+        f"redis-py on one connection, after each half of apply_at ({REAL})"
     )
     return result
 
 
 def row_apply_at_many(ctx: Context) -> RowResult:
-    """``apply_at_many`` in batches of 1,000 vs ``apply_async(countdown=)`` and raw ZADD+HSET."""
+    """``apply_at_many`` of real jobs in batches of 1,000 vs ``apply_async(countdown=)`` of the
+    same jobs and raw ZADD+HSET."""
     result = RowResult("apply_at_many")
     server = ctx.redis()
     url = server.url + "/0"
     n = ctx.sizes.many_jobs
     with producer(url, url) as p:
         base_due = time.time() + 3600
-        p.task.apply_at_many([(base_due, None, None)] * 10)  # warm
-        batches = [[(base_due + (b * BATCH + i) / 1000.0, None, None) for i in range(BATCH)]
+        p.task.apply_at_many([(base_due, *job_call(i)) for i in range(10)])  # warm
+        batches = [[(base_due + (b * BATCH + i) / 1000.0, *job_call(b * BATCH + i)) for i in range(BATCH)]
                    for b in range(n // BATCH)]
         t0 = time.perf_counter()
         for items in batches:
             p.task.apply_at_many(items)
         ours = n / (time.perf_counter() - t0)
 
-        for _ in range(100):
-            p.task.apply_async(countdown=3600)
-        celery = timed_loop(lambda: p.task.apply_async(countdown=3600), ctx.sizes.produce_seconds)
+        for args, kwargs in itertools.islice(_calls(REAL), 100):
+            p.task.apply_async(args, kwargs, countdown=3600)
+        calls = _calls(REAL)
+        celery = timed_loop(lambda: p.task.apply_async(*next(calls), countdown=3600),
+                            ctx.sizes.produce_seconds)
 
         template = envelope_template(p)
-        size = len(template) if template else 0
+        size = len(template.envelope) if template else 0
         payload = "x" * size
         client = p.client
         client.flushall()
@@ -105,14 +136,16 @@ def row_apply_at_many(ctx: Context) -> RowResult:
             pipe.execute()
         raw = n / (time.perf_counter() - t0)
     ctx.stop_redis(server)
-    result.lines.append(Line("apply_at_many: jobs/s, batches of 1,000", ours, "jobs/s", baseline=celery,
-                             target=">=30"))
+    result.lines.append(Line(f"apply_at_many: jobs/s, batches of 1,000, {REAL}", ours, "jobs/s",
+                             baseline=celery, target=">=30"))
     result.lines.append(Line("apply_at_many: share of raw pipelined ZADD+HSET", ours, "jobs/s",
                              baseline=raw))
     result.notes.append(
-        f"{n:,} jobs in batches of {BATCH:,} from one process; baseline 1: apply_async(countdown=3600) "
-        f"for {ctx.sizes.produce_seconds:g} s; baseline 2: redis-py pipeline of ZADD+HSET per job "
-        f"(uuid ids, a {size}-byte payload = the stored envelope's size, 16 keys of each, "
+        f"{n:,} real jobs (bench.job(user_id, text, locale=...), arguments differing per job) in "
+        f"batches of {BATCH:,} from one process; the batches' items are made before the clock starts; "
+        f"baseline 1: apply_async(args, kwargs, countdown=3600) of the same jobs for "
+        f"{ctx.sizes.produce_seconds:g} s; baseline 2: redis-py pipeline of ZADD+HSET per job "
+        f"(uuid ids, a {size}-byte payload = a stored real job's envelope size, 16 keys of each, "
         f"batches of {BATCH:,}); the ratio of the second line is the fraction of raw speed"
     )
     return result

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import psutil
@@ -28,6 +29,7 @@ from .harness import (
     BenchError,
     Child,
     Context,
+    Fill,
     fill,
     producer,
     rss_mib,
@@ -35,6 +37,7 @@ from .harness import (
     wait_until,
     wake_channel,
 )
+from .jobs import BARE, PAYLOAD, PAYLOAD_BYTES, REAL, SHAPES, job_call
 from .report import Line, RowResult
 
 _MONITOR_LINE = re.compile(r'^\+\d+\.\d+ \[\d+ ([^\]]+)\] "([^"]+)"')
@@ -216,7 +219,7 @@ def row_worker_rss(ctx: Context) -> RowResult:
     with producer(url, url) as p:
         worker = ctx.start_worker(url, url)
         ctx.wait_worker(worker)
-        p.task.apply_async()
+        p.task.apply_async(*job_call(0))
         wait_until(lambda: p.client.llen("bench:starts") >= 1, 60, 0.05, [worker], "warm-up task")
         time.sleep(2.0)
         none = rss_mib(worker.pid)
@@ -234,7 +237,8 @@ def row_worker_rss(ctx: Context) -> RowResult:
                              baseline=eta.rss_mib))
     result.notes.append(
         "one worker (-P threads -c 8: one process), median RSS over 1 s, after a warm-up task, then "
-        f"again 3 s after {n:,} jobs due in an hour were stored in delayq on the same Redis"
+        f"again 3 s after {n:,} real jobs (bench/jobs.py) due in an hour were stored in delayq on the "
+        "same Redis"
     )
     if eta.n < n:
         result.notes.append(
@@ -246,38 +250,76 @@ def row_worker_rss(ctx: Context) -> RowResult:
 
 
 def row_redis_memory(ctx: Context) -> RowResult:
-    """``used_memory`` growth per pending no-argument job, vs Celery's bytes per ETA message."""
+    """``used_memory`` growth per pending job, real jobs and no-argument and 2 KB payload jobs,
+    each vs Celery's bytes per ETA message of the same job."""
     result = RowResult("redis_memory")
     n = ctx.sizes.memory_jobs
     server = ctx.redis()
     url = server.url + "/0"
+    per_job: dict[str, float] = {}
+    fills: dict[str, Fill] = {}
     with producer(url, url) as p:
         later = time.time() + 3600
-        p.task.apply_at(later)  # scripts loaded, shard keys exist
-        before = used_memory(p.client)
-        filled = fill(p, n, lambda i: later + i * 0.01, 5.0)
-        per_job = (used_memory(p.client) - before) / n
+        for shape in SHAPES:
+            p.client.flushall()
+            p.task.apply_at(later, *job_call(0, shape))  # scripts loaded, shard keys exist
+            before = used_memory(p.client)
+            fills[shape] = fill(p, n, lambda i: later + i * 0.01, 5.0, shape)
+            per_job[shape] = (used_memory(p.client) - before) / n
         message = kombu_message(p)
         p.client.flushall()
         whole = _whole_messages(p.client, n, message, later)
     ctx.stop_redis(server)
     eta = celery_eta(ctx, result.notes)
-    result.lines.append(Line("redis_memory: bytes per pending job (no-arg task)", per_job, "B",
-                             baseline=eta.bytes_per_message, target="<=500", on="ours"))
-    result.lines.append(Line("redis_memory: a whole kombu message per job (the other design) vs ours", whole,
-                             "B", baseline=per_job))
+    k = min(n, eta.n)
+    theirs = {REAL: eta.bytes_per_message}
+    for shape in (BARE, PAYLOAD):
+        theirs[shape] = celery_eta_bytes(ctx, k, shape)
+    result.lines.append(Line(f"redis_memory: bytes per pending job, {REAL}", per_job[REAL], "B",
+                             baseline=theirs[REAL], target="<=500", on="ours"))
+    for shape in (BARE, PAYLOAD):
+        result.lines.append(Line(f"redis_memory: bytes per pending job, {shape}", per_job[shape], "B",
+                                 baseline=theirs[shape]))
+    result.lines.append(Line(f"redis_memory: a whole kombu message per job (the other design) vs ours, "
+                             f"{REAL}", whole, "B", baseline=per_job[REAL]))
+    result.notes.append(
+        f"the jobs: {REAL} = bench.job(user_id, text, locale=...), an int, a text of 32-39 characters and "
+        f"a 5-character locale, all differing per job (bench/jobs.py job_call); {BARE} = bench.job(); "
+        f"{PAYLOAD} = the real job with payload= a {PAYLOAD_BYTES:,}-character string differing per job. "
+        "Side by side, bytes per pending job, delayq vs Celery ETA: "
+        + "; ".join(f"{shape} {per_job[shape]:,.0f} B vs {theirs[shape]:,.0f} B" for shape in SHAPES)
+    )
     result.notes.append(
         f"the other design: each job's own kombu message ({len(message):,} B: the JSON kombu's Redis "
-        f"transport LPUSHed for bench.job(), taken from a real broker list, task id and delivery tag "
+        f"transport LPUSHed for a real bench.job, taken from a real broker list, task id and delivery tag "
         f"replaced by new uuids per job) in a hash by job id, and the job id in a sorted set by due time, "
         f"over {WHOLE_SHARDS} shards as delayq spreads its jobs; {n:,} jobs, "
         "(used_memory after - before) / N on the same server, emptied first"
     )
     result.notes.append(
-        f"(used_memory after - before) / N on a dedicated server: {n:,} delayq jobs ({filled.method}), "
-        f"vs {eta.n:,} Celery apply_async(eta=) messages of the same task in a Redis broker list"
+        f"(used_memory after - before) / N on a dedicated server, emptied before each shape: {n:,} delayq "
+        f"jobs of each ({'; '.join(fills[shape].method for shape in SHAPES)}), vs Celery "
+        f"apply_async(eta=) messages of the same job in a Redis broker list ({eta.n:,} real jobs, "
+        f"{k:,} of each other shape)"
     )
     return result
+
+
+def celery_eta_bytes(ctx: Context, n: int, shape: str) -> float:
+    """Bytes per Celery ETA message of ``n`` jobs of ``shape`` (``apply_async(args, kwargs,
+    eta=)`` into a Redis broker list on a server of its own, no worker): ``used_memory`` after -
+    before, / n."""
+    server = ctx.redis()
+    url = server.url + "/0"
+    with producer(url, url) as p:
+        p.task.apply_async(countdown=3600)  # connection up, queue key exists
+        eta = datetime.fromtimestamp(time.time() + 3600, UTC)
+        before = used_memory(p.client)
+        for i in range(n):
+            p.task.apply_async(*job_call(i, shape), eta=eta)
+        grown = (used_memory(p.client) - before) / n
+    ctx.stop_redis(server)
+    return grown
 
 
 #: Shards of the other design's hashes and sorted sets (delayq's default count).
