@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -19,6 +21,37 @@ BATCH = 1000
 
 #: PINGs timed one by one after each half of the ``apply_at`` row: their median is the round trip.
 PINGS = 2000
+
+
+#: ``BENCH_APPLY_AT_WITHOUT=direct,plans``: the apply_at row also times the call with the store's
+#: own connections for single writes (scripts.DirectCalls) or build.py's per-app plans turned
+#: off, in the same halves, and notes what each buys (the figures their comments give).
+WITHOUT = [name for name in os.environ.get("BENCH_APPLY_AT_WITHOUT", "").split(",") if name]
+
+
+@contextlib.contextmanager
+def turned_off(p: Any, what: str) -> Iterator[None]:
+    """``what`` (``direct`` or ``plans``) turned off in ``p``'s app while inside."""
+    from celery_delayq import build
+    from celery_delayq.store import get_store
+
+    if what == "direct":
+        store = get_store(p.app)
+        kept = store._direct
+        store._direct = None  # single writes through redis-py's client and pool
+        try:
+            yield
+        finally:
+            store._direct = kept
+    elif what == "plans":
+        plan_for = build._plan_for
+        build._plan_for = lambda *args, **kwargs: None  # every envelope built the long way
+        try:
+            yield
+        finally:
+            build._plan_for = plan_for
+    else:
+        raise ValueError(f"BENCH_APPLY_AT_WITHOUT: {what!r} is not direct or plans")
 
 
 def ping_times(client: Any, n: int) -> list[float]:
@@ -56,6 +89,7 @@ def row_apply_at(ctx: Context) -> RowResult:
         ours: dict[str, list[float]] = {REAL: [], BARE: []}
         base: dict[str, list[float]] = {REAL: [], BARE: []}
         calls = {shape: (_calls(shape), _calls(shape)) for shape in (REAL, BARE)}
+        without: dict[str, list[float]] = {what: [] for what in WITHOUT}
         for _ in range(2):  # interleaved halves: drift of the machine hits every side and shape
             for shape in (REAL, BARE):
                 ours_calls, base_calls = calls[shape]
@@ -70,8 +104,17 @@ def row_apply_at(ctx: Context) -> RowResult:
                 if shape == REAL:
                     pings.extend(ping_times(p.client, PINGS // 2))
                 base[shape].append(timed_loop(apply_async, seconds / 2))
+                if shape == REAL:
+                    for what, times in without.items():
+                        with turned_off(p, what):
+                            times.append(timed_loop(apply_at, seconds / 2))
         rates = {shape: (sum(ours[shape]) / 2, sum(base[shape]) / 2) for shape in (REAL, BARE)}
     ctx.stop_redis(server)
+    for what, times in without.items():
+        result.notes.append(
+            f"apply_at without {what} (BENCH_APPLY_AT_WITHOUT): {2e6 / sum(times):.0f} µs a call, "
+            f"with it {2e6 / sum(ours[REAL]):.0f} µs, in the same halves (real job)"
+        )
     ours_rate, base_rate = rates[REAL]
     call_us = 1e6 / ours_rate
     celery_us = 1e6 / base_rate
