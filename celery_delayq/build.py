@@ -198,6 +198,13 @@ def _build_one(
 
 
 # -- many jobs: one plan per task and options ---------------------------------------------------
+#
+# Celery's message for a task and options is made once per app (the route, then the plan) and
+# kept while the app's settings are unchanged (app_state); each job then only fills in its id,
+# arguments and times. What this buys a one-job apply_at, on the bench's apply_at row (a job of
+# the real shape; ``BENCH_APPLY_AT_WITHOUT=plans python -m bench --only apply_at``, both in the
+# same halves, a busy 2-core VM): 124 µs a call with it, 287 without; 119 vs 259; 142 vs 241;
+# 138 vs 242 (four runs). apply_at_many builds every job of a batch by one plan.
 
 #: Stand for the job's id and expires header in a plan's template message.
 _ID = "\x00delayq:id\x00"

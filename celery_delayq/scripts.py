@@ -225,8 +225,10 @@ class DirectCalls:
     from the client's pool at each call.
 
     redis-py 8's ``execute_command`` and pool do work at every call (a lock, metrics, an
-    event, the retry wrapper's bookkeeping). For a one-job ``apply_at`` on loopback that was
-    15 µs of 73 (measured in one process, calls interleaved, on a busy 2-core machine).
+    event, the retry wrapper's bookkeeping). What this buys, on the bench's apply_at row (a
+    job of the real shape, loopback, a busy 2-core VM;
+    ``BENCH_APPLY_AT_WITHOUT=direct python -m bench --only apply_at``, both in the same
+    halves): 124 µs a call with it, 151 without; 119 vs 184; 142 vs 174; 138 vs 200 (four runs).
     Here a call takes an idle connection from a list (or opens one: as many as calls run at
     once, as the pool would), checks it as the pool does (:func:`_ready`: one the server
     closed is opened again), sends ``EVALSHA`` and reads the reply with the connection's own
