@@ -68,41 +68,53 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- template(field): the decoded template of a templates-hash field; false (the beat delivers) or
--- 'miss' (none yet, or one that does not read). Read once per call.
-local templates = {}
+-- template(field): the decoded template of a templates-hash field, its parts ready to fill (the
+-- literals in place, the holes left for the job's values); false (the beat delivers) or 'miss'
+-- (none yet, or one that does not read).
 local function template(field)
-  local found = templates[field]
-  if found ~= nil then
-    return found
-  end
   local raw = redis.call('HGET', WIRE, field)
-  found = 'miss'
   if raw == '-' then
+    return false
+  end
+  local ok, t = pcall(cjson.decode, raw or '')
+  if not (ok and type(t) == 'table' and type(t.l) == 'table' and type(t.h) == 'table'
+      and #t.l == #t.h + 1 and type(t.k) == 'string' and t.k ~= '' and type(t.q) == 'string'
+      and t.q ~= '' and type(t.t) == 'string') then
+    return 'miss'
+  end
+  t.parts = {t.l[1]}
+  for n, hole in ipairs(t.h) do
+    if type(hole) ~= 'number' or hole < 0 or hole > 5 or type(t.l[n + 1]) ~= 'string' then
+      return 'miss'
+    end
+    t.parts[n + n + 1] = t.l[n + 1]
+  end
+  return t
+end
+
+-- shapes: a shape's text -> its template, false (the beat delivers) or 'miss'; looked at once a call.
+local shapes, missed = {[true] = {}, [false] = {}}, {}
+local function shape_template(shape, plain)
+  local found = shapes[plain][shape]
+  if found == nil then
     found = false
-  elseif raw then
-    local ok, t = pcall(cjson.decode, raw)
-    if ok and type(t) == 'table' and type(t.l) == 'table' and type(t.h) == 'table' and #t.l == #t.h + 1
-        and type(t.k) == 'string' and t.k ~= '' and type(t.q) == 'string' and t.q ~= ''
-        and type(t.t) == 'string' then
-      found = t
-      for n, hole in ipairs(t.h) do
-        if type(hole) ~= 'number' or hole < 0 or hole > 5 or type(t.l[n]) ~= 'string' then
-          found = 'miss'
-        end
-      end
-      if type(t.l[#t.l]) ~= 'string' then
-        found = 'miss'
+    -- an expiry "x" or a flow-control header in the shape: the beat delivers
+    if not (find(shape, ',"x":', 1, true) or find(shape, gate_header, 1, true)
+        or find(shape, done_header, 1, true)) then
+      local field = space .. (plain and '|j|' or '|b|') .. shape
+      found = template(field)
+      if found == 'miss' then
+        missed[#missed + 1] = field
       end
     end
+    shapes[plain][shape] = found
+    return found, found == 'miss' and missed[#missed] or nil
   end
-  templates[field] = found
   return found
 end
 
 -- message(id, stored, due): the list key, the message and the template of a job (due: its due ms
 -- as text); or nil, and the templates-hash field to fill when its shape has no template yet.
-local missed = {}
 local function message(id, stored, due)
   if #stored + #id + 16 > max_payload or find(id, '[^%w%-_.:]') or not find(due, '^%d+$')
       or sub(stored, 1, 12) ~= '{"v":3,"a":"' then
@@ -110,49 +122,34 @@ local function message(id, stored, due)
   end
   -- the job's own texts: {"v":3,"a":"...","k":"...","j" or "b":"...","t":... Each ends at the first
   -- '","' after it: in JSON-escaped text every '"' follows a backslash.
-  local a0, k0, b0 = 13, nil, nil
-  local a1 = find(stored, '","', a0, true)
-  if a1 and sub(stored, a1, a1 + 6) == '","k":"' then
-    k0 = a1 + 7
+  local a1 = find(stored, '","', 13, true)
+  if not a1 or sub(stored, a1, a1 + 6) ~= '","k":"' then
+    return nil
   end
-  local k1 = k0 and find(stored, '","', k0, true)
-  local kind = k1 and sub(stored, k1 + 3, k1 + 3)
-  if k1 and (kind == 'j' or kind == 'b') and sub(stored, k1, k1 + 6) == '","' .. kind .. '":"' then
-    b0 = k1 + 7
+  local k1 = find(stored, '","', a1 + 7, true)
+  local kind = k1 and sub(stored, k1, k1 + 6)
+  if kind ~= '","j":"' and kind ~= '","b":"' then
+    return nil
   end
-  local b1 = b0 and find(stored, '","', b0, true)
+  local b1 = find(stored, '","', k1 + 7, true)
   if not b1 or sub(stored, b1, b1 + 5) ~= '","t":' then
     return nil
   end
-  local s0 = b1 + 2
-  -- the shape: from "t" to the creation time, which ends the envelope (a schedule point after it,
-  -- an expiry "x" or a flow-control header in it: the beat delivers)
-  local c = find(stored, ',"c":%d+}$', s0)
-  if not c then
+  -- the shape: from "t" to the creation time, which ends the envelope (a schedule point after it:
+  -- the beat delivers)
+  local c = find(stored, ',"c":', #stored - 24, true)
+  if not c or not find(stored, '^%d+}$', c + 5) then
     return nil
   end
-  local shape = sub(stored, s0, c - 1)
-  if find(shape, ',"x":', 1, true) or find(shape, gate_header, 1, true) or find(shape, done_header, 1, true) then
-    return nil
+  local t, miss = shape_template(sub(stored, b1 + 2, c - 1), kind == '","j":"')
+  if not t or t == 'miss' then
+    return nil, miss
   end
-  local field = space .. '|' .. kind .. '|' .. shape
-  local t = template(field)
-  if t == 'miss' then
-    if missed[field] then
-      return nil
-    end
-    missed[field] = true
-    return nil, field
-  elseif not t then
-    return nil
-  end
-  local values = {
-    [0] = id, sub(stored, a0, a1 - 1), sub(stored, k0, k1 - 1), sub(stored, b0, b1 - 1), due, tag_prefix .. id,
-  }
-  local parts, l, h = {t.l[1]}, t.l, t.h
+  local values = {[0] = id, sub(stored, 13, a1 - 1), sub(stored, a1 + 7, k1 - 1), sub(stored, k1 + 7, b1 - 1),
+    due, tag_prefix .. id}
+  local parts, h = t.parts, t.h
   for n = 1, #h do
     parts[n + n] = values[h[n]]
-    parts[n + n + 1] = l[n + 1]
   end
   return t.k, table.concat(parts), t
 end
