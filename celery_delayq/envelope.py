@@ -43,6 +43,7 @@ Who else reads the format, and what of it (nothing else knows it):
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _jstr
@@ -58,6 +59,7 @@ __all__ = [
     "ENVELOPE_VERSION",
     "JSON_CT",
     "PLAIN_TAIL",
+    "SHAPE_ID_LENGTH",
     "UTF8",
     "Envelope",
     "JobBody",
@@ -68,10 +70,13 @@ __all__ = [
     "envelope_from_pieces",
     "id_opening",
     "is_plain_embed",
+    "joined_form",
     "loaded_form",
     "plain_body",
     "schedule_member",
     "shape_envelope",
+    "shape_id_of",
+    "shared_form",
     "shared_pieces",
     "stored_form",
     "template_fields",
@@ -454,6 +459,8 @@ def decode_envelope(raw: str, max_bytes: int | None = None) -> Envelope:
     an empty queue name (``"q": ""``: no worker reads it)."""
     data = load_json(raw, "envelope", dict, max_bytes)
     version = data.get("v")
+    if "S" in data and "t" not in data:
+        raise CorruptData(f"the shape {data['S']!r} of this job is missing from the store (its shapes hash)")
     if version != 3 and version != 2:
         raise CorruptData(f"unknown envelope version {version!r}")
     try:
@@ -631,3 +638,67 @@ def loaded_form(job_id: str, stored: str) -> str:
         if stored.startswith(opening) and not stored.startswith('"i":', len(opening)):
             return opening + '"i":' + _jstr(job_id) + "," + stored[len(opening) :]
     return stored
+
+
+# -- a shape many stored jobs share ---------------------------------------------------------------
+#
+# Jobs of one task scheduled by one producer with the same options have the same text from "t" to
+# "c" in their envelopes: their *shape* (task name, origin, reply_to, other headers and properties,
+# queue). The jobs hash keeps such a job with the id of its shape in place of it, and the shard's
+# shapes hash keeps the shape once (about 90 bytes less a job):
+#
+#     {"v":3,"a":"...","k":"...","j":"...","S":"<shape id: 16 hex digits>","c":...}
+#
+# lua/enqueue.lua writes both (it stores the job whole when the shard's shapes hash is full);
+# lua/push.lua keys its message templates by the shape id; every other reader gets the envelope
+# whole (:meth:`.Store` joins the shape back before loaded_form).
+
+#: The length of a shape id (hex digits).
+SHAPE_ID_LENGTH = 16
+_PARTS_FIRST = '{"v":3,"a":"'
+_SHAPE_AT = '","S":"'
+
+
+def shared_form(stored: str, keep_whole: tuple[str, ...] = ()) -> tuple[str, str, str] | None:
+    """``(shape id, shape, stored form with the shape's id)`` of an envelope as the jobs hash
+    keeps it (:func:`stored_form`); None for one kept whole: not a version-3 envelope with the
+    job's own parts first, an expiry, a schedule point, or a name of ``keep_whole`` in its shape.
+
+    >>> shape_id, shape, shared = shared_form('{"v":3,"a":"()","k":"{}","j":"[[], {}","t":"t.add","c":1}')
+    >>> shape_id, shape, shared
+    ('55795f21a2e23178', '"t":"t.add"', '{"v":3,"a":"()","k":"{}","j":"[[], {}","S":"55795f21a2e23178","c":1}')
+    """
+    if not stored.startswith(_PARTS_FIRST):
+        return None
+    start = stored.find('","t":')  # (JSON-escaped texts hold no '","': the first is the shape's)
+    end = stored.rfind(',"c":')
+    if start < 0 or end < start or not stored.endswith("}") or not stored[end + 5 : -1].isdigit():
+        return None
+    shape = stored[start + 2 : end]
+    if ',"x":' in shape or any(name in shape for name in keep_whole):
+        return None
+    shape_id = hashlib.blake2b(shape.encode(), digest_size=SHAPE_ID_LENGTH // 2).hexdigest()
+    return shape_id, shape, stored[: start + 2] + '"S":"' + shape_id + '"' + stored[end:]
+
+
+def shape_id_of(stored: str) -> str | None:
+    """The id of the shape a stored envelope leaves to the shapes hash, or None."""
+    if not stored.startswith(_PARTS_FIRST):
+        return None
+    at = stored.find(_SHAPE_AT)
+    return None if at < 0 else stored[at + 7 : at + 7 + SHAPE_ID_LENGTH]
+
+
+def joined_form(stored: str, shape: str | None) -> str:
+    """A stored envelope with its ``shape`` back in place of the shape's id (unchanged when it
+    has none, or ``shape`` is None: :func:`decode_envelope` then says the shape is missing).
+
+    >>> joined_form('{"v":3,"a":"()","k":"{}","j":"[[], {}","S":"55795f21a2e23178","c":1}', '"t":"t.add"')
+    '{"v":3,"a":"()","k":"{}","j":"[[], {}","t":"t.add","c":1}'
+    """
+    if shape is None or not stored.startswith(_PARTS_FIRST):
+        return stored
+    at = stored.find(_SHAPE_AT)
+    if at < 0:
+        return stored
+    return stored[: at + 2] + shape + stored[at + 7 + SHAPE_ID_LENGTH + 1 :]

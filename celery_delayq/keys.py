@@ -116,6 +116,13 @@ class ShardKeys:
         return self._key("wake")
 
     @property
+    def shapes(self) -> str:
+        """Hash: shape id -> the shape of the jobs stored with it (the text their envelopes share:
+        :func:`.envelope.shared_form`); written with them by ``lua/enqueue.lua``, dropped when the
+        shard holds no job (:meth:`.Store.sweep_shapes`)."""
+        return self._key("shapes")
+
+    @property
     def wire(self) -> str:
         """Hash: ``"<space>|<shape>"`` -> the message template of that job shape (JSON) or ``"-"``
         (``lua/push.lua``, the in-Redis path; written by :meth:`.Store.add_templates`)."""

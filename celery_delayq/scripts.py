@@ -46,7 +46,7 @@ trip, and ``SCRIPT LOAD`` loads a script on every primary.
 
 >>> " ".join(sorted(SCRIPTS))  # doctest: +NORMALIZE_WHITESPACE
 'ack batch_cancel batch_delete batch_open bury cancel claim deliver enqueue fire gate gate_admin get hold push
-release renew requeue reschedule sched_del sched_put slot_renew start stats'
+release renew requeue reschedule sched_del sched_put shapes_sweep slot_renew start stats'
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ from .connection import (
     redis_error_kind,
     version_problem,
 )
-from .envelope import id_opening, loaded_form, stored_form
+from .envelope import id_opening, joined_form, loaded_form, shape_id_of, shared_form, stored_form
 from .exceptions import CorruptData, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
-from .gate import GATE_TOKEN, PARK_MS, RUN_TOKEN, Gate, batch_key, member_id
+from .gate import BATCH_DONE_HEADER, GATE_HEADER, GATE_TOKEN, PARK_MS, RUN_TOKEN, Gate, batch_key, member_id
 from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
 from .scripts import SCRIPTS, DirectCalls, LuaScript, ScriptCall, run_pipelined, run_replicated
@@ -276,6 +276,14 @@ class PushResult:
 #: Most templates a shard's ``wire`` hash takes (one per job shape and beat settings): past it,
 #: new shapes go the beat's way (``lua/push.lua``), so a header unique to each job cannot grow it.
 MAX_STORED_TEMPLATES = 1000
+#: Most shapes a shard's shapes hash holds (one per task, options and producer process seen since
+#: the shard was last empty); past it, lua/enqueue.lua stores jobs whole.
+MAX_STORED_SHAPES = 1000
+#: Most shapes a process keeps read (they never change: an id names one text).
+MAX_KEPT_SHAPES = 10_000
+#: Envelopes whose shape names one of these are stored whole (lua/push.lua leaves them to the beat
+#: by their shape, which it must then see).
+_KEEP_WHOLE = (GATE_HEADER, BATCH_DONE_HEADER)
 #: How long (ms) a shard's ``wire`` hash lives after the last template added to it. A job's shape
 #: names its producer (origin, reply-to), so each producer process adds its own shapes; the hash
 #: of a shard that takes no new shape for a day is dropped and refilled on demand, and a full one
@@ -528,6 +536,25 @@ def _raise_store_full(
     raise StoreFull([jobs[p][0] for p in stored], [jobs[p][0] for p in not_stored], not_stored) from first
 
 
+def _shaped(args: list[Any], triples: list[tuple[str, int, str]]) -> None:
+    """Append ``lua/enqueue.lua``'s arguments for ``(id, due ms, stored envelope)`` jobs of one
+    shard to ``args``: the count of shapes, each shape's id and text once, then the triples, each
+    envelope with its shape's id in place of its shape where it has one
+    (:func:`~.envelope.shared_form`)."""
+    shapes: dict[str, str] = {}
+    out: list[Any] = []
+    for job_id, due_ms, stored in triples:
+        shared = shared_form(stored, _KEEP_WHOLE)
+        if shared is not None:
+            shape_id, shape, stored = shared
+            shapes[shape_id] = shape
+        out.extend((job_id, due_ms, stored))
+    args.append(len(shapes))
+    for item in shapes.items():
+        args.extend(item)
+    args.extend(out)
+
+
 class Store:
     """One app's shards in one Redis deployment."""
 
@@ -550,6 +577,8 @@ class Store:
         self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
         self._direct = DirectCalls.for_client(client)
         self._warned_past = False
+        #: shape id -> shape (envelope.shared_form): an id names one text, so it is kept
+        self._shapes: dict[str, str] = {}
 
     @classmethod
     def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
@@ -613,9 +642,11 @@ class Store:
             job_id, due_ms, envelope = jobs[0]
             refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
-            one = [mode, channel, shard, clock, job_id, int(due_ms), stored_form(job_id, envelope)]
+            keys = self.keys.shard(shard)
+            one: list[Any] = [mode, channel, shard, clock]
+            _shaped(one, [(job_id, int(due_ms), stored_form(job_id, envelope))])
             now, status, due = self._write(
-                SCRIPTS["enqueue"], self.keys.shard(shard).core, one, "", not_stored=[job_id]
+                SCRIPTS["enqueue"], [*keys.core, keys.shapes], one, "", not_stored=[job_id]
             )
             self._saw_server_time(int(now))
             if not relative:
@@ -634,14 +665,17 @@ class Store:
         calls: list[ScriptCall] = []
         owners: list[list[int]] = []
         for shard, positions in by_shard.items():
-            keys = self.keys.shard(shard).core
+            shard_keys = self.keys.shard(shard)
+            enqueue_keys = [*shard_keys.core, shard_keys.shapes]
             for start in range(0, len(positions), ENQUEUE_CHUNK):
                 chunk = positions[start : start + ENQUEUE_CHUNK]
                 args: list[Any] = [mode, channel, shard, clock]
+                triples: list[tuple[str, int, str]] = []
                 for p in chunk:
                     job_id, due_ms, envelope = jobs[p]
-                    args.extend((job_id, int(due_ms), stored_form(job_id, envelope)))
-                calls.append(ScriptCall(SCRIPTS["enqueue"], keys, args))
+                    triples.append((job_id, int(due_ms), stored_form(job_id, envelope)))
+                _shaped(args, triples)
+                calls.append(ScriptCall(SCRIPTS["enqueue"], enqueue_keys, args))
                 owners.append(chunk)
         out: list[tuple[EnqueueOutcome, int]] = [(EnqueueOutcome.KEPT, 0)] * len(jobs)
         if self.config.wait_replicas:
@@ -734,7 +768,7 @@ class Store:
                 failed.append(raw)
                 continue
             jobs = [
-                ClaimedJob(raw[i], loaded_form(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
+                ClaimedJob(raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
                 for i in range(3, len(raw), 4)
             ]
             next_ms = int(raw[1])
@@ -788,7 +822,7 @@ class Store:
             misses: dict[str, str] = {}
             for j in range(i, len(raw), 5):
                 job_id = raw[j]
-                envelope = loaded_form(job_id, raw[j + 1])
+                envelope = self._loaded(job_id, raw[j + 1])
                 jobs.append(ClaimedJob(job_id, envelope, int(raw[j + 2]), int(raw[j + 3])))
                 if raw[j + 4]:
                     misses[job_id] = raw[j + 4]
@@ -800,6 +834,33 @@ class Store:
                 )
             )  # fmt: skip
         return results
+
+    def _loaded(self, job_id: str, stored: str) -> str:
+        """The envelope of ``job_id`` from what the jobs hash keeps: its shape joined back
+        (read from the shard's shapes hash the first time this process meets it: one ``HGET``)
+        and its id (:func:`~.envelope.loaded_form`). A shape missing from the hash leaves the
+        shape's id in the envelope, and decode_envelope says the shape is missing."""
+        shape_id = shape_id_of(stored)
+        if shape_id is not None:
+            shape = self._shapes.get(shape_id)
+            if shape is None:
+                shape = self.client.hget(self.keys.shard(self.keys.shard_of(job_id)).shapes, shape_id)
+                if shape is not None:
+                    if len(self._shapes) >= MAX_KEPT_SHAPES:
+                        self._shapes.clear()
+                    self._shapes[shape_id] = shape
+            stored = joined_form(stored, shape)
+        return loaded_form(job_id, stored)
+
+    def sweep_shapes(self) -> int:
+        """Drop the shapes hash of every shard that holds no job (``lua/shapes_sweep.lua``: in one
+        step, so a job stored at the same time keeps its shape); how many were dropped. The beats
+        call it with the batch sweep (:meth:`sweep_batches`)."""
+        calls = [
+            ScriptCall(SCRIPTS["shapes_sweep"], [*shard.core, shard.shapes], [])
+            for shard in self.keys.all_shards()
+        ]
+        return sum(int(result) for result in run_pipelined(self.client, calls))
 
     def add_templates(self, templates: dict[int, dict[str, str]]) -> int:
         """Store message templates (``{shard: {field: template JSON or "-"}}``) for
@@ -952,7 +1013,7 @@ class Store:
             job_id,
             shard,
             int(raw[2]),
-            loaded_form(job_id, raw[1]),
+            self._loaded(job_id, raw[1]),
             state,
             int(raw[3]),
             lease_until if 0 <= lease_until < PARK_MS else None,  # a parked job has no expiry
@@ -1011,7 +1072,7 @@ class Store:
             pipe.hmget(keys.leases, ids)
             envelopes, leases = pipe.execute()
         return [
-            (job_id, int(score), None if envelope is None else loaded_form(job_id, envelope), lease)
+            (job_id, int(score), None if envelope is None else self._loaded(job_id, envelope), lease)
             for (job_id, score), envelope, lease in zip(members, envelopes, leases, strict=True)
         ]
 
@@ -1259,7 +1320,7 @@ class Store:
             return []
         raws = self.client.hmget(self.keys.shard(shard).jobs, list(job_ids))
         return [
-            None if raw is None else loaded_form(job_id, raw)
+            None if raw is None else self._loaded(job_id, raw)
             for job_id, raw in zip(job_ids, raws, strict=True)
         ]
 
@@ -1294,7 +1355,7 @@ class Store:
                 pipe.zscore(keys.due, job_id)
             raws, *scores = pipe.execute()
         return [
-            (None if raw is None else loaded_form(job_id, raw), None if score is None else int(score))
+            (None if raw is None else self._loaded(job_id, raw), None if score is None else int(score))
             for job_id, raw, score in zip(job_ids, raws, scores, strict=True)
         ]
 
@@ -1946,10 +2007,13 @@ class Store:
         """Remove what is left of up to ``limit`` finished batches per shard whose time
         (``delayq_batch_expires``) passed: their hash expired by itself, their ids and key
         records go now (``lua/batch_delete.lua``, mode ``expired``). How many were removed.
-        The beats call it every ``BATCH_SWEEP_EVERY`` s; on one server with no finished batch
-        stored, it costs one ``EXISTS``."""
-        if not self._any_exists([shard.batch_expiry for shard in self.keys.all_shards()]):
+        The beats call it every ``BATCH_SWEEP_EVERY`` s; it also drops the shapes hash of each
+        shard that holds no job (:meth:`sweep_shapes`). On one server with no finished batch and
+        no shape stored, it costs one ``EXISTS``."""
+        shards = self.keys.all_shards()
+        if not self._any_exists([key for shard in shards for key in (shard.batch_expiry, shard.shapes)]):
             return 0
+        self.sweep_shapes()
         now = self.server_now_ms()
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keys.all_shards():

@@ -30,7 +30,6 @@ from kombu import Queue
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.dispatch import Dispatcher
-from celery_delayq.envelope import loaded_form
 from celery_delayq.gate import BATCH_DONE_HEADER, GATE_HEADER
 from celery_delayq.schedules import Schedules
 from celery_delayq.store import MAX_STORED_TEMPLATES, TEMPLATES_TTL_MS, get_store
@@ -167,7 +166,9 @@ def test_the_script_fills_templates_in_as_the_beat_does(
     # an expired lease holding the due time: the script publishes the job as due then
     client.zadd(keys.due, {job.id: 1})
     client.hset(keys.leases, job.id, f"{due_ms}|0|gone")
-    envelope = loaded_form(job.id, client.hget(keys.jobs, job.id))
+    record = store.get(job.id)
+    assert record is not None
+    envelope = record.envelope
     (result,) = store.push([0], "tok", push_args)
     if publish_eta:
         assert result.pushed == 0 and [(j.id, j.due_ms) for j in result.jobs] == [(job.id, due_ms)]

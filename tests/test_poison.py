@@ -26,7 +26,6 @@ import pytest
 import redis
 
 from celery_delayq import Schedules
-from celery_delayq.envelope import loaded_form
 from celery_delayq.store import get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
@@ -148,9 +147,9 @@ def _seed(producer: Producer, r: redis.Redis, due: float) -> dict[str, str]:
             keys = store.keys.for_job(job.id)
             ids[poison.name] = job.id
             if poison.part == "envelope":
-                stored = r.hget(keys.jobs, job.id)
-                assert stored is not None
-                r.hset(keys.jobs, job.id, poison.text(loaded_form(job.id, stored)))
+                record = store.get(job.id)
+                assert record is not None
+                r.hset(keys.jobs, job.id, poison.text(record.envelope))
             else:
                 r.hset(keys.leases, job.id, poison.text(""))
         else:

@@ -18,9 +18,10 @@ import redis
 from celery import Celery
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQ, InvalidDueTime
+from celery_delayq.envelope import joined_form, loaded_form, shape_id_of
 from celery_delayq.keys import KeySpace
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
-from celery_delayq.store import get_store, loaded_form
+from celery_delayq.store import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
@@ -36,6 +37,9 @@ def stored(r: redis.Redis, job_id: str, prefix: str = "delayq", shards: int = 16
     keys = KeySpace(prefix, shards).for_job(job_id)
     raw = r.hget(keys.jobs, job_id)
     assert raw is not None, f"no job {job_id!r}"
+    shape_id = shape_id_of(raw)
+    if shape_id is not None:  # the shape the job left to the shard's shapes hash
+        raw = joined_form(raw, r.hget(keys.shapes, shape_id))
     return dict(json.loads(loaded_form(job_id, raw)))
 
 

@@ -6,6 +6,7 @@ KEYS[3] leases     a leased job's entry is removed when it is stored again (stat
 KEYS[4] wake       lowered (with a wake message) when a stored job is due before it
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
+KEYS[8] shapes     shape id -> shape: the text many jobs' envelopes share (envelope.py, shared_form)
 
 ARGV[1] mode: "keep" (a waiting job with the same id is kept) or "replace"
 ARGV[2] wake channel (pub/sub)
@@ -13,7 +14,10 @@ ARGV[3] shard index, echoed in the wake message
 ARGV[4] clock: "at" (each due is a time, ms since the epoch) or "in" (each due is a
         delay in ms, >= 0, added to this server's TIME: apply_in and countdown count
         from the Redis server's now, never from the producer's clock)
-ARGV[5..] triples: job id, due (ms, integer; see ARGV[4]), envelope
+ARGV[5] n: how many shapes follow
+ARGV[6..5+2n] pairs: shape id, shape (written when the shapes hash lacks it)
+ARGV[6+2n..] triples: job id, due (ms, integer; see ARGV[4]), envelope (stored form; one whose
+        shape is left to the shapes hash carries its id: ',"S":"<id>"' after its body)
 
 Returns a flat array: the server's now (TIME, ms), then two entries per job in
 ARGV order: status, due ms (a time, also for "in": the stored due time).
@@ -29,6 +33,8 @@ replacing) and one ZADD per call for all stored jobs.
 When the earliest stored due time is earlier than the wake marker (or there is
 no marker), the marker is lowered to it and "<shard>:<due ms>" is published on
 the wake channel, so a sleeping beat wakes within milliseconds.
+The shapes hash holds at most MAX_SHAPES (store.py: MAX_STORED_SHAPES) shapes: a job whose shape
+finds no room is stored whole, its shape joined back in place of the id (no other change).
 A call with another mode or clock, an incomplete triple, a due time that is not
 a whole number of ms or a negative delay is refused with an error, before anything
 is written.
@@ -42,11 +48,16 @@ end
 if ARGV[4] ~= 'at' and ARGV[4] ~= 'in' then
   return redis.error_reply('delayq enqueue: clock must be "at" or "in"')
 end
-if (#ARGV - 4) % 3 ~= 0 then
+local shapes = int_arg(5)
+if shapes == nil or shapes < 0 or 5 + 2 * shapes > #ARGV then
+  return redis.error_reply('delayq enqueue: ARGV[5] must count the shape pairs that follow')
+end
+local first = 6 + 2 * shapes
+if (#ARGV - first + 1) % 3 ~= 0 then
   return redis.error_reply('delayq enqueue: jobs come in triples: id, due ms, envelope')
 end
 local relative = ARGV[4] == 'in'
-for i = 6, #ARGV, 3 do
+for i = first + 1, #ARGV, 3 do
   local n = int_arg(i)
   if n == nil then
     return redis.error_reply('delayq enqueue: due time is not a whole number of ms: ' .. ARGV[i])
@@ -61,27 +72,56 @@ local base = 0
 if relative then
   base = now
 end
+-- the shapes: each written once a shard; those with no room left are joined back into their jobs
+local MAX_SHAPES = 1000
+local whole = nil
+if shapes > 0 then
+  local room = MAX_SHAPES - redis.call('HLEN', KEYS[8])
+  for i = 6, first - 1, 2 do
+    if redis.call('HEXISTS', KEYS[8], ARGV[i]) == 0 then
+      if room > 0 then
+        redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])
+        room = room - 1
+      else
+        whole = whole or {}
+        whole[ARGV[i]] = ARGV[i + 1]
+      end
+    end
+  end
+end
+local function envelope_at(i)
+  local envelope = ARGV[i]
+  if whole and string.sub(envelope, 1, 12) == '{"v":3,"a":"' then
+    local at = string.find(envelope, '","S":"', 1, true)
+    local shape = at and whole[string.sub(envelope, at + 7, at + 22)]
+    if shape then
+      envelope = string.sub(envelope, 1, at + 1) .. shape .. string.sub(envelope, at + 24)
+    end
+  end
+  return envelope
+end
 local keep = ARGV[1] == 'keep'
 local out = {now}
 local members = {}  -- due, id pairs of the jobs stored: one ZADD at the end
 local pending = {}  -- id -> due of the job this call stored with that id
 local earliest = nil
-for i = 5, #ARGV, 3 do
+for i = first, #ARGV, 3 do
   local id = ARGV[i]
+  local envelope = envelope_at(i + 2)
   local due = base + tonumber(ARGV[i + 1])
   local status
   if keep then
-    if redis.call('HSETNX', KEYS[2], id, ARGV[i + 2]) == 1 then
+    if redis.call('HSETNX', KEYS[2], id, envelope) == 1 then
       status = 1
     elseif redis.call('HDEL', KEYS[3], id) == 1 then
       -- it was leased (being delivered): store the new job, drop the stale lease
-      redis.call('HSET', KEYS[2], id, ARGV[i + 2])
+      redis.call('HSET', KEYS[2], id, envelope)
       status = 3
     else
       status = 0
       due = pending[id] or tonumber(redis.call('ZSCORE', KEYS[1], id))
     end
-  elseif redis.call('HSET', KEYS[2], id, ARGV[i + 2]) == 1 then
+  elseif redis.call('HSET', KEYS[2], id, envelope) == 1 then
     status = 1
   elseif redis.call('HDEL', KEYS[3], id) == 1 then
     status = 3

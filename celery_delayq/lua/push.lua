@@ -3,7 +3,8 @@
 The in-Redis delivery path (docs/how-it-works.md, "The in-Redis path"). Used only when the
 Celery broker is this same Redis server and database, as deliver.lua. Each due job whose
 envelope holds its message's own parts already encoded (envelope.py: "a", "k", "j"/"b" first)
-and whose *shape* (the envelope's text from "t" to "c") has a stored template (wire.py: its
+and whose *shape* (the envelope's text from "t" to "c", or its id "S" when the shapes hash keeps
+it: a shape kept so never names an expiry or flow control) has a stored template (wire.py: its
 message cut at the job's own values) becomes its message here by joining: the template's literals
 with the id, the argument reprs and the body cut out of the envelope, the due time (the job's
 score, as Redis gives it) and a delivery tag. Nothing is decoded or encoded here. The message is
@@ -132,16 +133,21 @@ local function message(id, stored, due)
     return nil
   end
   local b1 = find(stored, '","', k1 + 7, true)
-  if not b1 or sub(stored, b1, b1 + 5) ~= '","t":' then
+  local after = b1 and sub(stored, b1, b1 + 5)
+  if after ~= '","t":' and after ~= '","S":' then
     return nil
   end
   -- the shape: from "t" to the creation time, which ends the envelope (a schedule point after it:
-  -- the beat delivers)
+  -- the beat delivers); or, left to the shapes hash, its id: {"v":3,...,"S":"<16 hex digits>","c":...}
   local c = find(stored, ',"c":', #stored - 24, true)
   if not c or not find(stored, '^%d+}$', c + 5) then
     return nil
   end
-  local t, miss = shape_template(sub(stored, b1 + 2, c - 1), kind == '","j":"')
+  local shape = sub(stored, b1 + 2, c - 1)
+  if after == '","S":' and not find(shape, '^"S":"%x+"$') then
+    return nil
+  end
+  local t, miss = shape_template(shape, kind == '","j":"')
   if not t or t == 'miss' then
     return nil, miss
   end
