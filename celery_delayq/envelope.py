@@ -665,8 +665,10 @@ def shared_form(stored: str, keep_whole: tuple[str, ...] = ()) -> tuple[str, str
     job's own parts first, an expiry, a schedule point, or a name of ``keep_whole`` in its shape.
 
     >>> shape_id, shape, shared = shared_form('{"v":3,"a":"()","k":"{}","j":"[[], {}","t":"t.add","c":1}')
-    >>> shape_id, shape, shared
-    ('55795f21a2e23178', '"t":"t.add"', '{"v":3,"a":"()","k":"{}","j":"[[], {}","S":"55795f21a2e23178","c":1}')
+    >>> shape_id, shape
+    ('55795f21a2e23178', '"t":"t.add"')
+    >>> shared
+    '{"v":3,"a":"()","k":"{}","j":"[[], {}","S":"55795f21a2e23178","c":1}'
     """
     if not stored.startswith(_PARTS_FIRST):
         return None

@@ -18,7 +18,7 @@ from celery import Celery
 from celery_delayq import CorruptData, DelayedTask, DelayQ, InvalidOptions, Schedules
 from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
 from celery_delayq.dispatch import CLUSTER_RETRY_MS, Dispatcher
-from celery_delayq.envelope import decode_envelope
+from celery_delayq.envelope import decode_envelope, stored_form
 from celery_delayq.lateness import Snapshot, key_for
 from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
@@ -481,9 +481,11 @@ def test_push_lua_never_pushes_to_an_empty_queue_from_a_stored_template(
         add.apply_in(3600, args=(1, 2), task_id=job_id)
     add.apply_in(0, args=(1, 2), task_id=warm)
     jobs_key = store.keys.shard(3).jobs
-    for job_id in (first, second):
-        data = json.loads(r.hget(jobs_key, job_id) or "")
-        r.hset(jobs_key, job_id, json.dumps({**data, "q": ""}, separators=(",", ":")))
+    for job_id in (first, second):  # stored whole, with an empty queue name in its shape
+        record = store.get(job_id)
+        assert record is not None
+        data = json.loads(record.envelope)
+        r.hset(jobs_key, job_id, stored_form(job_id, json.dumps({**data, "q": ""}, separators=(",", ":"))))
     dispatchers(app).run_once()  # warm's shape gets a template
     assert store.reschedule(first, server_ms(r) - 1) == "moved"
     dispatchers(app).run_once()  # first: dead-lettered; its shape marked "-" (no template)

@@ -34,10 +34,11 @@ from celery_delayq.build import (
     build_envelopes,
     new_task_ids,
 )
-from celery_delayq.envelope import decode_envelope, id_opening, loaded_form, stored_form
+from celery_delayq.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
 from celery_delayq.exceptions import CorruptData
 from celery_delayq.options import clean_options
 from celery_delayq.store import (
+    MAX_STORED_SHAPES,
     EnqueueOutcome,
     get_store,
 )
@@ -486,3 +487,89 @@ def test_stored_form_round_trip_and_requeue_opening() -> None:
     old = '{"v":2,"i":"j\\u00e9","t":"t.add","c":1}'  # version 2 was kept the same way
     assert stored_form("j\u00e9", old) == '{"v":2,"t":"t.add","c":1}'
     assert loaded_form("j\u00e9", stored_form("j\u00e9", old)) == old
+
+
+# -- a shape many jobs share is kept once a shard ---------------------------------------------------
+
+
+def test_jobs_of_one_shape_keep_it_once_and_read_back_whole(app: Celery, r: redis.Redis) -> None:
+    task = app.tasks["t.any"]
+    results = task.apply_at_many([(DUE / 1000, args, kwargs) for args, kwargs in ARGS[:6]])
+    results.append(task.apply_at(DUE / 1000, (1, "x"), {"k": [2]}))
+    store = get_store(app)
+    shape_ids = set()
+    for res in results:
+        keys = store.keys.for_job(res.id)
+        raw = r.hget(keys.jobs, res.id)
+        assert raw is not None and '"t":' not in raw and shape_id_of(raw) is not None, raw
+        shape_ids.add(shape_id_of(raw))
+        assert r.hget(keys.shapes, shape_id_of(raw)) is not None  # written with the job
+        record = store.get(res.id)
+        assert record is not None
+        decoded = decode_envelope(record.envelope)
+        assert decoded.task == "t.any" and decoded.headers["id"] == res.id
+    assert len(shape_ids) == 1  # one task, one producer, the same options
+    # what a reader gets is exactly the envelope the producer built
+    envelope = build_envelope(app, task, "same", DUE, (1, 2), {"k": 3})
+    store.enqueue([("same", DUE, envelope)])
+    record = store.get("same")
+    assert record is not None and record.envelope[: record.envelope.rfind(',"c":')] == envelope[: envelope.rfind(',"c":')]
+
+
+def test_flow_control_and_expiry_envelopes_are_stored_whole(app: Celery, r: redis.Redis) -> None:
+    task = app.tasks["t.any"]
+    store = get_store(app)
+    gated = task.apply_at(DUE / 1000, (1,), headers={"delayq_gate": "x"})
+    expiring = task.apply_at(DUE / 1000, (1,), expires=DUE / 1000 + 60)
+    for res in (gated, expiring):
+        raw = r.hget(store.keys.for_job(res.id).jobs, res.id)
+        assert raw is not None and shape_id_of(raw) is None and '"t":"t.any"' in raw
+
+
+def test_a_full_shapes_hash_stores_new_shapes_whole(app: Celery, r: redis.Redis) -> None:
+    store = get_store(app)
+    keys = store.keys.for_job("whole")
+    r.hset(keys.shapes, mapping={f"{n:016x}": '"t":"t.other"' for n in range(MAX_STORED_SHAPES)})
+    envelope = build_envelope(app, app.tasks["t.add"], "whole", DUE, (1, 2))
+    store.enqueue([("whole", DUE, envelope)])
+    raw = r.hget(keys.jobs, "whole")
+    assert raw is not None and shape_id_of(raw) is None  # joined back by enqueue.lua
+    assert raw == stored_form("whole", envelope) and r.hlen(keys.shapes) == MAX_STORED_SHAPES
+    record = store.get("whole")
+    assert record is not None and record.envelope == envelope
+
+
+def test_the_sweep_drops_the_shapes_of_a_shard_with_no_job(app: Celery, r: redis.Redis) -> None:
+    store = get_store(app)
+    task = app.tasks["t.add"]
+    task.apply_at(time.time() - 1, (1, 2))  # due: delivered below
+    kept = task.apply_at(DUE / 1000, (3, 4))  # waits: its shard keeps its shapes
+    shapes_before = {shard.index: r.hlen(shard.shapes) for shard in store.keys.all_shards()}
+    dispatch(app)
+    store.sweep_batches()
+    kept_shard = store.keys.for_job(kept.id)
+    for shard in store.keys.all_shards():
+        if shard.index == kept_shard.index:
+            assert r.hlen(shard.shapes) == 1
+        else:
+            assert r.hlen(shard.shapes) == 0, (shard.index, shapes_before)
+    record = store.get(kept.id)
+    assert record is not None and decode_envelope(record.envelope).task == "t.add"
+
+
+def test_a_job_whose_shape_is_missing_is_dead_lettered_and_the_others_go(app: Celery, r: redis.Redis) -> None:
+    store = get_store(app)
+    task = app.tasks["t.add"]
+    lost = task.apply_at(time.time() - 1, (1, 2), task_id="lost-shape")
+    other = task.apply_at(time.time() - 1, (3, 4), task_id="other-shape", queue="q1")
+    keys = store.keys.for_job(lost.id)
+    raw = r.hget(keys.jobs, lost.id)
+    assert raw is not None
+    r.hdel(keys.shapes, shape_id_of(raw))  # corrupt store: the shape is gone (no template either)
+    with pytest.raises(CorruptData, match="shape .* is missing"):
+        decode_envelope(store.get(lost.id).envelope)  # type: ignore[union-attr]
+    dispatch(app)
+    dead = store.dead_record(lost.id)
+    assert dead is not None and "missing" in json.dumps(dead), dead
+    [[message]] = pop_broker_messages(r).values()
+    assert message["headers"]["id"] == other.id

@@ -549,8 +549,8 @@ def test_run_pipelined_repeats_only_the_noscript_calls(store: Store, r: redis.Re
         # enqueue in replace mode writes (HSET) every time it runs: a repeat would show.
         ScriptCall(
             SCRIPTS["enqueue"],
-            store.keys.for_job("b").core,
-            ["replace", store.keys.wake_channel, store.keys.shard_of("b"), "at", "b", now, "env-b"],
+            [*store.keys.for_job("b").core, store.keys.for_job("b").shapes],
+            ["replace", store.keys.wake_channel, store.keys.shard_of("b"), "at", 0, "b", now, "env-b"],
         ),
         ScriptCall(SCRIPTS["cancel"], store.keys.for_job("a").core, ["a"]),  # NOSCRIPT first
     ]
@@ -740,10 +740,10 @@ def test_enqueue_of_5000_jobs_in_one_script_call(store: Store, r: redis.Redis) -
     ENQUEUE_CHUNK a call; the script does not rely on that)."""
     keys = store.keys.shard(2)
     ids = ids_on_shard(store.keys, 2, 5000)
-    args: list[Any] = ["keep", store.keys.wake_channel, 2, "at"]
+    args: list[Any] = ["keep", store.keys.wake_channel, 2, "at", 0]
     for i, job_id in enumerate(ids):
         args += [job_id, 2_000_000_000_000 + i, "env"]
-    reply = SCRIPTS["enqueue"](r, keys.core, args)
+    reply = SCRIPTS["enqueue"](r, [*keys.core, keys.shapes], args)
     assert reply[1:] == [x for i in range(5000) for x in (1, 2_000_000_000_000 + i)]  # 1: new
     assert r.zrange(keys.due, 0, -1, withscores=True) == [
         (job_id, 2_000_000_000_000 + i) for i, job_id in enumerate(ids)
@@ -755,13 +755,15 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
     """``(script, ARGV)`` of writing scripts given bad input (see ``_stored_state``)."""
     due = 2_000_000_000_000
     return [
-        ("enqueue", ["keep", channel, 0, "at", "new-1", due, "env", "new-2", "soon", "env"]),
-        ("enqueue", ["replace", channel, 0, "at", "new-1", due, "env", "new-2", "nan", "env"]),
-        ("enqueue", ["keep", channel, 0, "at", "new-1", due, "env", "new-2", due]),
-        ("enqueue", ["upsert", channel, 0, "at", "new-1", due, "env"]),
-        ("enqueue", ["keep", channel, 0, "later", "new-1", due, "env"]),
-        ("enqueue", ["keep", channel, 0, "in", "new-1", 5000, "env", "new-2", -1, "env"]),
-        ("enqueue", ["keep", channel, 0, "in", "new-1", 5000, "env", "new-2", "1.5", "env"]),
+        ("enqueue", ["keep", channel, 0, "at", 0, "new-1", due, "env", "new-2", "soon", "env"]),
+        ("enqueue", ["keep", channel, 0, "at", 3, "s", "shape", "new-1", due, "env"]),  # 3 shapes? 1
+        ("enqueue", ["keep", channel, 0, "at", "x", "new-1", due, "env"]),
+        ("enqueue", ["replace", channel, 0, "at", 0, "new-1", due, "env", "new-2", "nan", "env"]),
+        ("enqueue", ["keep", channel, 0, "at", 0, "new-1", due, "env", "new-2", due]),
+        ("enqueue", ["upsert", channel, 0, "at", 0, "new-1", due, "env"]),
+        ("enqueue", ["keep", channel, 0, "later", 0, "new-1", due, "env"]),
+        ("enqueue", ["keep", channel, 0, "in", 0, "new-1", 5000, "env", "new-2", -1, "env"]),
+        ("enqueue", ["keep", channel, 0, "in", 0, "new-1", 5000, "env", "new-2", "1.5", "env"]),
         ("claim", ["beat-1", "many", 30_000]),
         ("claim", ["beat|1", 10, 30_000]),
         ("claim", ["beat-1", 10, 0]),
@@ -822,7 +824,11 @@ def test_every_include_is_used_by_some_script() -> None:
 
 
 #: Scripts whose caller passes keys of their own, not a shard's ``core``: how many.
-OWN_KEYS = {"start": 2}  # Store.start: the job instance's start record, the shard's dropped count
+OWN_KEYS = {
+    "start": 2,  # Store.start: the job instance's start record, the shard's dropped count
+    "enqueue": 8,  # the shard's core keys and its shapes hash
+    "shapes_sweep": 8,
+}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

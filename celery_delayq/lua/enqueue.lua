@@ -75,17 +75,16 @@ end
 -- the shapes: each written once a shard; those with no room left are joined back into their jobs
 local MAX_SHAPES = 1000
 local whole = nil
-if shapes > 0 then
-  local room = MAX_SHAPES - redis.call('HLEN', KEYS[8])
-  for i = 6, first - 1, 2 do
-    if redis.call('HEXISTS', KEYS[8], ARGV[i]) == 0 then
-      if room > 0 then
-        redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])
-        room = room - 1
-      else
-        whole = whole or {}
-        whole[ARGV[i]] = ARGV[i + 1]
-      end
+local room = nil
+for i = 6, first - 1, 2 do
+  if redis.call('HEXISTS', KEYS[8], ARGV[i]) == 0 then  -- (a shape seen before: this one command)
+    room = room or MAX_SHAPES - redis.call('HLEN', KEYS[8])
+    if room > 0 then
+      redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 1])
+      room = room - 1
+    else
+      whole = whole or {}
+      whole[ARGV[i]] = ARGV[i + 1]
     end
   end
 end
