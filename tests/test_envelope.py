@@ -513,7 +513,10 @@ def test_jobs_of_one_shape_keep_it_once_and_read_back_whole(app: Celery, r: redi
     envelope = build_envelope(app, task, "same", DUE, (1, 2), {"k": 3})
     store.enqueue([("same", DUE, envelope)])
     record = store.get("same")
-    assert record is not None and record.envelope[: record.envelope.rfind(',"c":')] == envelope[: envelope.rfind(',"c":')]
+    assert (
+        record is not None
+        and record.envelope[: record.envelope.rfind(',"c":')] == envelope[: envelope.rfind(',"c":')]
+    )
 
 
 def test_flow_control_and_expiry_envelopes_are_stored_whole(app: Celery, r: redis.Redis) -> None:
