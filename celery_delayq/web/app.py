@@ -99,6 +99,11 @@ def create_app(
         answer.headers["WWW-Authenticate"] = 'Basic realm="delayq", charset="UTF-8"'
         return answer
 
+    @web.teardown_request
+    def _forget_reads(exc: BaseException | None) -> None:
+        if request.method not in ("GET", "HEAD", "OPTIONS"):  # an action (or a refused one)
+            dashboard().shared.clear()
+
     @web.after_request
     def _headers(response: Response) -> Response:
         response.headers.setdefault("Content-Security-Policy", CSP)
