@@ -112,7 +112,7 @@ QUICK = Sizes(
     spark_rows=5_000,
     web_jobs=20_000,
     web_requests=5,
-    web_refreshes=2,
+    web_refreshes=1,
     cluster_jobs=20_000,
 )
 #: The issue's sizes, where the default mode has to cut (takes about 20 minutes).
