@@ -109,6 +109,12 @@ def test_an_action_from_a_page_shows_on_the_next_page(
     assert client.get("/api/status").json()["totals"]["waiting"] == 2
     assert 'id="nav-count-jobs">5<' in client.get("/jobs").text  # and the 3 gated ones
 
+    refused = dashboard(refresh_seconds=LONG)  # read-only: its refused actions change nothing
+    refused.get("/")
+    assert refused.action("/jobs/action", [("action", "cancel"), ("ids", ids[1])]).status == 403
+    assert refused.post("/jobs/action", {"action": "cancel", "ids": ids[1]}).status == 400  # no CSRF
+    assert cost(r, lambda: refused.get("/", LIVE)) == Counter()  # still the reads it kept
+
     before = client.get("/api/status").json()["totals"]["gated_by"]
     assert before["paused"] == 0 and before["slot"] == 2
     assert client.api("/api/keys/action", {"action": "pause", "key": "tenant:1"}).status == 200

@@ -101,7 +101,7 @@ def create_app(
 
     @web.teardown_request
     def _forget_reads(exc: BaseException | None) -> None:
-        if request.method not in ("GET", "HEAD", "OPTIONS"):  # an action (or a refused one)
+        if g.get("delayq_action"):  # an action ran (require_actions let it through)
             dashboard().shared.clear()
 
     @web.after_request

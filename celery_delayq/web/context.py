@@ -186,11 +186,13 @@ def wants_json() -> bool:
 
 
 def require_actions() -> None:
-    """403 unless the dashboard was started with ``--allow-actions``."""
+    """403 unless the dashboard was started with ``--allow-actions``. An action let through
+    clears the shared reads once its request ends (:class:`SharedReads`)."""
     if not dashboard().allow_actions:
         abort(
             403, description="this dashboard is read-only: start it with --allow-actions to change anything"
         )
+    g.delayq_action = True
 
 
 def local_target(target: str | None, default: str) -> str:
