@@ -71,6 +71,7 @@ class Sizes:
     spark_rows: int  # row 12: rows written by Spark (and by the plain writer)
     web_jobs: int  # row web: jobs pending while the dashboard's pages are timed
     web_requests: int  # row web: loads of each page
+    web_refreshes: int  # row web: live refreshes of each open page in the window counted
     cluster_jobs: int  # row cluster_dispatch: jobs due at once on a 3-primary cluster
 
 
@@ -92,6 +93,7 @@ DEFAULT = Sizes(
     spark_rows=200_000,
     web_jobs=1_000_000,
     web_requests=50,
+    web_refreshes=6,
     cluster_jobs=200_000,
 )
 QUICK = Sizes(
@@ -112,6 +114,7 @@ QUICK = Sizes(
     spark_rows=5_000,
     web_jobs=20_000,
     web_requests=5,
+    web_refreshes=1,
     cluster_jobs=20_000,
 )
 #: The issue's sizes, where the default mode has to cut (takes about 20 minutes).
@@ -133,6 +136,7 @@ FULL = Sizes(
     spark_rows=1_000_000,
     web_jobs=1_000_000,
     web_requests=50,
+    web_refreshes=12,
     cluster_jobs=1_000_000,
 )
 
@@ -273,11 +277,12 @@ class Context:
         args = ["-l", "info", "-S", scheduler, "--schedule", str(self.workdir / f"beat-{n}")]
         return self._spawn("beat", args, env, self.workdir / f"beat-{n}.log", publish_log=log_path)
 
-    def start_web(self, store: str, port: int) -> Child:
-        """``celery -A bench.app delayq web --port <port>``: the dashboard (waitress) on 127.0.0.1."""
+    def start_web(self, store: str, port: int, *args: str) -> Child:
+        """``celery -A bench.app delayq web --port <port> [args]``: the dashboard (waitress) on
+        127.0.0.1."""
         n = self._next()
         env = self._env(store, store, None)
-        return self._spawn("delayq", ["web", "--port", str(port)], env, self.workdir / f"web-{n}.log")
+        return self._spawn("delayq", ["web", "--port", str(port), *args], env, self.workdir / f"web-{n}.log")
 
     def stop(self, child: Child, grace: float = 10.0) -> None:
         """SIGTERM the child's process group, SIGKILL it after ``grace`` seconds."""

@@ -2,28 +2,43 @@
 
 ``celery -A bench.app delayq web`` (waitress, in its own process) serves a store holding the
 jobs, due over the next 24 hours from 10 minutes on, and a lateness record in each of the last
-60 minutes. Over HTTP (one keep-alive connection, like a browser tab), ``web_requests`` loads
-each of the overview (``/``), ``/api/status`` and the first jobs page (``/jobs``), one at a
-time after a warm-up: p50 and p99 of the time to the last byte, against the issue's 200 ms.
+60 minutes.
 
-The dashboard's load on Redis: ``INFO commandstats`` (commands run inside scripts included)
-before and after loads of each page; less the ``INFO`` calls of the measure, over the loads,
-is the commands per load, and over the live refresh interval (5 s) the commands per second one
-open page costs. Beside it, an idle beat on the same store and server: the commands/s it sends
-over ``idle`` seconds, counted the same way (the ``idle_beat`` row counts with ``MONITOR``,
-which leaves out the commands inside scripts).
+Page times: over HTTP (one keep-alive connection, like a browser tab), ``web_requests`` loads
+of each of the overview (``/``), ``/api/status`` and the first jobs page (``/jobs``), one at a
+time after a warm-up, from a dashboard started with ``--refresh 0`` (nothing shared between
+loads: every load reads Redis, the most a load costs): p50 and p99 of the time to the last
+byte, against the issue's 200 ms.
+
+The load on Redis of open overview pages, as browsers make it: a dashboard with the default
+refresh (5 s); each page is loaded once (``GET /``), then asks ``GET /`` with
+``X-Delayq-Live: 1`` every 5 s, as ``app.js`` does, each page on its own keep-alive
+connection and at its own phase of the interval (tabs opened at different times). Over a
+window of ``web_refreshes`` intervals (each page refreshes exactly that many times in it,
+its first load before it), the server's own counters, read with one ``INFO`` at each end:
+``total_commands_processed`` (the commands clients sent: a script call is one), the calls of
+``INFO commandstats`` (the commands run inside scripts counted too) and ``used_cpu_user`` +
+``used_cpu_sys`` (the server's CPU). Less the measure's own ``INFO``, over the window: the
+commands/s of 1 open page and of 5, side by side, and the p50/p99 of their refreshes.
+Beside it, an idle beat on the same store and server: the calls/s it makes over ``idle``
+seconds, counted the same way as the commandstats figure (the ``idle_beat`` row counts with
+``MONITOR``, which leaves out the commands inside scripts).
 """
 
 from __future__ import annotations
 
 import http.client
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .harness import Context, fill, percentile, producer, wait_until, wake_channel
 from .report import Line, RowResult
+from .resources import Monitor, commandstats, server_delta
 
 #: Seconds the fill may take through apply_at_many before it switches to the fast path.
 FILL_BUDGET = 5.0
@@ -33,6 +48,12 @@ TARGET_MS = 200.0
 REFRESH_S = 5.0
 PAGES = (("/", "overview"), ("/api/status", "/api/status"), ("/jobs", "first jobs page"))
 WARMUP = 3
+#: Open overview pages counted together (besides one alone).
+MANY_PAGES = 5
+#: What a page's live refresh sends (``app.js``: ``fetch(location.href, {headers: ...})``).
+LIVE = {"X-Delayq-Live": "1", "Accept": "*/*"}
+#: The most commands/s one open overview may cost the server (issue 26).
+TARGET_CMDS = 50.0
 
 
 def _free_port() -> int:
@@ -48,10 +69,10 @@ class Browser:
         self.port = port
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
-    def get(self, path: str) -> tuple[int, float, int]:
+    def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, float, int]:
         t0 = time.perf_counter()
         try:
-            self.conn.request("GET", path, headers={"Accept": "text/html"})
+            self.conn.request("GET", path, headers=dict(headers or {"Accept": "text/html"}))
             response = self.conn.getresponse()
             body = response.read()
         except (OSError, http.client.HTTPException):
@@ -76,6 +97,91 @@ def commands_during(client: Any, work: Callable[[], Any]) -> int:
     return commands_total(client) - before - 1  # the second INFO counts the first, not itself
 
 
+def cpu_s(client: Any) -> float:
+    """The server's CPU so far: ``used_cpu_user`` + ``used_cpu_sys`` of ``INFO cpu``."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@dataclass(frozen=True)
+class PagesLoad:
+    """What ``pages`` open overview pages cost the server over ``seconds``."""
+
+    pages: int
+    seconds: float
+    sent: Counter[str]  # commands clients sent (MONITOR), by name: a script call counts once
+    ran: Counter[str]  # commands the server ran (INFO commandstats), inside scripts included
+    cpu_s: float  # used_cpu_user + used_cpu_sys of the server
+    refreshes: list[float]  # ms to the last byte of each live refresh in the window
+
+    @property
+    def sent_per_s(self) -> float:
+        return sum(self.sent.values()) / self.seconds
+
+    @property
+    def ran_per_s(self) -> float:
+        return sum(self.ran.values()) / self.seconds
+
+    @property
+    def cpu_ms_per_s(self) -> float:
+        return self.cpu_s * 1000.0 / self.seconds
+
+
+def open_pages(
+    client: Any, redis_port: int, port: int, pages: int, refresh_s: float, refreshes: int
+) -> PagesLoad:
+    """``pages`` browsers each open the overview (one full load), then refresh it live every
+    ``refresh_s`` seconds, page ``i`` at ``(i + 0.5) / pages`` of the interval. The first round
+    of refreshes is a warm-up; the server's counters are read over the ``refreshes`` intervals
+    that follow (each page refreshes exactly ``refreshes`` times in them)."""
+    browsers = [Browser(port) for _ in range(pages)]
+    for browser in browsers:
+        status = browser.get("/")[0]
+        if status != 200:
+            raise RuntimeError(f"GET / answered {status}")
+    took: list[float] = []
+    failed: list[str] = []
+    lock = threading.Lock()
+    start = time.monotonic() + 0.5
+    counted = start + refresh_s  # after the warm-up round
+
+    def poll(i: int, browser: Browser) -> None:
+        for k in range(refreshes + 1):
+            at = start + (i + 0.5) * refresh_s / pages + k * refresh_s
+            time.sleep(max(0.0, at - time.monotonic()))
+            status, ms, _ = browser.get("/", LIVE)
+            with lock:
+                if k:
+                    took.append(ms)
+                if status != 200:
+                    failed.append(f"live GET / answered {status}")
+
+    threads = [threading.Thread(target=poll, args=(i, b), daemon=True) for i, b in enumerate(browsers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(max(0.0, counted - time.monotonic()))
+    cpu0, ran0 = cpu_s(client), commandstats(client)
+    monitor = Monitor(redis_port)
+    time.sleep(max(0.0, counted + refreshes * refresh_s - time.monotonic()))
+    ran1, cpu1 = commandstats(client), cpu_s(client)
+    monitor.stop()
+    for thread in threads:
+        thread.join(60)
+    for browser in browsers:
+        browser.close()
+    if failed:
+        raise RuntimeError(failed[0])
+    sent = +(monitor.counts - Counter(INFO=monitor.counts["INFO"]))  # the measure's own INFO
+    ran = server_delta(ran0, ran1)
+    ran["INFO"] -= 1  # the cpu INFO between the two commandstats
+    return PagesLoad(pages, refreshes * refresh_s, sent, +ran, cpu1 - cpu0, took)
+
+
+def top(counts: Counter[str], per: float, n: int = 6) -> str:
+    """The ``n`` commands most counted, each as its count divided by ``per``."""
+    return ", ".join(f"{name} {count / per:,.1f}" for name, count in counts.most_common(n)) or "none"
+
+
 def row_web(ctx: Context) -> RowResult:
     result = RowResult("web")
     sz = ctx.sizes
@@ -95,17 +201,24 @@ def row_web(ctx: Context) -> RowResult:
         for back in range(60):  # a beat and workers recording lateness through the last hour
             for kind in ("publish", "start"):
                 store.add_lateness(key_for("delayq", kind), tally([1.5, 3, 3, 7, 40]), minute=minute - back)
-        port = _free_port()
-        web = ctx.start_web(url, port)
+
+        def serve(*args: str) -> tuple[Any, int]:
+            port = _free_port()
+            web = ctx.start_web(url, port, *args)
+            probe = Browser(port)
+
+            def answers() -> bool:
+                try:
+                    return probe.get("/")[0] == 200
+                except (OSError, http.client.HTTPException):
+                    return False
+
+            wait_until(answers, 60, 0.2, [web], "the dashboard did not answer")
+            probe.close()
+            return web, port
+
+        web, port = serve("--refresh", "0")  # nothing shared between loads: each one reads
         browser = Browser(port)
-
-        def answers() -> bool:
-            try:
-                return browser.get("/")[0] == 200
-            except (OSError, http.client.HTTPException):
-                return False
-
-        wait_until(answers, 60, 0.2, [web], "the dashboard did not answer")
         times: dict[str, list[float]] = {}
         sizes: dict[str, int] = {}
         per_load: dict[str, float] = {}
@@ -128,6 +241,13 @@ def row_web(ctx: Context) -> RowResult:
         browser.close()
         ctx.stop(web)
 
+        web, port = serve()  # the default refresh, as `delayq web` runs
+        opened: dict[int, PagesLoad] = {}
+        for pages in (1, MANY_PAGES):
+            ctx.say(f"web: {pages} open overview page(s), {sz.web_refreshes} refreshes of {REFRESH_S:g} s")
+            opened[pages] = open_pages(p.client, server.port, port, pages, REFRESH_S, sz.web_refreshes)
+        ctx.stop(web)
+
         idle_s = max(3.0, min(30.0, sz.idle_seconds))
         ctx.say(f"web: an idle beat on the same store, {idle_s:.0f} s")
         beat = ctx.start_beat(url, url)
@@ -140,24 +260,50 @@ def row_web(ctx: Context) -> RowResult:
     idle_rate = idle_cmds / idle_s
     for path, name in PAGES:
         p50, p99 = percentile(times[path], 50), percentile(times[path], 99)
-        result.lines.append(Line(f"web: {name} ({path}), {n:,} pending, p50", p50, "ms"))
-        result.lines.append(Line(f"web: {name} ({path}), {n:,} pending, p99", p99, "ms",
+        result.lines.append(Line(f"web: {name} ({path}), {n:,} pending, read at each load, p50", p50, "ms"))
+        result.lines.append(Line(f"web: {name} ({path}), {n:,} pending, read at each load, p99", p99, "ms",
                                  target=f"<={TARGET_MS:g}", on="ours"))
-    overview = per_load["/"] / REFRESH_S
-    result.lines.append(Line(f"web: Redis commands/s of one open overview (refresh {REFRESH_S:g} s) vs "
-                             "an idle beat", overview, "cmd/s", baseline=idle_rate))
+    one, many = opened[1], opened[MANY_PAGES]
+    every = f"refresh {REFRESH_S:g} s"
+    result.lines.append(Line(f"web: Redis commands/s sent, 1 open overview ({every})", one.sent_per_s,
+                             "cmd/s", target=f"<={TARGET_CMDS:g}", on="ours"))
+    result.lines.append(Line(f"web: Redis commands/s sent, {MANY_PAGES} open overviews vs 1", many.sent_per_s,
+                             "cmd/s", baseline=one.sent_per_s))
+    result.lines.append(Line(f"web: Redis commands/s run (scripts' too), 1 open overview ({every}) vs "
+                             "an idle beat", one.ran_per_s, "cmd/s", baseline=idle_rate,
+                             target=f"<={TARGET_CMDS:g}", on="ours"))
+    result.lines.append(Line(f"web: Redis commands/s run (scripts' too), {MANY_PAGES} open overviews vs 1",
+                             many.ran_per_s, "cmd/s", baseline=one.ran_per_s))
+    result.lines.append(Line(f"web: Redis server CPU, {MANY_PAGES} open overviews vs 1", many.cpu_ms_per_s,
+                             "ms/s", baseline=one.cpu_ms_per_s))
+    for load in (one, many):
+        result.lines.append(Line(f"web: live refresh of the overview, {load.pages} open, p50",
+                                 percentile(load.refreshes, 50), "ms"))
+        result.lines.append(Line(f"web: live refresh of the overview, {load.pages} open, p99",
+                                 percentile(load.refreshes, 99), "ms", target=f"<={TARGET_MS:g}", on="ours"))
     result.notes.append(
         f"{n:,} jobs pending, due over 24 h from 10 min on ({filled}); a lateness record in each of "
         f"the last 60 minutes; `celery -A bench.app delayq web` (waitress) in its own process; "
-        f"{loads} GETs of each page one after the other on one keep-alive connection after {WARMUP} "
-        "of warm-up, time to the last byte; page sizes "
+        f"page times: `--refresh 0` (every load reads Redis), {loads} GETs of each page one after "
+        f"the other on one keep-alive connection after {WARMUP} of warm-up, time to the last byte; "
+        "page sizes "
         + ", ".join(f"{path} {sizes[path] / 1024:,.0f} KiB" for path, _ in PAGES)
     )
     result.notes.append(
-        "Redis commands per load (INFO commandstats, commands inside scripts included): "
-        + ", ".join(f"{path} {per_load[path]:,.1f}" for path, _ in PAGES)
-        + f"; one open page refreshes every {REFRESH_S:g} s; the idle beat: {idle_cmds} commands in "
-        f"{idle_s:.0f} s on the same server (its safety poll is every 20 s)"
+        "Redis commands per load read at each load (INFO commandstats, commands inside scripts "
+        "included): " + ", ".join(f"{path} {per_load[path]:,.1f}" for path, _ in PAGES)
+    )
+    for load in (one, many):
+        result.notes.append(
+            f"{load.pages} open overview(s), the default refresh ({REFRESH_S:g} s): each page loaded once, "
+            f"then refreshed live (X-Delayq-Live) at its own phase; over {sz.web_refreshes} refreshes "
+            f"({load.seconds:g} s) after a warm-up one, per refresh interval: sent (MONITOR) "
+            f"{sum(load.sent.values()) / sz.web_refreshes:,.1f} ({top(load.sent, sz.web_refreshes)}); run "
+            f"(INFO commandstats) {sum(load.ran.values()) / sz.web_refreshes:,.1f} "
+            f"({top(load.ran, sz.web_refreshes)}); server CPU {load.cpu_s * 1000 / sz.web_refreshes:,.1f} ms"
+        )
+    result.notes.append(
+        f"the idle beat: {idle_cmds} commands run in {idle_s:.0f} s on the same server (its safety poll "
+        "is every 20 s)"
     )
     return result
-

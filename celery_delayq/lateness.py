@@ -41,11 +41,13 @@ from typing import Any, Protocol
 
 __all__ = [
     "BOUNDS",
+    "OPEN_MINUTES",
     "WINDOW_MINUTES",
     "Histogram",
     "LatenessStore",
     "PublishLateness",
     "Snapshot",
+    "WindowReader",
     "key_for",
     "minute_key",
     "minute_ttl_ms",
@@ -251,18 +253,72 @@ def read_window(
     """The ``kind`` histogram of ``prefix`` over the last ``minutes`` minutes (the current one,
     partly gone, and the ``minutes - 1`` before; Redis server clock): the minute hashes summed,
     read in one pipeline."""
+    last = _last_minute(store, minutes, now_ms)
+    return _summed(store.lateness_minutes(key_for(prefix, kind), range(last - minutes + 1, last + 1)))
+
+
+def _last_minute(store: LatenessStore, minutes: int, now_ms: int | None) -> int:
     if not 1 <= minutes <= WINDOW_MINUTES:
         raise ValueError(f"lateness window: minutes must be 1..{WINDOW_MINUTES}, got {minutes!r}")
     now = store.server_now_ms() if now_ms is None else int(now_ms)
-    last = now // MINUTE_MS
+    return now // MINUTE_MS
+
+
+def _summed(minute_fields: Iterable[Mapping[str, Any]]) -> Snapshot:
     total: dict[str, float] = {}
-    for fields in store.lateness_minutes(key_for(prefix, kind), range(last - minutes + 1, last + 1)):
+    for fields in minute_fields:
         for name, value in fields.items():
             try:
                 total[name] = total.get(name, 0.0) + float(value)
             except (TypeError, ValueError):
                 continue  # not a number: not written by a recorder, skipped
     return Snapshot.from_fields(total)
+
+
+#: Minutes of the window read again at every :meth:`WindowReader.read_window`: the current
+#: one and the one before (a recorder's minute is its own estimate of the server's clock, which
+#: may lag the server by a little). The older ones no longer change.
+OPEN_MINUTES = 2
+
+
+class WindowReader:
+    """:func:`read_window` for a reader that asks again and again (the dashboard, at each
+    refresh): the hashes of the minutes that ended more than a minute ago are read once and
+    kept, and only the last :data:`OPEN_MINUTES` are read again, so a read of the last hour
+    costs 2 ``HGETALL`` a kind, not 60, and the sums are the same.
+
+    Recorders only add to the minute of their server clock (:meth:`Histogram.flush`): a count
+    added by hand to an older minute (``Store.add_lateness(minute=...)``) is seen by a new
+    reader, not by one that had already kept that minute.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, int], Mapping[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def read_window(
+        self,
+        store: LatenessStore,
+        prefix: str,
+        kind: str,
+        minutes: int = WINDOW_MINUTES,
+        now_ms: int | None = None,
+    ) -> Snapshot:
+        key = key_for(prefix, kind)
+        last = _last_minute(store, minutes, now_ms)
+        window = range(last - minutes + 1, last + 1)
+        with self._lock:
+            kept = {m: self._kept[(key, m)] for m in window if (key, m) in self._kept}
+        wanted = [m for m in window if m not in kept]
+        read = dict(zip(wanted, store.lateness_minutes(key, wanted), strict=True)) if wanted else {}
+        with self._lock:
+            oldest = last - WINDOW_MINUTES
+            for stale in [k for k in self._kept if k[1] <= oldest]:
+                del self._kept[stale]
+            for minute, fields in read.items():
+                if minute <= last - OPEN_MINUTES:
+                    self._kept[(key, minute)] = fields
+        return _summed(kept[m] if m in kept else read[m] for m in window)
 
 
 class PublishLateness:

@@ -1228,17 +1228,32 @@ class Store:
 
     def due_counts(self, start_ms: int, bucket_ms: int, buckets: int) -> list[int]:
         """Jobs whose score lies in each of ``buckets`` spans of ``bucket_ms`` from ``start_ms``
-        (``[start, start + bucket)``, ...), over all shards: one ``ZCOUNT`` a shard and bucket,
-        in one pipeline. A job being delivered counts at its lease expiry."""
-        if buckets <= 0:
-            return []
-        with self.client.pipeline(transaction=False) as pipe:
-            for shard in self.keys.all_shards():
-                for i in range(buckets):
-                    lo = int(start_ms) + i * int(bucket_ms)
-                    pipe.zcount(shard.due, lo, f"({lo + int(bucket_ms)}")
-            counts = [int(n) for n in pipe.execute()]
-        return [sum(counts[i::buckets]) for i in range(buckets)]
+        (``[start, start + bucket)``, ...), over all shards. A job being delivered counts at its
+        lease expiry. :meth:`due_count_series` of one series."""
+        return self.due_count_series([(start_ms, bucket_ms, buckets)])[0]
+
+    def due_count_series(self, series: Sequence[tuple[int, int, int]]) -> list[list[int]]:
+        """:meth:`due_counts` of each ``(start_ms, bucket_ms, buckets)`` of ``series``, over all
+        shards: one ``lua/due_counts.lua`` a shard (a ``ZCOUNT`` a span inside it), all shards
+        in one pipeline, so the client sends one command a shard whatever the spans."""
+        series = [(int(start), int(bucket), int(n)) for start, bucket, n in series]
+        if not any(n > 0 for _, _, n in series):
+            return [[] for _ in series]
+        args = [v for start, bucket, n in series if n > 0 for v in (start, bucket, n)]
+        calls = [ScriptCall(SCRIPTS["due_counts"], [shard.due], args) for shard in self.keys.all_shards()]
+        totals = [0] * sum(n for _, _, n in series if n > 0)
+        for counts in run_pipelined(self.client, calls):
+            for i, n in enumerate(counts):
+                totals[i] += int(n)
+        out: list[list[int]] = []
+        at = 0
+        for _, _, n in series:
+            if n <= 0:
+                out.append([])
+                continue
+            out.append(totals[at : at + n])
+            at += n
+        return out
 
     def dead_record(self, job_id: str) -> dict[str, Any] | None:
         """The dead-letter record of ``job_id`` (reason, task, due, tries, dead_at, beat,

@@ -612,3 +612,13 @@ def test_the_wake_subscription_follows_its_slot_to_the_promoted_replica(
             pubsub.close()
     finally:
         s.close()
+
+
+def test_the_chart_buckets_are_read_from_every_primary(store: Store, r: RedisCluster) -> None:
+    """The dashboard's charts (``Store.due_count_series``: ``lua/due_counts.lua``, one call a
+    shard on the node of the shard's slot) on a cluster."""
+    start = server_ms(r) + 600_000
+    store.enqueue([(f"c{i}", start + i * 30_000, "e") for i in range(200)])  # 2 a minute, 100 min
+    hour, day = store.due_count_series([(start, 60_000, 60), (start, 3_600_000, 24)])
+    assert hour == [2] * 60
+    assert day == [120, 80] + [0] * 22

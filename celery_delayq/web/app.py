@@ -99,6 +99,11 @@ def create_app(
         answer.headers["WWW-Authenticate"] = 'Basic realm="delayq", charset="UTF-8"'
         return answer
 
+    @web.teardown_request
+    def _forget_reads(exc: BaseException | None) -> None:
+        if g.get("delayq_action"):  # an action ran (require_actions let it through)
+            dashboard().shared.clear()
+
     @web.after_request
     def _headers(response: Response) -> Response:
         response.headers.setdefault("Content-Security-Policy", CSP)

@@ -5,9 +5,10 @@ the answer of an action)."""
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from flask import abort, current_app, flash, g, jsonify, redirect, request
@@ -15,6 +16,7 @@ from flask import abort, current_app, flash, g, jsonify, redirect, request
 from ..config import DelayQConfig, redact_url
 from ..due import ms_to_datetime
 from ..jobs import DelayQ
+from ..lateness import WindowReader
 from ..schedules import Schedules
 from ..store import Store
 from ..views import local_text
@@ -22,6 +24,7 @@ from ..views import local_text
 __all__ = [
     "REFRESH_SECONDS",
     "Dashboard",
+    "SharedReads",
     "action_response",
     "dashboard",
     "local_target",
@@ -37,6 +40,56 @@ __all__ = [
 CONNECT_TIMEOUT = 5.0
 #: Seconds between two live refreshes of a page (``--refresh``; 0: none).
 REFRESH_SECONDS = 5.0
+#: What is read for every page alike (the overview, the navigation counts) is kept this part
+#: of the refresh interval and shared by every open page: 4 s at the default 5 s refresh.
+SHARED_PART = 0.8
+
+T = TypeVar("T")
+
+
+class SharedReads:
+    """Reads shared by every page of the process for ``max_age`` seconds: N open pages cost
+    Redis what one costs. One read at a time per name: a page that asks while another reads
+    waits for that read and shows it. Every action clears it (:meth:`clear`), so the page
+    after an action shows what it changed. ``max_age`` 0: nothing kept, every page reads.
+
+    What :meth:`get` returns is shared: the caller must not change it.
+    """
+
+    def __init__(self, max_age: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age = max_age
+        self.clock = clock
+        self._kept: dict[str, tuple[float, Any]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._generation = 0
+
+    def get(self, name: str, read: Callable[[], T]) -> T:
+        """What ``read()`` returned less than ``max_age`` seconds ago under ``name``, or what it
+        returns now (kept unless an action cleared the reads meanwhile)."""
+        if self.max_age <= 0:
+            return read()
+        with self._lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            with self._lock:
+                kept = self._kept.get(name)
+                generation = self._generation
+            if kept is not None and self.clock() - kept[0] < self.max_age:
+                value: T = kept[1]
+                return value
+            started = self.clock()
+            value = read()
+            with self._lock:
+                if generation == self._generation:
+                    self._kept[name] = (started, value)
+            return value
+
+    def clear(self) -> None:
+        """Forget every read: the next page reads again (after an action)."""
+        with self._lock:
+            self._kept.clear()
+            self._generation += 1
 
 
 class Dashboard:
@@ -52,6 +105,10 @@ class Dashboard:
         self.schedules = Schedules(app)
         self.allow_actions = allow_actions
         self.refresh_seconds = refresh_seconds
+        #: The overview and the navigation counts, shared by the open pages (see SharedReads).
+        self.shared = SharedReads(max(refresh_seconds, 0.0) * SHARED_PART)
+        #: The minute hashes of the last hour's lateness, each kept once it no longer changes.
+        self.lateness = WindowReader()
         #: The store's URL with its password replaced by ``***``: the only form any page shows.
         self.url = redact_url(DelayQConfig.from_app(app).url)
 
@@ -70,12 +127,14 @@ class Dashboard:
 def nav_counts() -> dict[str, int] | None:
     """The counts the navigation shows beside its links: jobs stored, schedules, dead letters and
     gate keys, in one pipeline of ``ZCARD``/``HLEN`` a shard (4 commands a shard, whatever is
-    stored). None for a live refresh (it swaps the main part only) and when Redis does not
-    answer (the page says why on its own), and on an error page."""
+    stored), shared by the pages for :attr:`Dashboard.shared`'s age. None for a live refresh
+    (it swaps the main part only) and when Redis does not answer (the page says why on its
+    own), and on an error page."""
     if request.headers.get("X-Delayq-Live") or g.get("delayq_error"):
         return None
     try:
-        return dashboard().store.nav_counts()
+        board = dashboard()
+        return board.shared.get("nav_counts", board.store.nav_counts)
     except Exception:  # the page's own read says what is wrong
         return None
 
@@ -127,11 +186,13 @@ def wants_json() -> bool:
 
 
 def require_actions() -> None:
-    """403 unless the dashboard was started with ``--allow-actions``."""
+    """403 unless the dashboard was started with ``--allow-actions``. An action let through
+    clears the shared reads once its request ends (:class:`SharedReads`)."""
     if not dashboard().allow_actions:
         abort(
             403, description="this dashboard is read-only: start it with --allow-actions to change anything"
         )
+    g.delayq_action = True
 
 
 def local_target(target: str | None, default: str) -> str:
