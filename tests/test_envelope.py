@@ -569,7 +569,7 @@ def test_a_job_whose_shape_is_missing_is_dead_lettered_and_the_others_go(app: Ce
     raw = r.hget(keys.jobs, lost.id)
     assert raw is not None
     r.hdel(keys.shapes, shape_id_of(raw))  # corrupt store: the shape is gone (no template either)
-    with pytest.raises(CorruptData, match="shape .* is missing"):
+    with pytest.raises(CorruptData, match=r"shape .* is missing"):
         decode_envelope(store.get(lost.id).envelope)  # type: ignore[union-attr]
     dispatch(app)
     dead = store.dead_record(lost.id)

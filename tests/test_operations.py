@@ -407,7 +407,8 @@ def test_the_prerun_receiver_records_delayq_messages_only(
     run_prerun(task, delayq_due=(time.time() + 5) * 1000)  # "early" (clock skew): counts as 0
     run_prerun(task, delayq_due=str((time.time() - 3) * 1000))  # a header that came back as text
     run_prerun(task)  # a plain Celery message: no header
-    run_prerun(task, delayq_due=(time.time() - 0.2) * 1000, eta="2026-01-01T00:00:00+00:00")  # a broker ETA retry
+    # a broker ETA retry
+    run_prerun(task, delayq_due=(time.time() - 0.2) * 1000, eta="2026-01-01T00:00:00+00:00")
     run_prerun(task, delayq_due="not a time")
     assert recorder.flush() == 3
     snap = lateness.read(get_store(app), "delayq", "start")
