@@ -323,12 +323,13 @@ class Publishing:
     def add_lua_templates(self, templates: WireTemplates, found: dict[tuple[int, str], ClaimedJob]) -> None:
         """Store the templates ``lua/push.lua`` asked for (``found``: (shard, templates-hash
         field) -> a job of that shape claimed from that shard) so that from the next pass on it
-        pushes such jobs itself. Never raises: without them the jobs go this beat's way."""
+        pushes such jobs itself: in every shard's hash, as a field names no shard (the jobs of one
+        shape are spread over all shards, and each shard would miss it once, a whole batch going
+        this beat's way). Never raises: without them the jobs go this beat's way."""
         registered = self.app.tasks
         known = (lambda task: task in registered) if self.config.dead_letter_unknown else (lambda task: True)
-        by_shard: dict[int, dict[str, str]] = defaultdict(dict)
-        for (shard, name), job in found.items():
-            by_shard[shard][name] = templates.lua_template(job.envelope, known)
+        fields = {name: templates.lua_template(job.envelope, known) for (_, name), job in found.items()}
+        by_shard = {shard: fields for shard in range(self.store.keys.shards)}
         try:
             self.store.add_templates(by_shard)
         except REDIS_ERRORS as exc:
