@@ -113,7 +113,20 @@ OPTION_SETS: list[OptionSet] = [
     ("text", ('quote " back \\ \u00e9 \u2603 \U0001f600',), {"y": [None, True, 1.5, {"z": "\n"}]}, {}),
     (
         "json-types",  # every JSON type a job's arguments carry, as they come
-        ([10**30, -(2**70), -0.0, 1e-300, 1.5e300, [], {}, [[{}], []], "\ud83d\ude00 \ud800 \x00 \u2028", ""],),
+        (
+            [
+                10**30,
+                -(2**70),
+                -0.0,
+                1e-300,
+                1.5e300,
+                [],
+                {},
+                [[{}], []],
+                "\ud83d\ude00 \ud800 \x00 \u2028",
+                "",
+            ],
+        ),
         {"y": {"empty": {}, "none": None, "nested": {"a": [{"b": [1, 2.5, "c"]}]}, "\u00e9": True}},
         {},
     ),
