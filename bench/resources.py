@@ -277,7 +277,7 @@ def row_redis_memory(ctx: Context) -> RowResult:
         theirs[shape] = celery_eta_bytes(ctx, k, shape)
     result.lines.append(Line(f"redis_memory: bytes per pending job, {REAL}", per_job[REAL], "B",
                              baseline=theirs[REAL], target="<=500", on="ours"))
-    result.lines.append(Line(f"redis_memory: bytes per pending job, {REAL}, as a share of Celery's ETA message",
+    result.lines.append(Line(f"redis_memory: {REAL}, as a share of Celery's ETA message of the same job",
                              per_job[REAL], "B", baseline=theirs[REAL], target="<=0.45"))
     for shape in (BARE, PAYLOAD):
         result.lines.append(Line(f"redis_memory: bytes per pending job, {shape}", per_job[shape], "B",
