@@ -33,7 +33,8 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 - the key is paused, or the limit in force (gate:limits override: a number, or "none" for no
   cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
   PARK_MS, lease entry (due, tries - 1, "gate"), listed in gate:wait:<key> by priority then due.
-  With it come up to 10 *suspects*: among the 50 slots of the key that expire last (those of
+  With the first job of its key parked in this call come up to 10 *suspects* (the other
+  parked jobs of the key in the call come without: the caller looks at a slot once): among the 50 slots of the key that expire last (those of
   jobs waiting for their worker, whose start TTL is the longest), those not expired whose job
   is gone (cancelled while its message waited, or a store restored from a snapshot in which
   it was), as id and slot expiry; the beat asks the result backend whether their task ended
@@ -99,6 +100,7 @@ call_sliced('HSET', G_KEYS, seen, 2)  -- the first write (see Memory above)
 local now = server_now()
 local expiry = now + ttl
 local out = {}
+local suspected = {}  -- keys whose suspects a parked job of this call brought already
 for i = 5, #ARGV, 6 do
   local id, key, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local entry = redis.call('HGET', KEYS[3], id)
@@ -113,7 +115,8 @@ for i = 5, #ARGV, 6 do
     end
     local held_back = math.max(tries - 1, 0)
     local slot = tonumber(redis.call('ZSCORE', rkey, id))
-    local check = redis.call('HDEL', G_CHECK, id) == 1
+    -- only a job with a slot has a gate:check entry (hold.lua; release.lua and purge drop it)
+    local check = slot ~= nil and redis.call('HDEL', G_CHECK, id) == 1
     if slot and check and slot > now then
       redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, RUN_TOKEN))
       local score = slot
@@ -134,8 +137,12 @@ for i = 5, #ARGV, 6 do
         redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, GATE_TOKEN))
         redis.call('ZADD', wait_key(key), wait_score(int_arg(i + 5), due), id)
         local parked = {'parked', 0}
-        local slots = redis.call('ZRANGE', rkey, '+inf', string.format('(%d', now), 'BYSCORE', 'REV',
-          'LIMIT', 0, 50, 'WITHSCORES')
+        local slots = {}
+        if not suspected[key] then  -- the first job of the key parked in this call brings them
+          suspected[key] = true
+          slots = redis.call('ZRANGE', rkey, '+inf', string.format('(%d', now), 'BYSCORE', 'REV',
+            'LIMIT', 0, 50, 'WITHSCORES')
+        end
         for j = 1, #slots, 2 do
           if #parked >= 22 then
             break
