@@ -19,9 +19,9 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
 
 "now" is the server's TIME. For each job, in order:
 - not held by the token (re-claimed, cancelled, replaced) -> "not-held", nothing done for it.
-- up to 10 expired slots of gate:run:<key> whose job is gone (cancelled while running, its
-  worker dead) are removed; when some were, the key's parked jobs are promoted (as
-  release.lua does) after this job's decision.
+- at the first job of its key in the call, up to 10 expired slots of gate:run:<key> whose
+  job is gone (cancelled while running, its worker dead) are removed; when some were, the
+  key's parked jobs are promoted (as release.lua does) after this job's decision.
 - its id is in gate:run:<key>, its slot has not expired and its id was in gate:check (hold.lua
   made this claim a check of a job whose message waits for a worker) -> "held": the lease
   entry is "run" again (due, tries - 1), the slot is left as it is, and the due score is
@@ -101,6 +101,7 @@ local now = server_now()
 local expiry = now + ttl
 local out = {}
 local suspected = {}  -- keys whose suspects a parked job of this call brought already
+local swept = {}  -- keys whose expired slots this call purged already
 for i = 5, #ARGV, 6 do
   local id, key, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local entry = redis.call('HGET', KEYS[3], id)
@@ -108,7 +109,11 @@ for i = 5, #ARGV, 6 do
     out[#out + 1] = {'not-held', 0}
   else
     local rkey = run_key(key)
-    local purged = purge(key, now)
+    local purged = 0
+    if not swept[key] then  -- once a key a call: a gate call deletes no job, so a second finds none
+      swept[key] = true
+      purged = purge(key, now)
+    end
     local due, tries = lease_read(entry)
     if due == nil then
       due, tries = now, 1
