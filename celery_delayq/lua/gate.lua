@@ -102,6 +102,23 @@ local expiry = now + ttl
 local out = {}
 local suspected = {}  -- keys whose suspects a parked job of this call brought already
 local swept = {}  -- keys whose expired slots this call purged already
+-- key -> {override, paused, running}: its G_LIMITS entry and pause, read once a call (nothing
+-- in the call changes them), and its slots' count, read once and then counted here (the
+-- call's only change to it is a slot given to a job that had none; purge runs before)
+local known = {}
+-- cap_of(override, own): limit_in_force (includes/gate.lua) from an override already read.
+local function cap_of(override, own)
+  if override == 'none' then
+    return nil
+  end
+  if override and tonumber(override) then
+    return tonumber(override)
+  end
+  if own and own ~= '' then
+    return tonumber(own)
+  end
+  return nil
+end
 for i = 5, #ARGV, 6 do
   local id, key, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local entry = redis.call('HGET', KEYS[3], id)
@@ -136,8 +153,16 @@ for i = 5, #ARGV, 6 do
       redis.call('ZADD', rkey, expiry, id)
       out[#out + 1] = {'released', 0}
     else
-      local cap = limit_in_force(key, limit)
-      if redis.call('HEXISTS', G_PAUSED, key) == 1 or (cap ~= nil and cap <= redis.call('ZCARD', rkey)) then
+      local k = known[key]
+      if k == nil then
+        k = {override = redis.call('HGET', G_LIMITS, key), paused = redis.call('HEXISTS', G_PAUSED, key) == 1}
+        known[key] = k
+      end
+      local cap = cap_of(k.override, limit)
+      if cap ~= nil and not k.paused and k.running == nil then
+        k.running = redis.call('ZCARD', rkey)
+      end
+      if k.paused or (cap ~= nil and cap <= k.running) then
         redis.call('ZADD', KEYS[1], PARK_TEXT, id)
         redis.call('HSET', KEYS[3], id, lease_entry(due, held_back, GATE_TOKEN))
         redis.call('ZADD', wait_key(key), wait_score(int_arg(i + 5), due), id)
@@ -179,6 +204,9 @@ for i = 5, #ARGV, 6 do
           out[#out + 1] = {'deferred', deferred}
         else
           redis.call('ZADD', rkey, expiry, id)
+          if k.running ~= nil then
+            k.running = k.running + 1  -- a new member: this job had no slot
+          end
           out[#out + 1] = {'released', 0}
         end
       end
