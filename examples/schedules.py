@@ -38,10 +38,11 @@ app.conf.update(delayq_url=URL, task_ignore_result=True, broker_connection_retry
 @app.task(bind=True, name="examples.tick")
 def tick(self: Any, label: str) -> None:
     """Record the run (any task works: schedules need no DelayedTask base)."""
+    due_ms = getattr(self.request, "delayq_due", None)  # the point's time, in ms
     record = {
         "label": label,
         "id": self.request.id,
-        "due": getattr(self.request, "delayq_due", None),  # the point's time, seconds
+        "due": None if due_ms is None else due_ms / 1000,  # seconds, as "ran"
         "ran": time.time(),
     }
     redis.Redis.from_url(URL).rpush(RUNS, json.dumps(record))

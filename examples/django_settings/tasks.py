@@ -29,11 +29,12 @@ def recorder(url: str) -> redis.Redis:
 def record(task: Any, **detail: Any) -> None:
     client = recorder(task.app.conf.delayq_url)  # in Django: settings.CELERY_DELAYQ_URL
     request = task.request
+    due_ms = getattr(request, "delayq_due", None)  # set when a delayq beat published it, in ms
     entry = {
         "task": task.name.rsplit(".", 1)[-1],
         "id": request.id,
         "retries": request.retries,
-        "due": getattr(request, "delayq_due", None),  # set when a delayq beat published it
+        "due": None if due_ms is None else due_ms / 1000,  # seconds, as "ran"
         "eta": request.eta,  # Celery's own ETA, or the due time of a job a delayq beat published
         "ran": time.time(),
         **detail,

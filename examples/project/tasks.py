@@ -30,10 +30,11 @@ def recorder() -> redis.Redis:
 
 def record(task: Any, **detail: Any) -> None:
     request = task.request
+    due_ms = getattr(request, "delayq_due", None)  # set by the beat that published it, in ms
     entry = {
         "task": task.name.rsplit(".", 1)[-1],
         "id": request.id,
-        "due": getattr(request, "delayq_due", None),  # set by the beat that published it, s
+        "due": None if due_ms is None else due_ms / 1000,  # seconds, as "ran"
         "ran": time.time(),
         **detail,
     }
