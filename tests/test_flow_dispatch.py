@@ -6,7 +6,6 @@ Gated jobs are stored the way the producer API stores them: a message carrying t
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from celery_delayq.store import Store, get_store
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, published_ids
+from tests.support.wire import body_of
 
 AppFactory = Callable[..., Celery]
 Dispatchers = Callable[..., Dispatcher]
@@ -258,7 +258,7 @@ def test_the_completion_job_gets_the_batch_id_and_counts(
     dispatcher.run_once()
     message = broker_lists(r)["celery"][-1]
     assert message["headers"]["id"] == done.id
-    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    args, kwargs, _ = json.loads(body_of(message))
     assert (args, kwargs) == ([7, bid, {"total": 3, "succeeded": 2, "failed": 1, "cancelled": 0}], {})
     assert message["headers"]["argsrepr"] == repr((7, bid, {"total": 3, "succeeded": 2, "failed": 1,
                                                               "cancelled": 0}))

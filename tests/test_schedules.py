@@ -3,7 +3,6 @@ the Redis broker, and the Lua scripts (``sched_put``, ``sched_del``, ``fire``) o
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import time
@@ -36,6 +35,7 @@ from celery_delayq.store import ClaimedJob, FireOutcome, get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms, snapshot
+from tests.support.wire import body_of
 
 HOUR = 3600.0
 HOUR_MS = 3_600_000
@@ -90,7 +90,7 @@ def messages(r: redis.Redis, queue: str = "celery") -> list[dict[str, Any]]:
     for raw in reversed(r.lrange(queue, 0, -1)):
         message = json.loads(raw)
         headers = message["headers"]
-        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        args, kwargs, _ = json.loads(body_of(message))
         out.append(
             {
                 "id": headers["id"],

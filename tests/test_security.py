@@ -33,6 +33,7 @@ from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, server_ms
+from tests.support.wire import body_of
 
 HOUR = 3600.0
 ADMIN = ("admin", "admin-pw")
@@ -626,7 +627,7 @@ def test_the_beat_never_unpickles(
     [message] = broker_lists(r)["celery"]
     assert message["headers"]["id"] == "pickle-body"
     assert message["content-type"] == "application/x-python-serialize"
-    body = base64.b64decode(message["body"])
+    body = body_of(message)
     assert body == payload  # the stored bytes, as they were
     with pytest.raises(ContentDisallowed):  # what a worker with accept_content=["json"] does
         kombu_loads(body, message["content-type"], message["content-encoding"], accept=["json"])

@@ -26,6 +26,7 @@ __all__ = [
     "AppFactory",
     "OptionSet",
     "app_factory",
+    "body_of",
     "comparable",
     "take_lists",
     "text_body",
@@ -76,6 +77,14 @@ def text_body(message: dict[str, Any]) -> None:
         except (UnicodeError, LookupError):
             return
         props["body_encoding"] = None
+
+
+def body_of(message: dict[str, Any]) -> bytes:
+    """A broker message's body as bytes: base64-decoded when its ``body_encoding`` says so (kombu's
+    Redis channel), else its text (the template paths send it so)."""
+    if message["properties"].get("body_encoding") == "base64":
+        return base64.b64decode(message["body"])
+    return str(message["body"]).encode(message.get("content-encoding") or "utf-8")
 
 
 def comparable(message: dict[str, Any]) -> dict[str, Any]:
