@@ -828,6 +828,7 @@ OWN_KEYS = {
     "start": 2,  # Store.start: the job instance's start record, the shard's dropped count
     "enqueue": 8,  # the shard's core keys and its shapes hash
     "shapes_sweep": 8,
+    "due_counts": 1,  # Store.due_count_series: the shard's due set alone
 }
 
 
