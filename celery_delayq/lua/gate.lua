@@ -106,19 +106,6 @@ local swept = {}  -- keys whose expired slots this call purged already
 -- in the call changes them), and its slots' count, read once and then counted here (the
 -- call's only change to it is a slot given to a job that had none; purge runs before)
 local known = {}
--- cap_of(override, own): limit_in_force (includes/gate.lua) from an override already read.
-local function cap_of(override, own)
-  if override == 'none' then
-    return nil
-  end
-  if override and tonumber(override) then
-    return tonumber(override)
-  end
-  if own and own ~= '' then
-    return tonumber(own)
-  end
-  return nil
-end
 for i = 5, #ARGV, 6 do
   local id, key, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local entry = redis.call('HGET', KEYS[3], id)
@@ -158,7 +145,7 @@ for i = 5, #ARGV, 6 do
         k = {override = redis.call('HGET', G_LIMITS, key), paused = redis.call('HEXISTS', G_PAUSED, key) == 1}
         known[key] = k
       end
-      local cap = cap_of(k.override, limit)
+      local cap = limit_from(k.override, limit)
       if cap ~= nil and not k.paused and k.running == nil then
         k.running = redis.call('ZCARD', rkey)
       end

@@ -50,10 +50,10 @@ end
 local function wait_score(priority, due)
   return string.format('%.0f', (255 - priority) * 1e13 + due)
 end
--- limit_in_force(key, own): the override of G_LIMITS ("none": no cap, nil), else own (the
--- job's limit as text, "" for none; nil), as a number or nil for no cap.
-local function limit_in_force(key, own)
-  local override = redis.call('HGET', G_LIMITS, key)
+-- limit_from(override, own): the limit in force given a key's G_LIMITS entry (override: nil for
+-- none, "none": no cap, nil), else own (the job's limit as text, "" for none; nil), as a number
+-- or nil for no cap.
+local function limit_from(override, own)
   if override == 'none' then
     return nil
   end
@@ -64,6 +64,10 @@ local function limit_in_force(key, own)
     return tonumber(own)
   end
   return nil
+end
+-- limit_in_force(key, own): limit_from with the key's G_LIMITS entry read.
+local function limit_in_force(key, own)
+  return limit_from(redis.call('HGET', G_LIMITS, key), own)
 end
 -- server_now(): the server's TIME in ms.
 local function server_now()
