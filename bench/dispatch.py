@@ -272,7 +272,7 @@ def row_dispatch(ctx: Context) -> RowResult:
         f"(one HMGET), pushes the messages and removes the members from the zset and the hash "
         f"(LIMIT_MESSAGES_SCRIPT): {limit_msg:,.0f} jobs/s, the server at {limit_msg_cpu:.0f}% of one core"
         f"{_starved(limit_msg_cpu)}; "
-        "no target, a figure for an in-Redis delivery that stores the whole message"
+        "no target, a figure for pushing on claim with the whole message stored"
     )
     if n < 1_000_000:
         result.notes.append(

@@ -6,7 +6,7 @@ no-argument jobs due now with ``apply_at_many``, then drains them with one in-pr
 :class:`~celery_delayq.dispatch.Dispatcher` (``run_once()`` until all are published)
 under pyinstrument, and prints the call tree (frames under 2% of the time are left
 out) and the rate with and without the profiler. ``--kombu`` sets
-``delayq_atomic_publish=False`` to profile the path through kombu's publish batch.
+``delayq_push=False`` to profile the path through kombu's publish batch.
 ``--broker redis`` puts the broker on a second throwaway Redis server, ``--broker rabbitmq``
 on RabbitMQ at 127.0.0.1:5672 (a queue of its own, deleted after): both take the kombu path,
 as a deployment with the broker elsewhere does. It also
@@ -40,7 +40,7 @@ def drain(app: Celery, n: int, profile: bool, show_all: bool = False) -> tuple[f
     """Store ``n`` due jobs, publish them all; return (seconds, profile text, the dispatcher)."""
     job = app.tasks["bench.job"]
     # a first job of its shape on every shard: the beat's way, which writes the shard's template for
-    # the in-Redis path (as a running beat has long done); its messages are dropped
+    # pushing on claim (as a running beat has long done); its messages are dropped
     job.apply_at_many([(time.time(), (), {})] * 400)  # type: ignore[attr-defined]
     warm = Dispatcher(app)
     while warm.stats.published < 400:
@@ -74,9 +74,9 @@ def drain(app: Celery, n: int, profile: bool, show_all: bool = False) -> tuple[f
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("n", nargs="?", type=int, default=100_000, help="jobs due at once (default 100,000)")
-    parser.add_argument("--kombu", action="store_true", help="delayq_atomic_publish=False")
-    parser.add_argument("--no-in-redis", action="store_true",
-                        help="delayq_in_redis=False: the atomic path builds every message in the beat")
+    parser.add_argument("--kombu", action="store_true", help="delayq_push=False")
+    parser.add_argument("--no-push-on-claim", action="store_true",
+                        help="delayq_push_on_claim=False: the push path builds every message in the beat")
     parser.add_argument("--broker", choices=["same", "redis", "rabbitmq"], default="same",
                         help="the store's server (default), a second Redis server, or RabbitMQ")
     parser.add_argument("--show-all", action="store_true", help="library frames too (kombu, redis-py)")
@@ -92,8 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             broker = RABBITMQ_URL
             queue = f"delayq-profile-{uuid.uuid4().hex[:12]}"
         app = Celery("bench", broker=broker, set_as_current=False)
-        app.conf.update(delayq_url=url, task_ignore_result=True, delayq_atomic_publish=not args.kombu,
-                        delayq_in_redis=not args.no_in_redis,
+        app.conf.update(delayq_url=url, task_ignore_result=True, delayq_push=not args.kombu,
+                        delayq_push_on_claim=not args.no_push_on_claim,
                         task_default_queue=queue, broker_heartbeat=0)
         if args.broker == "rabbitmq":
             stack.callback(_delete_queue, app, queue)
@@ -108,10 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiled, text, _ = drain(app, args.n, profile=True, show_all=args.show_all)
         client.close()
         app.close()
-    if dispatcher.stats.in_redis:
-        path = f"in-Redis (push.lua: {dispatcher.stats.in_redis:,} jobs, the rest deliver.lua)"
-    elif getattr(dispatcher, "wire", None):
-        path = "atomic (deliver.lua)"
+    if dispatcher.stats.pushed_on_claim:
+        pushed = dispatcher.stats.pushed_on_claim
+        path = f"push on claim (push.lua: {pushed:,} jobs, the rest push_claimed.lua)"
+    elif getattr(dispatcher, "pushing", None):
+        path = "push (push_claimed.lua)"
     else:
         path = "kombu publish batch"
     print(f"dispatch path: {path}; {args.n:,} jobs due at once, one in-process Dispatcher; "

@@ -3,8 +3,8 @@
 ``python -m bench.publish_eta [N] [ROUNDS]`` stores N jobs due at once in a throwaway
 Redis (broker and store on one server), then lets one real ``celery beat`` publish them all,
 the way the ``dispatch`` row of ``python -m bench`` does (see :func:`bench.dispatch.drain`).
-It does this for each publish path (``atomic``: the beat builds kombu's message and
-``deliver.lua`` pushes it; ``kombu``: ``delayq_atomic_publish = False``) and each mode, ROUNDS
+It does this for each publish path (``push``: the beat builds kombu's message and
+``push_claimed.lua`` pushes it; ``kombu``: ``delayq_push = False``) and each mode, ROUNDS
 times in turn (off, on, off, on, ...), and prints the publish rate (jobs/s between 5 % and
 95 % published) and the time until all N were in the queue list.
 
@@ -24,10 +24,10 @@ def main() -> None:
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     ctx = Context(QUICK, "publish_eta", selected=["publish_eta"])
     try:
-        for atomic in (True, False):
+        for push in (True, False):
             for round_ in range(rounds):
                 for publish_eta in (False, True):
-                    conf = {"delayq_publish_eta": publish_eta, "delayq_atomic_publish": atomic}
+                    conf = {"delayq_publish_eta": publish_eta, "delayq_push": push}
                     server = ctx.redis()
                     url = server.url + "/0"
                     with producer(url, url) as p:
@@ -37,7 +37,7 @@ def main() -> None:
                         )
                         eta = p.client.lindex(QUEUE, 0) or ""
                     ctx.stop_redis(server)
-                    path = "atomic" if atomic else "kombu"
+                    path = "push" if push else "kombu"
                     carries = '"eta": "' in eta
                     print(f"{path:6} round {round_ + 1} publish_eta={publish_eta!s:5}: {n:,} jobs, "
                           f"{rate:,.0f} jobs/s, all published {took:.1f} s after the start "

@@ -5,7 +5,7 @@ prints, side by side:
 
 * **in the consumer**: the time the worker's consumer spends per message in the strategy
   that :class:`celery_delayq.starts.StartCheck` wraps, for N messages without the claim
-  header (never checked: the atomic path, plain Celery), N with one (the first start: one
+  header (never checked: the push path, plain Celery), N with one (the first start: one
   ``lua/start.lua`` call that writes a record), and N stale copies (the call that drops them);
   the inner strategy does nothing, so this is the check alone; and the memory each record
   takes in Redis (``used_memory`` delta / N);

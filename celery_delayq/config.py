@@ -52,16 +52,16 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         1_048_576,
         "Largest stored envelope in bytes; a larger job is refused at apply_at.",
     ),
-    "delayq_atomic_publish": (
+    "delayq_push": (
         True,
-        "When the broker is the store's Redis server and database, push each message and remove "
-        "its job in one script (no duplicate window); False: always publish through kombu.",
+        "The push path: when the broker is the store's Redis server and database, push each "
+        "message and remove its job in one script (no duplicate window); False: always publish "
+        "through kombu.",
     ),
-    "delayq_in_redis": (
+    "delayq_push_on_claim": (
         True,
-        "On the atomic path, jobs whose message has a stored template are claimed, pushed and "
-        "removed inside Redis by one script, with no round trip through the beat; False: the beat "
-        "builds every message.",
+        "On the push path, jobs whose message has a stored template are pushed by the script that "
+        "claims them, with no round trip through the beat; False: the beat builds every message.",
     ),
     "delayq_cluster": (
         False,
@@ -247,8 +247,8 @@ class DelayQConfig:
     intercept_eta: bool
     dead_letter_unknown: bool
     max_payload: int
-    atomic_publish: bool = True
-    in_redis: bool = True
+    push: bool = True
+    push_on_claim: bool = True
     cluster: bool = False
     wait_replicas: int = 0
     record_lateness: bool = False
@@ -316,8 +316,8 @@ class DelayQConfig:
             intercept_eta=_flag(n["delayq_intercept_eta"], get["delayq_intercept_eta"]),
             dead_letter_unknown=_flag(n["delayq_dead_letter_unknown"], get["delayq_dead_letter_unknown"]),
             max_payload=_number(n["delayq_max_payload"], get["delayq_max_payload"], int, 1024),
-            atomic_publish=_flag(n["delayq_atomic_publish"], get["delayq_atomic_publish"]),
-            in_redis=_flag(n["delayq_in_redis"], get["delayq_in_redis"]),
+            push=_flag(n["delayq_push"], get["delayq_push"]),
+            push_on_claim=_flag(n["delayq_push_on_claim"], get["delayq_push_on_claim"]),
             cluster=cluster,
             wait_replicas=_number(n["delayq_wait_replicas"], get["delayq_wait_replicas"], int, 0),
             record_lateness=_flag(n["delayq_record_lateness"], get["delayq_record_lateness"]),

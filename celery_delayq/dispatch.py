@@ -60,7 +60,7 @@ from .gate import BATCH_DONE_HEADER, GATE_HEADER
 from .heartbeat import BEAT_FORGET_MS, HEARTBEAT_EVERY, PRUNE_EVERY, Heartbeat
 from .lateness import LATENESS_FLUSH_EVERY, Histogram, PublishLateness
 from .lua_formats import parse_wake
-from .publish import PUBLISH_ATTEMPTS, AtomicPublisher, Outcome, Publisher, Publishing
+from .publish import PUBLISH_ATTEMPTS, Outcome, Publisher, Publishing, Pusher
 from .schedules import Schedules, StallSweep
 from .stats import CLAIM_SIZE_BOUNDS, DispatchStats
 from .store import (
@@ -175,9 +175,9 @@ class Dispatcher:
         return self.beat.started_ms
 
     @property
-    def wire(self) -> bool:
-        """Whether the last pass pushed messages with deliver.lua (the atomic path)."""
-        return self.publishing.wire
+    def pushing(self) -> bool:
+        """Whether the last pass took the push path (messages pushed by push_claimed.lua)."""
+        return self.publishing.pushing
 
     @property
     def lateness(self) -> Histogram:
@@ -393,10 +393,11 @@ class Dispatcher:
                 self._claim_failures = 0
 
     def _claim(self, shards: list[int], failed: list[Exception]) -> list[ClaimResult | PushResult]:
-        """Claim ``shards``: with ``lua/push.lua`` on the in-Redis path (what it pushed itself is
-        counted here), else with ``lua/claim.lua``. A shard whose push call was refused for memory
-        (nothing written) is claimed with claim.lua in the same pass, which a full Redis runs."""
-        space = self.publishing.probe() if self.config.in_redis else None
+        """Claim ``shards``: with ``lua/push.lua`` when the push path pushes on claim (what it
+        pushed itself is counted here), else with ``lua/claim.lua``. A shard whose push call was
+        refused for memory (nothing written) is claimed with claim.lua in the same pass, which a
+        full Redis runs."""
+        space = self.publishing.probe() if self.config.push_on_claim else None
         if space is None:
             return [*self.store.claim(shards, self.token, failed=failed)]
         args = [space, self.config.max_payload, GATE_HEADER, BATCH_DONE_HEADER]
@@ -429,7 +430,7 @@ class Dispatcher:
         stats.claimed += pushed
         stats.published += pushed
         stats.acked += pushed
-        stats.in_redis += pushed
+        stats.pushed_on_claim += pushed
         self.publish_lateness.record(late)
         if self._keep_lateness:
             room = self._keep_lateness - len(stats.lateness_ms)
@@ -500,7 +501,7 @@ class Dispatcher:
         fence, publishing = self.fence, self.publishing
         claimed = self._bury_out_of_range(claimed)
         outage = False
-        atomic: AtomicPublisher | None = None
+        pusher: Pusher | None = None
         kombu: Publisher | None = None
         gated = publishing.gate_pass(claimed)
         if gated.skip:
@@ -509,8 +510,8 @@ class Dispatcher:
             fence.start({shard: [i for i in ids if i not in gated.skip] for shard, ids in fence.jobs.items()})
         with self.app.producer_or_acquire() as producer:
             publisher = publishing.begin(producer)
-            if isinstance(publisher, AtomicPublisher):
-                atomic = publisher
+            if isinstance(publisher, Pusher):
+                pusher = publisher
             batch = getattr(producer, "batch", None)
             fence.open_batch()
             try:
@@ -521,7 +522,7 @@ class Dispatcher:
                         decoded = gated.envelopes.get(job.id)
                         if decoded is not None:
                             envelope = decoded
-                        elif atomic is not None and atomic.publish_raw(shard, job):
+                        elif pusher is not None and pusher.publish_raw(shard, job):
                             continue
                         else:
                             try:
@@ -544,13 +545,13 @@ class Dispatcher:
                         key = gated.released.get(job.id)
                         if key is None:
                             outcome = publisher.publish(shard, job, envelope)
-                        else:  # through kombu: deliver.lua would remove it
+                        else:  # through kombu: push_claimed.lua would remove it
                             kombu = kombu or publishing.kombu()
                             outcome = kombu.publish(shard, job, envelope)
                         if outcome is Outcome.OUTAGE:
                             outage = True
                             break
-                        if job.id in gated.completions and outcome in (Outcome.SENT, Outcome.WIRED):
+                        if job.id in gated.completions and outcome in (Outcome.SENT, Outcome.PUSHING):
                             self.stats.completions += 1
                         if outcome is not Outcome.SENT:
                             continue
@@ -590,11 +591,11 @@ class Dispatcher:
                     self.config.reclaim_ttl,
                 )
                 to_ack, fires, sent, to_hold, released = defaultdict(list), [], [], defaultdict(list), []
-            if atomic is not None:
-                sent.extend(atomic.deliver())
+            if pusher is not None:
+                sent.extend(pusher.push())
                 if self._misses:
-                    publishing.add_lua_templates(atomic.templates, self._misses)
-        self._fence_report(atomic.wired_ids() if atomic is not None else set())
+                    publishing.add_lua_templates(pusher.templates, self._misses)
+        self._fence_report(pusher.to_push_ids() if pusher is not None else set())
         self._broker_state(outage, bool(sent or to_ack or released))
         now = self.server_now_ms()
         self._holds = to_hold
@@ -629,11 +630,11 @@ class Dispatcher:
             )
         return kept
 
-    def _fence_report(self, wired: set[str]) -> None:
+    def _fence_report(self, to_push: set[str]) -> None:
         """Count and log what the fence kept from the broker in this pass."""
-        # Lost jobs of the atomic path are deliver.lua's to drop (and count), not the fence's;
+        # Lost jobs of the push path are push_claimed.lua's to drop (and count), not the fence's;
         # those this beat had sent before it found their lease lost were published.
-        lost = self.fence.lost.difference(wired)
+        lost = self.fence.lost.difference(to_push)
         fenced = len(lost.difference(self.fence.sent_ids))
         early = len(lost.intersection(self.fence.sent_ids))
         if early:

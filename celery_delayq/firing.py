@@ -124,8 +124,8 @@ class ScheduleFiring:
                 if not publish_it:
                     logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
                 else:
-                    if publishing.wire:
-                        publishing.leaves_atomic("schedule points")
+                    if publishing.pushing:
+                        publishing.leaves_push("schedule points")
                     outcome = publisher.publish(shard, job, envelope)
                     if outcome is Outcome.OUTAGE:
                         break

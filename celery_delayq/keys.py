@@ -125,7 +125,7 @@ class ShardKeys:
     @property
     def wire(self) -> str:
         """Hash: ``"<space>|<shape>"`` -> the message template of that job shape (JSON) or ``"-"``
-        (``lua/push.lua``, the in-Redis path; written by :meth:`.Store.add_templates`)."""
+        (``lua/push.lua``, the push path on claim; written by :meth:`.Store.add_templates`)."""
         return self._key("wire")
 
     @property

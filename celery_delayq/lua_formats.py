@@ -85,7 +85,7 @@ def parse_lease(lease: Any) -> tuple[int, int] | None:
 
 def lease_holds(lease: str, token: str) -> bool:
     """Does the lease entry end with ``"|<token>"`` (the whole token)? The scripts let only
-    that caller renew, ack, bury, deliver or fire the job; the rest of the entry is not read."""
+    that caller renew, ack, bury, push (push_claimed) or fire the job; the rest of the entry is not read."""
     return lease.endswith("|" + token)
 
 

@@ -151,10 +151,10 @@ class DispatcherCollector(Collector):
             ("delayq_dispatched", "Jobs this beat published into their Celery queues.", stats.published),
             ("delayq_claimed", "Jobs this beat claimed (leased) from the store.", stats.claimed),
             (
-                "delayq_dispatched_in_redis",
-                "Jobs lua/push.lua delivered inside Redis for this beat (the in-Redis path; also in "
-                "delayq_dispatched_total).",
-                stats.in_redis,
+                "delayq_pushed_on_claim",
+                "Jobs lua/push.lua pushed into their queues in the script that claimed them, for this "
+                "beat (the push path with delayq_push_on_claim; also in delayq_dispatched_total).",
+                stats.pushed_on_claim,
             ),
             ("delayq_dead_lettered", "Jobs this beat moved to the dead letters.", stats.dead_lettered),
             (

@@ -7,15 +7,16 @@ A :class:`Publisher` takes one claimed job and answers an :class:`Outcome`. The 
 - :class:`KombuPublisher`: kombu's ``Producer.publish`` with the arguments
   ``send_task_message`` would pass (:func:`direct_args`), the same message without the
   signal machinery.
-- :class:`AtomicPublisher`: when the broker is the store's own Redis, the message is built
-  here (:mod:`.wire`) and pushed into its queue by ``lua/deliver.lua``, in the same step
-  that removes the job (:meth:`AtomicPublisher.deliver`); what it cannot build goes through
-  kombu.
+- :class:`Pusher` (the push path): when the broker is the store's own Redis, the message is
+  built here (:mod:`.wire`) and pushed into its queue by ``lua/push_claimed.lua``, in the
+  same step that removes the job (:meth:`Pusher.push`); what it cannot build goes through
+  kombu. (Jobs whose message has a stored template are pushed by ``lua/push.lua`` in the
+  script that claims them, with ``delayq_push_on_claim``: see :mod:`.dispatch`.)
 
 Flow control (:mod:`.gate`) comes first: :meth:`Publishing.gate_pass` reads the gated jobs of
 a pass and asks the gate about them all (``Store.gate``, one script call per shard, one
 pipeline) before any strategy takes a job. A released gated job is published through kombu
-(never ``deliver.lua``, which would remove it) and then *held* for its worker
+(never ``push_claimed.lua``, which would remove it) and then *held* for its worker
 (``Store.hold``) instead of acked; parked, deferred and not-held ones are not published. A
 batch's completion job gets its batch's id and counts appended to its arguments.
 
@@ -27,7 +28,7 @@ completion job whose task the backend has seen is acked unpublished. See docs/gu
 "Redis restored from an older snapshot".
 
 The kombu and Celery paths are fenced (:mod:`.fence`) before each publish or batch flush;
-the atomic path is fenced by the script itself. :class:`Publishing` holds what the
+the push path is fenced by the script itself. :class:`Publishing` holds what the
 strategies share over the passes of one dispatcher (caches, the dead letters, the broker's
 errors) and picks the strategy of each pass.
 """
@@ -59,8 +60,8 @@ from .store import (
     OOM_REPLY,
     REDIS_ERRORS,
     ClaimedJob,
-    DeliverOutcome,
     GateDecision,
+    PushClaimedOutcome,
     Store,
     error_text,
     redis_error_kind,
@@ -70,13 +71,13 @@ from .wire import WireTemplates, template_space, wire_message
 __all__ = [
     "PERMANENT_ERRORS",
     "PUBLISH_ATTEMPTS",
-    "AtomicPublisher",
     "CeleryPublisher",
     "GatePass",
     "KombuPublisher",
     "Outcome",
     "Publisher",
     "Publishing",
+    "Pusher",
 ]
 
 logger = logging.getLogger("celery_delayq.dispatch")
@@ -85,7 +86,7 @@ logger = logging.getLogger("celery_delayq.dispatch")
 #: retried after its lease; the claim that makes this many attempts buries it.
 PUBLISH_ATTEMPTS = 5
 
-#: Error replies of a refused push (deliver.lua) that say the server cannot take writes
+#: Error replies of a refused push (push_claimed.lua) that say the server cannot take writes
 #: now, not that something is wrong with the message: the job is kept, never buried.
 SERVER_BUSY_REPLIES = ("OOM", "READONLY", "MISCONF", "LOADING", "BUSY", "NOREPLICAS", "MASTERDOWN")
 
@@ -93,8 +94,8 @@ SERVER_BUSY_REPLIES = ("OOM", "READONLY", "MISCONF", "LOADING", "BUSY", "NOREPLI
 #: QueueNotFound is a KeyError): buried at once.
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (KeyError, TypeError, ValueError, EncodeError)
 
-#: One built message of the atomic path: the job, its task, its queue's list key, the message.
-Wired = tuple[ClaimedJob, str, str, str]
+#: One built message of the push path: the job, its task, its queue's list key, the message.
+ToPush = tuple[ClaimedJob, str, str, str]
 
 
 class Outcome(Enum):
@@ -108,8 +109,8 @@ class Outcome(Enum):
     RETRY = "retry"
     #: moved to the dead letters
     BURIED = "buried"
-    #: built for the atomic path: pushed and removed by :meth:`AtomicPublisher.deliver`
-    WIRED = "wired"
+    #: built for the push path: pushed and removed by :meth:`Pusher.push` at the end of the pass
+    PUSHING = "pushing"
     #: not published: this beat's lease on it is lost (the fence)
     FENCED = "fenced"
 
@@ -242,10 +243,10 @@ class Publishing:
         self.fence = fence
         self.server_now_ms = server_now_ms
         self._connection_errors: tuple[type[BaseException], ...] | None = None
-        # kombu channel -> whether its Redis is the store's server and database (deliver.lua)
+        # kombu channel -> whether its Redis is the store's server and database (push_claimed.lua)
         self._same_server: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._templates: WireTemplates | None = None
-        self._off_atomic: set[str] = set()  # reasons already logged (once per beat)
+        self._off_push: set[str] = set()  # reasons already logged (once per beat)
         # The pass in progress (see begin()).
         self.producer: Any = None
         self.errors: tuple[type[BaseException], ...] = ()
@@ -253,11 +254,11 @@ class Publishing:
         self.conf: dict[str, Any] = {}
         self.direct = False  # whether this pass skips send_task_message (see can_publish_direct)
         self.buffering = False  # whether kombu buffers this pass's publishes until the flush
-        self.wire = False  # whether the last pass pushed messages with deliver.lua
+        self.pushing = False  # whether the last pass took the push path
         #: the template space of lua/push.lua (wire.template_space) while the broker is the store's
-        #: Redis and the atomic path applies; None: claim with claim.lua
+        #: Redis, the push path applies and delayq_push_on_claim is on; None: claim with claim.lua
         self.space: str | None = None
-        self.probed = False  # whether a pass (or probe) has set wire and space
+        self.probed = False  # whether a pass (or probe) has set pushing and space
         self._queues_declared: set[str] = set()  # queues lua/push.lua pushed to, declared once
         self.ran = Ran(app)
 
@@ -269,14 +270,14 @@ class Publishing:
         self.errors = self._broker_errors(producer)
         self.declared = set()
         self.direct = can_publish_direct(self.app, producer)
-        channel = self._wire_channel(producer) if self.direct else None
-        if not self.direct and "all" not in self._off_atomic and self._wire_channel(producer) is not None:
-            self._off_atomic.add("all")
-            self.leaves_atomic(
+        channel = self._push_channel(producer) if self.direct else None
+        if not self.direct and "all" not in self._off_push and self._push_channel(producer) is not None:
+            self._off_push.add("all")
+            self.leaves_push(
                 "all jobs (a before_task_publish, after_task_publish or task_sent receiver is "
                 "connected, or task_send_sent_event is on: Celery's send_task_message must run)"
             )
-        self.wire = channel is not None
+        self.pushing = channel is not None
         self.probed = True
         conf = self.app.conf
         names = ("task_compression", "task_default_delivery_mode", "task_default_routing_key")
@@ -286,13 +287,13 @@ class Publishing:
             self.space = None
             return KombuPublisher(self) if self.direct else CeleryPublisher(self)
         templates = self._templates_for(channel, producer)
-        if self.config.in_redis:
+        if self.config.push_on_claim:
             self.space = templates.space
-        return AtomicPublisher(self, channel, templates)
+        return Pusher(self, channel, templates)
 
     def probe(self) -> str | None:
-        """Before the first pass: find out whether the atomic path applies (one look at the
-        broker), so that the first claim already takes the in-Redis path. The template space,
+        """Before the first pass: find out whether the push path applies (one look at the
+        broker), so that the first claim already pushes on claim (``lua/push.lua``). The template space,
         or None."""
         if not self.probed:
             try:
@@ -349,7 +350,7 @@ class Publishing:
         return KombuPublisher(self) if self.direct else CeleryPublisher(self)
 
     def guarded(self, job: ClaimedJob, envelope: Envelope, send: Callable[[], Outcome | None]) -> Outcome:
-        """Run ``send`` (None: handed to kombu; or its own outcome: FENCED, WIRED) and turn
+        """Run ``send`` (None: handed to kombu; or its own outcome: FENCED, PUSHING) and turn
         what it raised into the outcome."""
         try:
             outcome = send()
@@ -594,13 +595,13 @@ class Publishing:
         )
         return Outcome.RETRY
 
-    def leaves_atomic(self, reason: str) -> None:
-        """Log once per beat and reason that jobs leave the atomic path (lua/deliver.lua) for
+    def leaves_push(self, reason: str) -> None:
+        """Log once per beat and reason that jobs leave the push path (lua/push_claimed.lua) for
         kombu's publish, fenced by the lease check instead of by the script."""
-        if reason not in self._off_atomic:
-            self._off_atomic.add(reason)
+        if reason not in self._off_push:
+            self._off_push.add(reason)
             logger.info(
-                "delayq: %s leave the atomic path (deliver.lua) and are published through kombu, "
+                "delayq: %s leave the push path (push_claimed.lua) and are published through kombu, "
                 "fenced by their lease (see docs/guarantees.md)",
                 reason,
             )
@@ -638,13 +639,13 @@ class Publishing:
             self._connection_errors = (*(e for e in errors if e is not KeyError), OperationalError)
         return self._connection_errors
 
-    def _wire_channel(self, producer: Any) -> Any:
+    def _push_channel(self, producer: Any) -> Any:
         """The kombu Redis channel when its server and database are the store's, else None.
 
-        Then :class:`AtomicPublisher` pushes the messages itself (``lua/deliver.lua``), each
-        with the removal of its job, in one atomic step; otherwise they go through kombu.
+        Then :class:`Pusher` pushes the messages itself (``lua/push_claimed.lua``), each
+        with the removal of its job, in one step (the push path); otherwise they go through kombu.
         """
-        if not self.config.atomic_publish or not self.store.is_single_server():
+        if not self.config.push or not self.store.is_single_server():
             return None
         try:
             channel = producer.channel
@@ -724,17 +725,17 @@ class KombuPublisher:
         return None
 
 
-class AtomicPublisher:
-    """Build each message here and push it with the job's removal in one script
-    (``lua/deliver.lua``, the broker being the store's Redis); what cannot be built goes
-    through :class:`KombuPublisher`."""
+class Pusher:
+    """The push path: build each message here and push it with the job's removal in one
+    script (``lua/push_claimed.lua``, the broker being the store's Redis); what cannot be built
+    goes through :class:`KombuPublisher`."""
 
     def __init__(self, publishing: Publishing, channel: Any, templates: WireTemplates) -> None:
         self.publishing = publishing
         self.channel = channel
         self.templates = templates
         self.kombu = KombuPublisher(publishing)
-        self.wired: dict[int, list[Wired]] = defaultdict(list)
+        self.to_push: dict[int, list[ToPush]] = defaultdict(list)
 
     def publish_raw(self, shard: int, job: ClaimedJob) -> bool:
         """The fast path: build the message from the stored envelope with the channel's
@@ -747,7 +748,7 @@ class AtomicPublisher:
             return False
         key, text, qname, task = built
         p.declare_name(qname)
-        self.wired[shard].append((job, task, key, text))
+        self.to_push[shard].append((job, task, key, text))
         return True
 
     def publish(self, shard: int, job: ClaimedJob, envelope: Envelope) -> Outcome:
@@ -757,22 +758,23 @@ class AtomicPublisher:
             kwargs = p.direct_args(p.producer, envelope, job.due_ms)
             built = wire_message(self.channel, p.producer, kwargs)
             if built is not None:
-                self.wired[shard].append((job, envelope.task, *built))
-                return Outcome.WIRED
-            p.leaves_atomic(_why_not_wired(self.channel, kwargs))
+                self.to_push[shard].append((job, envelope.task, *built))
+                return Outcome.PUSHING
+            p.leaves_push(_why_not_pushed(self.channel, kwargs))
             return self.kombu.send(job, envelope, kwargs)
 
         return p.guarded(job, envelope, send)
 
-    def deliver(self) -> list[int]:
+    def push(self) -> list[int]:
         """Push and ack the built messages (one script call per shard chunk); return the due
         times of those pushed."""
-        p, wired = self.publishing, self.wired
-        items = {shard: [(job.id, key, body) for job, _, key, body in jobs] for shard, jobs in wired.items()}
+        p, to_push = self.publishing, self.to_push
+        items = {shard: [(job.id, key, body) for job, _, key, body in jobs]
+                 for shard, jobs in to_push.items()}
         if not any(items.values()):
             return []
         try:
-            results = p.store.deliver(p.token, items)
+            results = p.store.push_claimed(p.token, items)
         except REDIS_ERRORS as exc:
             # Push and removal are one step: each job is either in its queue and gone from the
             # store, or still stored under its lease and delivered again when that expires.
@@ -785,15 +787,15 @@ class AtomicPublisher:
                 p.config.reclaim_ttl,
             )
             return []
-        delivered: list[int] = []
+        pushed: list[int] = []
         stale = full = 0
-        for jobs in wired.values():
+        for jobs in to_push.values():
             for job, task, key, _ in jobs:
-                delivery = results[job.id]
-                error = delivery.error  # set when REFUSED
-                if delivery.outcome is DeliverOutcome.PUSHED:
-                    delivered.append(job.due_ms)
-                elif delivery.outcome is DeliverOutcome.STALE:
+                reply = results[job.id]
+                error = reply.error  # set when REFUSED
+                if reply.outcome is PushClaimedOutcome.PUSHED:
+                    pushed.append(job.due_ms)
+                elif reply.outcome is PushClaimedOutcome.STALE:
                     stale += 1
                 elif OOM_REPLY in error:
                     full += 1  # (6.2: "@user_script: 1: -OOM command not allowed ...")
@@ -812,7 +814,7 @@ class AtomicPublisher:
                     p.bury(job, reason, _decoded(job))
                 else:
                     p.failed(job, _decoded(job), f"LPUSH {key!r}: {error}")
-        p.stats.acked += len(delivered)
+        p.stats.acked += len(pushed)
         if full:
             p.stats.publish_errors += full
             logger.error(
@@ -829,12 +831,12 @@ class AtomicPublisher:
                 "expired and re-claimed, or cancelled/replaced meanwhile); not published by this beat",
                 stale,
             )
-        return delivered
+        return pushed
 
-    def wired_ids(self) -> set[str]:
-        """Ids of the jobs built for the atomic path in this pass (deliver.lua drops and counts
+    def to_push_ids(self) -> set[str]:
+        """Ids of the jobs built for the push path in this pass (push_claimed.lua drops and counts
         those whose lease was lost, not the fence)."""
-        return {job.id for jobs in self.wired.values() for job, *_ in jobs}
+        return {job.id for jobs in self.to_push.values() for job, *_ in jobs}
 
 
 def message_headers(envelope: Envelope) -> dict[str, Any]:
@@ -879,7 +881,7 @@ def _declare_once(p: Publishing, envelope: Envelope) -> Envelope:
     return replace(envelope, route={**envelope.route, "declare": []})
 
 
-def _why_not_wired(channel: Any, kwargs: dict[str, Any]) -> str:
+def _why_not_pushed(channel: Any, kwargs: dict[str, Any]) -> str:
     """Why :func:`.wire.wire_message` left a message to kombu (for the once-per-beat log)."""
     if kwargs.get("compression"):
         return "compressed messages"

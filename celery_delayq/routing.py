@@ -26,7 +26,7 @@ def can_publish_direct(app: Any, producer: Any) -> bool:
     batches (Redis). Then each message is handed to kombu's ``Producer.publish``
     with the arguments :func:`direct_args` works out (exactly the same message), or,
     when the broker is the store's Redis, built by :func:`.wire.wire_message` and pushed by
-    :meth:`AtomicPublisher.deliver`.
+    :meth:`.publish.Pusher.push` (the push path).
     """
     if app.conf.task_send_sent_event:
         return False

@@ -28,7 +28,7 @@ script names all it uses, in order. The formats the helpers define (the lease en
 wake message) have one Python mirror, :mod:`celery_delayq.leases`.
 
 A script whose file opens with ``#!lua flags=allow-oom`` frees memory (claim, ack, cancel,
-bury, fire; not deliver: see ``lua/deliver.lua``): Redis 7+ and Valkey run it when Redis is
+bury, fire; not push_claimed: see ``lua/push_claimed.lua``): Redis 7+ and Valkey run it when Redis is
 over ``maxmemory``, so a full store drains. Redis 6.2 has no script flags (the line is a Lua
 syntax error there): a script is sent there without it (:attr:`LuaScript.legacy_source`),
 and each such script's first write is a command that Redis never refuses for memory
@@ -45,8 +45,9 @@ key's slot (every key of a call shares one hash tag), all nodes in one round
 trip, and ``SCRIPT LOAD`` loads a script on every primary.
 
 >>> " ".join(sorted(SCRIPTS))  # doctest: +NORMALIZE_WHITESPACE
-'ack batch_cancel batch_delete batch_open bury cancel claim deliver due_counts enqueue fire gate gate_admin
-get hold push release renew requeue reschedule sched_del sched_put shapes_sweep slot_renew start stats'
+'ack batch_cancel batch_delete batch_open bury cancel claim due_counts enqueue fire gate gate_admin get
+hold push push_claimed release renew requeue reschedule sched_del sched_put shapes_sweep slot_renew start
+stats'
 """
 
 from __future__ import annotations

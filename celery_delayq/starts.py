@@ -8,7 +8,7 @@ flow control delivers again on purpose after a worker died mid-task) carries its
 claim in the :data:`CLAIM_HEADER` header (:func:`claim_header`): the job's id, its stored due
 time and the creation time of its envelope (which stored instance of the id it is), and the
 claim itself, ``"<tries>|<beat token>"`` (a lease entry's, unique per claim). Messages pushed by
-``lua/deliver.lua`` or ``lua/push.lua`` (publish and removal in one script) carry none: they
+``lua/push_claimed.lua`` or ``lua/push.lua`` (publish and removal in one script) carry none: they
 cannot have a stale copy.
 
 A worker whose app has ``delayq_start_check`` on (the default) runs :class:`StartCheck`, a

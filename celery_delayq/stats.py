@@ -26,8 +26,9 @@ class DispatchStats:
     claimed: int = 0
     published: int = 0
     acked: int = 0
-    #: jobs lua/push.lua delivered inside Redis (the in-Redis path; also in claimed, published, acked)
-    in_redis: int = 0
+    #: jobs lua/push.lua pushed in the script that claimed them (delayq_push_on_claim; also in
+    #: claimed, published, acked)
+    pushed_on_claim: int = 0
     stale_acks: int = 0
     #: claimed jobs not published because the fence found their lease lost (also in stale_acks)
     fenced: int = 0

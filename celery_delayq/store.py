@@ -8,7 +8,7 @@ milliseconds since the epoch; "now" inside a claim is the server's ``TIME``.
 No other module of the package holds a Redis client or runs a script (``tests/test_layers.py``
 checks it): each script has one typed method here, and a script's integer reply becomes an
 ``enum`` outcome (:class:`EnqueueOutcome`, :class:`CancelOutcome`, :class:`RescheduleOutcome`,
-:class:`RequeueOutcome`, :class:`FireOutcome`, :class:`DeliverOutcome` in a :class:`Delivery`)
+:class:`RequeueOutcome`, :class:`FireOutcome`, :class:`PushClaimedOutcome` in a :class:`PushClaimedReply`)
 or a bool (held or not) before it leaves this module; a reply that is none of a script's codes
 raises :class:`~celery_delayq.exceptions.StoreError`. That is why this module is longer than
 the others: it is the whole of the Redis side, one method per script and per read. Building a
@@ -65,8 +65,6 @@ __all__ = [
     "CancelOutcome",
     "ClaimResult",
     "ClaimedJob",
-    "DeliverOutcome",
-    "Delivery",
     "EnqueueOutcome",
     "FireOutcome",
     "GateDecision",
@@ -74,6 +72,8 @@ __all__ = [
     "IdSearch",
     "JobRecord",
     "KeyState",
+    "PushClaimedOutcome",
+    "PushClaimedReply",
     "PushResult",
     "ReleaseResult",
     "RequeueOutcome",
@@ -137,8 +137,8 @@ class FireOutcome(enum.StrEnum):
     HISTORY_RESET = "history-reset"  # fired, but the run state did not read and was reset
 
 
-class DeliverOutcome(enum.StrEnum):
-    """What pushing one job's message did (``lua/deliver.lua``)."""
+class PushClaimedOutcome(enum.StrEnum):
+    """What pushing one job's message did (``lua/push_claimed.lua``)."""
 
     STALE = "stale"  # the job was no longer leased to this beat: nothing done
     PUSHED = "pushed"  # in its queue list, and gone from the store
@@ -146,15 +146,15 @@ class DeliverOutcome(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Delivery:
-    """One job's answer from :meth:`Store.deliver`."""
+class PushClaimedReply:
+    """One job's answer from :meth:`Store.push_claimed`."""
 
-    outcome: DeliverOutcome
+    outcome: PushClaimedOutcome
     error: str = ""  # the refused LPUSH's error text (``REFUSED`` only)
 
 
-_PUSHED = Delivery(DeliverOutcome.PUSHED)
-_NOT_HELD = Delivery(DeliverOutcome.STALE)
+_PUSHED = PushClaimedReply(PushClaimedOutcome.PUSHED)
+_NOT_HELD = PushClaimedReply(PushClaimedOutcome.STALE)
 
 # The scripts' integer replies, by code (see each script's header).
 _ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held
@@ -162,7 +162,7 @@ _CANCEL = (CancelOutcome.MISSING, CancelOutcome.CANCELLED, CancelOutcome.DELIVER
 _RESCHEDULE = (RescheduleOutcome.MISSING, RescheduleOutcome.MOVED, RescheduleOutcome.DELIVERING)
 _REQUEUE = tuple(RequeueOutcome)  # 0 missing, 1 requeued, 2 stored, 3 no-envelope
 _FIRE = (FireOutcome.STALE, FireOutcome.FIRED, FireOutcome.STOPPED, FireOutcome.HISTORY_RESET)
-_DELIVER = (_NOT_HELD, _PUSHED)  # an error text stands for REFUSED
+_PUSH_CLAIMED = (_NOT_HELD, _PUSHED)  # an error text stands for REFUSED
 
 #: A wake marker as the scripts write it: ms, digits (a score Redis prints may have a fraction).
 _MARKER = re.compile(r"-?[0-9]{1,17}(\.[0-9]{1,17})?")
@@ -231,8 +231,8 @@ SERVER_CLOCK_MAX_AGE = 60.0
 ENQUEUE_CHUNK = 1000
 #: Ids sent to one ack call at most.
 ACK_CHUNK = 5000
-#: Jobs per deliver script call (each carries its whole broker message).
-DELIVER_CHUNK = 1000
+#: Jobs per push_claimed script call (each carries its whole broker message).
+PUSH_CLAIMED_CHUNK = 1000
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class ClaimResult:
 
 @dataclass(frozen=True)
 class PushResult:
-    """What one ``lua/push.lua`` call did on a shard (the in-Redis path)."""
+    """What one ``lua/push.lua`` call did on a shard (the push path, pushing on claim)."""
 
     shard: int
     now_ms: int
@@ -783,7 +783,7 @@ class Store:
         push_args: Sequence[Any],
         failed: list[tuple[int, Exception]] | None = None,
     ) -> list[PushResult]:
-        """The in-Redis path: on each of ``shards``, push the due jobs whose message has a
+        """The push path on claim: on each of ``shards``, push the due jobs whose message has a
         template and remove them, and lease the others to ``token`` as :meth:`claim` does
         (``lua/push.lua``, one round trip). ``push_args``: the template space, the payload limit
         and the two header names; each call gets a delivery tag prefix of its own.
@@ -923,32 +923,32 @@ class Store:
             held.update({job_id: bool(r) for job_id, r in zip(chunk, result[1:], strict=True)})
         return held, now_ms
 
-    def deliver(
+    def push_claimed(
         self, token: str, items_by_shard: dict[int, list[tuple[str, str, str]]]
-    ) -> dict[str, Delivery]:
+    ) -> dict[str, PushClaimedReply]:
         """Push ``(id, list key, message)`` into broker lists and remove the jobs, each only
-        while ``token`` holds its lease (``lua/deliver.lua``; the broker must be this server).
+        while ``token`` holds its lease (``lua/push_claimed.lua``; the broker must be this server).
 
-        Returns ``{id: Delivery}``: pushed and removed, not held (nothing done), or refused
+        Returns ``{id: PushClaimedReply}``: pushed and removed, not held (nothing done), or refused
         with the error text of the push.
         """
         calls: list[ScriptCall] = []
         owners: list[list[str]] = []
         for shard, items in items_by_shard.items():
-            for start in range(0, len(items), DELIVER_CHUNK):
-                chunk = items[start : start + DELIVER_CHUNK]
+            for start in range(0, len(items), PUSH_CLAIMED_CHUNK):
+                chunk = items[start : start + PUSH_CLAIMED_CHUNK]
                 args: list[Any] = [token]
                 for item in chunk:
                     args.extend(item)
-                calls.append(ScriptCall(SCRIPTS["deliver"], self.keys.shard(shard).core, args))
+                calls.append(ScriptCall(SCRIPTS["push_claimed"], self.keys.shard(shard).core, args))
                 owners.append([job_id for job_id, _, _ in chunk])
-        out: dict[str, Delivery] = {}
+        out: dict[str, PushClaimedReply] = {}
         for chunk_ids, result in zip(owners, run_pipelined(self.client, calls), strict=True):
             for job_id, reply in zip(chunk_ids, result, strict=True):
                 if isinstance(reply, str):
-                    out[job_id] = Delivery(DeliverOutcome.REFUSED, reply)
+                    out[job_id] = PushClaimedReply(PushClaimedOutcome.REFUSED, reply)
                 else:
-                    out[job_id] = _decode("deliver", _DELIVER, reply)
+                    out[job_id] = _decode("push_claimed", _PUSH_CLAIMED, reply)
         return out
 
     def bury(self, token: str, job_id: str, record: dict[str, Any]) -> bool:
@@ -1612,7 +1612,7 @@ class Store:
 
     def is_single_server(self) -> bool:
         """Whether the store is one plain Redis server (no cluster): the only case where it can
-        also be a Redis broker and push messages itself (``lua/deliver.lua``)."""
+        also be a Redis broker and push messages itself (``lua/push_claimed.lua``)."""
         return isinstance(self.client, redis.Redis)
 
     def is_server_of(self, broker_client: Any) -> bool:

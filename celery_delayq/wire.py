@@ -2,8 +2,8 @@
 
 When the Celery broker is the store's own Redis server and database, the claim loop
 does not hand due jobs to kombu one by one: it builds the JSON that kombu's Redis
-transport would ``LPUSH`` for each of them, and ``lua/deliver.lua`` pushes it into the
-queue's list and removes the job in one atomic step (see :mod:`.dispatch`).
+transport would ``LPUSH`` for each of them, and ``lua/push_claimed.lua`` pushes it into the
+queue's list and removes the job in one step (the push path: see :mod:`.publish`).
 
 :func:`wire_message` is the reference: it follows ``Producer.publish``,
 ``Channel.prepare_message``, ``Channel.basic_publish`` and the Redis transport's
@@ -19,7 +19,7 @@ values, its body as text (no ``body_encoding``: kombu's Redis transport reads su
 body as it is), and cut into a template at the placeholders. The same template serves
 both ways of filling it: ``lua/push.lua`` joins it with the JSON-escaped pieces the
 envelope already holds (encoded once, at enqueue: :mod:`.envelope`), and
-:meth:`WireTemplates.build` does the same here for ``lua/deliver.lua``. Anything unusual
+:meth:`WireTemplates.build` does the same here for ``lua/push_claimed.lua``. Anything unusual
 (an expiry, a schedule point, a binary body, an exchange to route through) goes the
 reference way.
 :func:`~.envelope.template_fields` cuts an envelope into a job's values and its shape: this

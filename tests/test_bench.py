@@ -62,8 +62,8 @@ def test_unknown_row_is_refused() -> None:
 @pytest.mark.parametrize(
     ("path", "flags", "called"),
     [
-        ("in-Redis (push.lua: ", [], "Store.push"),
-        ("atomic (deliver.lua)", ["--no-in-redis"], "Store.claim"),
+        ("push on claim (push.lua: ", [], "Store.push"),
+        ("push (push_claimed.lua)", ["--no-push-on-claim"], "Store.claim"),
         ("kombu publish batch", ["--kombu"], "Store.claim"),
     ],
 )

@@ -198,7 +198,7 @@ def wake(store: Store, r: RedisCluster) -> Iterator[ClusterWake]:
 def test_the_store_uses_a_cluster_client_which_is_not_a_redis(store: Store) -> None:
     assert isinstance(store.client, RedisCluster)
     assert store.is_cluster
-    # The atomic deliver path (publish.Publishing, via Store.is_single_server) is gated on
+    # The push path (publish.Publishing, via Store.is_single_server) is gated on
     # isinstance(.., redis.Redis).
     assert not isinstance(store.client, redis.Redis)
     assert not issubclass(RedisCluster, redis.Redis)
@@ -378,7 +378,7 @@ def test_dispatcher_delivers_into_a_plain_redis_broker_once(
     assert store.count() == 301
     dispatcher = dispatchers(app)
     dispatcher.run_once()
-    assert dispatcher.wire is False  # the broker is another server: kombu's batch, then acks
+    assert dispatcher.pushing is False  # the broker is another server: kombu's batch, then acks
     assert dispatcher.stats.published == 300 and dispatcher.stats.acked == 300
     messages = broker_lists(broker)["celery"]
     assert sorted(m["headers"]["id"] for m in messages) == sorted(res.id for res in results)

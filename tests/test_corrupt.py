@@ -24,7 +24,14 @@ from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
 from celery_delayq.schedules import StallSweep, point_id
-from celery_delayq.store import DeliverOutcome, Delivery, FireOutcome, Store, get_store, redis_error_kind
+from celery_delayq.store import (
+    FireOutcome,
+    PushClaimedOutcome,
+    PushClaimedReply,
+    Store,
+    get_store,
+    redis_error_kind,
+)
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
@@ -190,11 +197,11 @@ def test_the_other_scripts_tolerate_a_malformed_lease(store: Store, r: redis.Red
     r.zadd(keys.due, {"x": due})
     r.hset(keys.jobs, "x", "env")
     r.hset(keys.leases, "x", "garbage")
-    # ack, bury, deliver: "garbage" is no beat's lease, so nothing is done
+    # ack, bury, push_claimed: "garbage" is no beat's lease, so nothing is done
     assert store.ack("beat-1", {store.keys.shard_of("x"): ["x"]}) == {"x": False}
     assert store.bury("beat-1", "x", {"reason": "r"}) is False
-    assert store.deliver("beat-1", {store.keys.shard_of("x"): [("x", "q", "m")]}) == {
-        "x": Delivery(DeliverOutcome.STALE)
+    assert store.push_claimed("beat-1", {store.keys.shard_of("x"): [("x", "q", "m")]}) == {
+        "x": PushClaimedReply(PushClaimedOutcome.STALE)
     }
     # get: a held job of unknown history
     record = store.get("x")
@@ -378,12 +385,12 @@ def test_beat_schedule_sync_replaces_a_definition_that_does_not_read(
     assert not r.hexists(key, "tick")
 
 
-#: Publish paths of a beat whose broker is the store's Redis: push.lua (in Redis), deliver.lua
-#: (the atomic path) and kombu's.
+#: Publish paths of a beat whose broker is the store's Redis: the push path on claim (push.lua),
+#: the push path without it (push_claimed.lua) and kombu's.
 PATHS = {
-    "in-redis": {},
-    "atomic": {"delayq_in_redis": False},
-    "kombu": {"delayq_atomic_publish": False},
+    "push-on-claim": {},
+    "push": {"delayq_push_on_claim": False},
+    "kombu": {"delayq_push": False},
 }
 
 

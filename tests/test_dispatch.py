@@ -523,7 +523,7 @@ def test_direct_and_signal_paths_publish_the_same_message(
     (key,) = [k for k in r.keys("q2*") if not k.startswith("_kombu")]
     a, b = (json.loads(m) for m in r.lrange(key, 0, -1))
     # Only the message published through kombu carries its claim (the direct one went through
-    # deliver.lua, which needs none: see celery_delayq/starts.py).
+    # push_claimed.lua, which needs none: see celery_delayq/starts.py).
     claims = {m["headers"]["id"]: m["headers"].pop("delayq_claim", None) for m in (a, b)}
     assert claims["direct"] is None and claims["signal"].startswith(f"1|{via_signal.token}|")
     for message in (a, b):
@@ -543,7 +543,7 @@ def test_the_fence_renews_a_pass_that_outlived_its_fraction_of_the_lease(
     publishes what it still holds; within the fraction it asks Redis nothing."""
     from celery_delayq.fence import FENCE_FRACTION
 
-    app = app_factory(delayq_atomic_publish=False, delayq_reclaim_ttl=30.0)
+    app = app_factory(delayq_push=False, delayq_reclaim_ttl=30.0)
     jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(3)]
     now = [time.monotonic()]
     dispatcher = dispatchers(app, clock=lambda: now[0])

@@ -1,7 +1,7 @@
 """What Celery's monitoring events (and so Flower and ``celery events``) show for a delayq job.
 
 A real ``celery worker -E`` and a delayq beat; an event receiver on the broker (as Flower
-has). For each publish path (the atomic one, ``lua/deliver.lua`` pushing a hand-built
+has). For each publish path (the push one, ``lua/push_claimed.lua`` pushing a hand-built
 kombu message, and kombu's own), a plain job and a compressed one.
 
 By default (``delayq_publish_eta`` off):
@@ -102,11 +102,11 @@ def flower_etas(events: list[dict[str, Any]]) -> dict[str, Any]:
     return {task_id: task.eta for task_id, task in state.tasks.items()}
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
 def test_task_received_event_of_a_delayq_job(
-    procs: Procs, redis_url: str, r: redis.Redis, atomic: bool
+    procs: Procs, redis_url: str, r: redis.Redis, push: bool
 ) -> None:
-    with stack_with_events(procs, redis_url, {"delayq_atomic_publish": atomic}) as (producer, events):
+    with stack_with_events(procs, redis_url, {"delayq_push": push}) as (producer, events):
         jobs = [producer.record.apply_in(AHEAD), producer.record.apply_in(AHEAD, compression="zlib")]
         celery_eta = datetime.now(UTC) + timedelta(seconds=AHEAD)
         celery_job = producer.plain.apply_async(eta=celery_eta)
@@ -132,12 +132,12 @@ def test_task_received_event_of_a_delayq_job(
 RETRY_AFTER = 3.0  # the countdown of e2e.flaky's retry
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
 def test_with_publish_eta_flower_sees_the_due_time_and_the_worker_does_not_hold_the_job(
-    procs: Procs, redis_url: str, r: redis.Redis, atomic: bool
+    procs: Procs, redis_url: str, r: redis.Redis, push: bool
 ) -> None:
     conf = {
-        "delayq_atomic_publish": atomic,
+        "delayq_push": push,
         "delayq_publish_eta": True,
         "delayq_intercept_eta": True,
         "delayq_record_lateness": True,

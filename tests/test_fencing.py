@@ -8,8 +8,8 @@ between its claim and its publish; beat B, started then, re-claims them once A's
 (``RECLAIM_TTL``) and delivers them; when every job has run and A has been stopped for more than
 ``PAUSE`` s, A is resumed (SIGCONT). No job runs twice and none is lost.
 
-Paths: kombu (``delayq_atomic_publish=False``), atomic (the broker is the store's Redis), atomic
-with an ``after_task_publish`` receiver connected in the beat (every job takes
+Paths: kombu (``delayq_push=False``), push (the push path: the broker is the store's Redis),
+push with an ``after_task_publish`` receiver connected in the beat (every job takes
 ``send_task_message``), gzip-compressed messages, and RabbitMQ (skipped when no RabbitMQ answers
 on 127.0.0.1:5672).
 
@@ -128,7 +128,7 @@ def paused_beat(
     ]
     print(f"  beat B ({label}): {windows[-1] if windows else 'published nothing through kombu'}")
     assert done, f"beat A did nothing visible after SIGCONT\n{procs.logs()}"
-    # What A held it dropped unpublished: by its fence (kombu's publish), or by deliver.lua.
+    # What A held it dropped unpublished: by its fence (kombu's publish), or by push_claimed.lua.
     said = (
         f"{int(held)} claimed job(s) were no longer leased to this beat when pushed"
         if fenced_by_script
@@ -146,11 +146,11 @@ def paused_beat(
 @pytest.mark.parametrize(
     ("label", "conf", "receiver"),
     [
-        ("kombu", {"delayq_atomic_publish": False}, False),
-        # the beat's own atomic path (deliver.lua): with the in-Redis path on, push.lua delivers
-        # every job of a shape it has a template for, and no beat holds any (tests/test_in_redis.py)
-        ("atomic", {"delayq_in_redis": False}, False),
-        ("atomic+receiver", {"delayq_in_redis": False}, True),
+        ("kombu", {"delayq_push": False}, False),
+        # the beat's own push path (push_claimed.lua): with delayq_push_on_claim on, push.lua pushes
+        # every job of a shape it has a template for, and no beat holds any (tests/test_push.py)
+        ("push", {"delayq_push_on_claim": False}, False),
+        ("push+receiver", {"delayq_push_on_claim": False}, True),
         ("compressed", {"task_compression": "gzip"}, False),
     ],
 )
@@ -164,7 +164,7 @@ def test_paused_beat_publishes_nothing_stale_redis_broker(
     producers: Callable[..., Producer],
 ) -> None:
     paused_beat(
-        redis_url, redis_url, r, procs, producers, label, conf, receiver, fenced_by_script=label == "atomic"
+        redis_url, redis_url, r, procs, producers, label, conf, receiver, fenced_by_script=label == "push"
     )
 
 
@@ -194,7 +194,7 @@ def test_paused_beat_publishes_nothing_stale_rabbitmq(
 def test_paused_beat_does_not_republish_its_schedule_point(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:
-    """The same experiment with a recurring schedule (a point every 2 s) on the atomic path,
+    """The same experiment with a recurring schedule (a point every 2 s) on the push path,
     where schedule points take kombu's publish: A stops right after claiming a point, B takes
     it over and goes on with the schedule, A is resumed: no point runs twice."""
     conf = {"delayq_reclaim_ttl": RECLAIM_TTL}
@@ -247,7 +247,7 @@ def pause_before_publish(
 
 
 def kombu_apps(app_factory: Callable[..., Any]) -> tuple[Any, Any]:
-    conf = {"delayq_atomic_publish": False, "delayq_reclaim_ttl": SHORT_TTL, "delayq_shards": 4}
+    conf = {"delayq_push": False, "delayq_reclaim_ttl": SHORT_TTL, "delayq_shards": 4}
     return app_factory(**conf), app_factory(**conf)
 
 
@@ -445,7 +445,7 @@ def test_a_beat_paused_inside_its_publish_runs_nothing_twice_kombu_batch(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:
     paused_inside_publish(redis_url, redis_url, r, procs, producers, "kombu batch (Redis broker)",
-                          {"delayq_atomic_publish": False})
+                          {"delayq_push": False})
 
 
 @pytest.mark.e2e

@@ -68,15 +68,15 @@ def states(store: Store, ids: list[str]) -> list[str | None]:
     return out
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
 def test_the_cap_holds_across_two_beats_and_released_jobs_are_held_not_acked(
-    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, atomic: bool
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, push: bool
 ) -> None:
-    app = app_factory(delayq_atomic_publish=atomic)
+    app = app_factory(delayq_push=push)
     gate = Gate("tenant:1", limit=2)
     ids = store_gated(app, gate, 3)
     plain = app.tasks["t.add"].apply_at(time.time() - 1, (9, 9))  # ungated: acked as ever
-    one, two = dispatchers(app), dispatchers(app_factory(delayq_atomic_publish=atomic))
+    one, two = dispatchers(app), dispatchers(app_factory(delayq_push=push))
     one.run_once()
     assert one.stats.gated["released"] == 2 and one.stats.gated["parked"] == 1
     ids += store_gated(app, gate, 2)  # the other beat finds the key full
@@ -96,7 +96,7 @@ def test_the_cap_holds_across_two_beats_and_released_jobs_are_held_not_acked(
     assert store.get(plain.id) is None
     assert (one.stats.held, one.stats.stale_holds, one.stats.acked) == (2, 0, 1)
     assert one.stats.slot_wait.snapshot().count == 2
-    assert one.wire is atomic  # the ungated job went the atomic way; the gated ones never do
+    assert one.pushing is push  # the ungated job went the push path; the gated ones never do
     messages = {m["headers"]["id"]: m for m in broker_lists(r)["celery"]}
     assert messages[gated[0]]["headers"][GATE_HEADER] == {"key": "tenant:1", "limit": 2}
 
@@ -228,11 +228,11 @@ def test_a_deferred_job_waits_for_its_rate(
     assert sorted(published_ids(r)) == sorted(ids)
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
 def test_the_completion_job_gets_the_batch_id_and_counts(
-    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, atomic: bool
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, push: bool
 ) -> None:
-    app = app_factory(delayq_atomic_publish=atomic)
+    app = app_factory(delayq_push=push)
     bid = "b-1"
     store = get_store(app)
 

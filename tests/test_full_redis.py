@@ -1,5 +1,5 @@
 """A full Redis drains (issue 13): with ``maxmemory`` reached and ``noeviction``, the scripts that
-free memory (claim, deliver, ack, cancel, bury, fire) still run, a producer gets ``StoreFull``
+free memory (claim, push_claimed, ack, cancel, bury, fire) still run, a producer gets ``StoreFull``
 naming exactly the jobs stored and not stored, and a real beat delivers every due job while
 used memory falls.
 
@@ -26,9 +26,9 @@ from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
 from celery_delayq.store import (
     OOM_REPLY,
     CancelOutcome,
-    DeliverOutcome,
-    Delivery,
     EnqueueOutcome,
+    PushClaimedOutcome,
+    PushClaimedReply,
     Store,
     evicts_jobs,
     get_store,
@@ -86,7 +86,7 @@ def test_the_freeing_scripts_run_when_redis_is_full(
     server: EmbeddedRedis, server_binary: tuple[str, str], form: str
 ) -> None:
     """Over ``maxmemory``: claim leases every due job, renew extends them, ack, cancel and bury
-    remove theirs; enqueue is refused (StoreFull) and writes nothing, and so is deliver's push
+    remove theirs; enqueue is refused (StoreFull) and writes nothing, and so is push_claimed's push
     into a broker list in this Redis (the job keeps its lease). Then memory is under the limit again and
     enqueue works."""
     store = store_in_form(server.url + "/0", form, server_binary[0])
@@ -117,11 +117,13 @@ def test_the_freeing_scripts_run_when_redis_is_full(
             s: [(i, "celery", json.dumps({"id": i})) for i in v[: third[s]]] for s, v in by_shard.items()
         }
         make_full(client)
-        pushed = store.deliver("beat-1", delivered)  # refused: a full broker gets no messages
-        assert all(v.outcome is DeliverOutcome.REFUSED and OOM_REPLY in v.error for v in pushed.values())
+        pushed = store.push_claimed("beat-1", delivered)  # refused: a full broker gets no messages
+        assert all(v.outcome is PushClaimedOutcome.REFUSED and OOM_REPLY in v.error for v in pushed.values())
         assert client.llen("celery") == 0 and store.count() == len(jobs) + 1
         client.config_set("maxmemory", 0)
-        assert set(store.deliver("beat-1", delivered).values()) == {Delivery(DeliverOutcome.PUSHED)}
+        assert set(store.push_claimed("beat-1", delivered).values()) == {
+            PushClaimedReply(PushClaimedOutcome.PUSHED)
+        }
         acked = {s: v[third[s] : 2 * third[s]] for s, v in by_shard.items()}
         make_full(client)
         held, _ = store.renew("beat-1", acked)  # the fence renews the leases of a slow pass
@@ -419,7 +421,7 @@ def test_a_beat_drains_a_full_store(
 def test_a_full_store_that_is_also_the_broker_holds_its_jobs(
     server: EmbeddedRedis, server_binary: tuple[str, str], redis_url: str, procs: Procs
 ) -> None:
-    """Atomic path, store and broker one Redis, full: the beat claims (its leases are bounded)
+    """Push path, store and broker one Redis, full: the beat claims (its leases are bounded)
     but pushes nothing into the full broker (a message is ~3x the job it replaces, and a worker
     cannot run on a full Redis broker); every job stays stored, the beat stays up. Once
     maxmemory is raised, a worker starts and every job runs exactly once."""
@@ -430,13 +432,13 @@ def test_a_full_store_that_is_also_the_broker_holds_its_jobs(
         env = subprocess_env(store_url, store_url, DELAYQ_TEST_RECORD=redis_url)
         procs.start("beat", env)
         # kombu's declare of the queue (SADD) is refused first: the beat treats it as a broker
-        # outage; were it declared, deliver.lua's push would be refused ("over its maxmemory").
+        # outage; were it declared, push_claimed.lua's push would be refused ("over its maxmemory").
         said = ("OutOfMemoryError", "over its maxmemory")
         assert wait_for(lambda: any(text in procs.logs() for text in said), 60, 0.2), procs.logs()
         time.sleep(3)
         held = int(client.info("memory")["used_memory"])
         print(
-            f"\n{server_binary[0]} atomic path, full: {len(ids)} jobs held; used_memory "
+            f"\n{server_binary[0]} push path, full: {len(ids)} jobs held; used_memory "
             f"{full_memory} full, {held} with the beat claiming (maxmemory {limit})"
         )
         assert store.count() == len(ids) and client.llen("celery") == 0

@@ -4,9 +4,9 @@ every step that they agree.
 
 Covered: enqueue (keep and replace), claim with a long lease and with a lease so short
 that it has expired by the end of the step (so leases expire and are re-claimed by
-other tokens), ack, deliver (lists and a refused push), bury, cancel, reschedule
+other tokens), ack, push_claimed (lists and a refused push), bury, cancel, reschedule
 (including "make a future job due"), get, scan and the passage of time, and a full Redis
-(over ``maxmemory``: enqueue, deliver's push and a move by reschedule are refused and
+(over ``maxmemory``: enqueue, push_claimed's push and a move by reschedule are refused and
 change nothing; claim, ack, bury and cancel go on). After every step
 the whole database is compared with the model: each shard's ``due``, ``jobs``,
 ``leases``, ``dead`` and wake marker, the queue lists, and no other key.
@@ -46,9 +46,9 @@ from celery_delayq.lua_formats import lease_entry
 from celery_delayq.store import (
     OOM_REPLY,
     CancelOutcome,
-    DeliverOutcome,
     EnqueueOutcome,
     JobRecord,
+    PushClaimedOutcome,
     RescheduleOutcome,
     Store,
     is_oom,
@@ -62,7 +62,7 @@ IDS = ["job-0", "job-1", "job-2", "job-3", "job-7", "a|b", "é-1", "{t}a", "{t}b
 #: Beat tokens; the third is a suffix of the first (the "|" before a token must count).
 TOKENS = ["beat-a:101:0123456789ab", "beat-b:202:ba9876543210", "101:0123456789ab"]
 QUEUES = ["q-a", "q-b"]
-#: A string key: pushing a message to it fails, and deliver must leave the job leased.
+#: A string key: pushing a message to it fails, and push_claimed must leave the job leased.
 BAD_QUEUE = "q-bad"
 #: Malformed lease entries (corrupt_lease); none ends with "|<a token>", which ack would take
 #: for that token's lease.
@@ -318,36 +318,36 @@ class StoreMachine(RuleBasedStateMachine):
         self._count("ack:refused", len(ids) - sum(expected.values()))
         assert self.long.ack(token, self._group(ids)) == expected
 
-    def _deliver(self, token: str, items: list[tuple[str, str]]) -> None:
+    def _push_claimed(self, token: str, items: list[tuple[str, str]]) -> None:
         by_shard: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
         for job_id, queue in items:
             message = json.dumps({"id": job_id, "n": self._next()})
             by_shard[shard(job_id)].append((job_id, queue, message))
-        expected: dict[str, DeliverOutcome | str] = {}  # a str: a refused push's error
+        expected: dict[str, PushClaimedOutcome | str] = {}  # a str: a refused push's error
         for group in by_shard.values():  # the order the script calls run in
             for job_id, queue, message in group:
                 job = self.jobs.get(job_id)
                 if job is None or job.token != token:
-                    expected[job_id] = DeliverOutcome.STALE
-                    self._count("deliver:refused")
+                    expected[job_id] = PushClaimedOutcome.STALE
+                    self._count("push_claimed:refused")
                 elif self.full:
                     expected[job_id] = OOM_TEXT  # push refused: the job keeps its lease
-                    self._count("deliver:full")
+                    self._count("push_claimed:full")
                 elif queue == BAD_QUEUE:
                     expected[job_id] = "WRONGTYPE"  # push refused: the job keeps its lease
-                    self._count("deliver:push-error")
+                    self._count("push_claimed:push-error")
                 else:
                     self.lists[queue].insert(0, message)  # LPUSH
                     del self.jobs[job_id]
-                    expected[job_id] = DeliverOutcome.PUSHED
-                    self._count("deliver:pushed")
-        got = self.long.deliver(token, dict(by_shard))
+                    expected[job_id] = PushClaimedOutcome.PUSHED
+                    self._count("push_claimed:pushed")
+        got = self.long.push_claimed(token, dict(by_shard))
         assert set(got) == set(expected)
         for job_id, want in expected.items():
-            if isinstance(want, DeliverOutcome):
+            if isinstance(want, PushClaimedOutcome):
                 assert got[job_id].outcome is want and not got[job_id].error, (job_id, got)
                 continue
-            assert got[job_id].outcome is DeliverOutcome.REFUSED, (job_id, got)
+            assert got[job_id].outcome is PushClaimedOutcome.REFUSED, (job_id, got)
             if want == OOM_TEXT:
                 assert OOM_REPLY in got[job_id].error, got
             else:
@@ -366,22 +366,22 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.long.bury(token, job_id, record) is held
 
     @rule(
-        op=st.sampled_from(["ack", "deliver", "bury"]),
+        op=st.sampled_from(["ack", "push_claimed", "bury"]),
         token=tokens_st,
         items=st.lists(st.tuples(ids_st, queues_st), min_size=1, max_size=4, unique_by=lambda item: item[0]),
     )
     def finish(self, op: str, token: str, items: list[tuple[str, str]]) -> None:
-        """Ack, deliver or bury ids from the pool with any token: mostly refused."""
+        """Ack, push_claimed or bury ids from the pool with any token: mostly refused."""
         self._count("finish")
         self._finish(op, token, items)
 
     @precondition(lambda self: bool(self._held()))
     @rule(data=st.data())
     def holder_finishes(self, data: st.DataObject) -> None:
-        """The lease holder (its lease perhaps expired, not re-claimed) acks, delivers or buries
+        """The lease holder (its lease perhaps expired, not re-claimed) acks, pushes (push_claimed) or buries
         some of its jobs, maybe with ids it does not hold."""
         self._count("holder_finishes")
-        op = data.draw(st.sampled_from(["ack", "deliver", "bury"]), "op")
+        op = data.draw(st.sampled_from(["ack", "push_claimed", "bury"]), "op")
         token = data.draw(st.sampled_from(sorted({self.jobs[i].token or "" for i in self._held()})))
         mine = [i for i in self._held() if self.jobs[i].token == token]
         ids = data.draw(st.lists(st.sampled_from(mine), min_size=1, max_size=3, unique=True))
@@ -391,8 +391,8 @@ class StoreMachine(RuleBasedStateMachine):
     def _finish(self, op: str, token: str, items: list[tuple[str, str]]) -> None:
         if op == "ack":
             self._ack(token, [job_id for job_id, _ in items])
-        elif op == "deliver":
-            self._deliver(token, items)
+        elif op == "push_claimed":
+            self._push_claimed(token, items)
         else:
             for job_id, _ in items:
                 self._bury(token, job_id)
@@ -400,12 +400,12 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._stale() or self._held()))
     @rule(data=st.data())
     def not_the_holder(self, data: st.DataObject) -> None:
-        """A token that does not hold the lease acks, delivers or buries: nothing changes. Either
+        """A token that does not hold the lease acks, pushes (push_claimed) or buries: nothing changes. Either
         a token that held the id once (its lease expired and another token re-claimed it, or the
         job was cancelled, replaced or removed since), or any other token on a leased job (one of
         them is a suffix of another)."""
         self._count("not_the_holder")
-        op = data.draw(st.sampled_from(["ack", "deliver", "bury"]), "op")
+        op = data.draw(st.sampled_from(["ack", "push_claimed", "bury"]), "op")
         stale = self._stale()
         kinds = {
             "stale token, job held by another": [(i, t) for i, t in stale if i in self._held()],
@@ -420,8 +420,8 @@ class StoreMachine(RuleBasedStateMachine):
         before = len(self.jobs)
         if op == "ack":
             self._ack(token, [job_id])
-        elif op == "deliver":
-            self._deliver(token, [(job_id, data.draw(queues_st))])
+        elif op == "push_claimed":
+            self._push_claimed(token, [(job_id, data.draw(queues_st))])
         else:
             self._bury(token, job_id)
         assert len(self.jobs) == before
@@ -485,7 +485,7 @@ class StoreMachine(RuleBasedStateMachine):
     def memory(self, full: bool) -> None:
         """Redis goes over its maxmemory (1 byte: every write that may grow memory is refused,
         however much a step frees) or has room again. While full, the scripts that free memory
-        (claim, ack, bury, cancel) work as ever; enqueue, deliver's push and reschedule's move
+        (claim, ack, bury, cancel) work as ever; enqueue, push_claimed's push and reschedule's move
         are refused and change nothing."""
         self._count("memory:full" if full else "memory:room")
         self.full = full
@@ -537,7 +537,7 @@ class StoreMachine(RuleBasedStateMachine):
     # -- corrupt lease entries (issue 13: poison data) ----------------------------------------
     # A lease entry that does not read, written over a stored job's (waiting or leased), as a
     # buggy migration or a hand edit could. The model of what the scripts then do: no token
-    # holds the job (ack, deliver and bury by any beat are refused); it counts as held for
+    # holds the job (ack, push_claimed and bury by any beat are refused); it counts as held for
     # cancel (CancelOutcome.DELIVERING), reschedule (RescheduleOutcome.DELIVERING) and enqueue
     # (EnqueueOutcome.AFTER_HELD); get
     # and scan show it leased, due at its score, 0 tries, lease until its score; and the claim
@@ -622,12 +622,12 @@ def test_store_agrees_with_its_model(redis_url: str) -> None:
     )
     # The machine reached the interesting paths, not only the easy ones (each of these came up
     # 8 times or more in every run while this test was written; rarer ones, such as
-    # deliver:push-error and bury:moved, are in the summary line only).
+    # push_claimed:push-error and bury:moved, are in the summary line only).
     needed = [
         "claim:re-claimed-by-another", "not_the_holder:stale-token-now-held-by-another",
         "enqueue:after-held", f"cancel:{CancelOutcome.DELIVERING}",
         f"reschedule:{RescheduleOutcome.DELIVERING}",
-        "deliver:pushed", "ack:removed", "claim:repaired", "enqueue:full",
+        "push_claimed:pushed", "ack:removed", "claim:repaired", "enqueue:full",
     ]
     for name in needed:
         assert stats[name] > 0, name

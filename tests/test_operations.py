@@ -56,17 +56,17 @@ def published_count(r: redis.Redis) -> int:
 # -- due -> publish lateness ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["deliver-script", "kombu-batch"])
+@pytest.mark.parametrize("push", [True, False], ids=["push-path", "kombu-batch"])
 def test_every_published_job_is_counted_in_the_publish_histogram(
-    app_factory: Callable[..., Celery], r: redis.Redis, dispatchers: Callable[..., Dispatcher], atomic: bool
+    app_factory: Callable[..., Celery], r: redis.Redis, dispatchers: Callable[..., Dispatcher], push: bool
 ) -> None:
-    app = app_factory(delayq_atomic_publish=atomic, delayq_batch_size=7)
+    app = app_factory(delayq_push=push, delayq_batch_size=7)
     enqueue_due(app, 40, late_s=5.0)
     app.tasks["t.add"].apply_in(HOUR, (0, 0))  # not due: never counted
     dispatcher = dispatchers(app)
     while dispatcher.run_once() == 0.0:  # full batches: pass again at once
         pass
-    assert dispatcher.wire is atomic
+    assert dispatcher.pushing is push
     assert dispatcher.stats.published == 40 == published_count(r)
     dispatcher.chores(force=True)
     snap = lateness.read(get_store(app), "delayq", "publish")

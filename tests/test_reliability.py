@@ -3,8 +3,8 @@ processes of ``tests/apps/e2e_app.py`` (see ``tests/support/stack.py``):
 
 1. **Crash soak.** Jobs due over a minute while three beats and two workers run, and one
    beat (or one worker) is SIGKILLed and restarted every 5-10 s. Beat kills lose nothing;
-   with the atomic path (the broker is the store's Redis) nothing runs twice; with the
-   kombu path (``delayq_atomic_publish=False``) what the killed beats had published is
+   with the push path (the broker is the store's Redis) nothing runs twice; with the
+   kombu path (``delayq_push=False``) what the killed beats had published is
    published again, and the workers' start check drops that copy: nothing runs twice.
    Worker kills (an ``acks_late`` task): every job reaches the broker and every message a
    worker received runs; kombu's Redis consumer can still lose the one message its BRPOP
@@ -293,7 +293,7 @@ def kill_beat(
             time.sleep(0.001)
             continue
         os.kill(pid, signal.SIGSTOP)
-        # A command sent just before the freeze still runs (a deliver script drops its leases):
+        # A command sent just before the freeze still runs (a push_claimed script drops its leases):
         # let it land, and let a message published just before the freeze reach a worker.
         time.sleep(0.05)
         held = leases_of(r, lease_keys, pid)
@@ -387,7 +387,7 @@ def record_late_task(producer: Producer) -> Any:
 
 def soak(
     victim: str,
-    atomic: bool,
+    push: bool,
     redis_url: str,
     r: redis.Redis,
     procs: Procs,
@@ -396,7 +396,7 @@ def soak(
     """Three beats and two workers deliver ``SOAK.jobs`` jobs due over ``SOAK.seconds`` while a
     ``victim`` process (a beat or a worker) is SIGKILLed and restarted every 5-10 s."""
     t_begin = time.monotonic()
-    conf: dict[str, Any] = {"delayq_reclaim_ttl": RECLAIM_TTL, "delayq_atomic_publish": atomic}
+    conf: dict[str, Any] = {"delayq_reclaim_ttl": RECLAIM_TTL, "delayq_push": push}
     if victim == "worker":
         conf["broker_transport_options"] = TRANSPORT
     env = env_for(redis_url, redis_url, conf)
@@ -423,7 +423,7 @@ def soak(
     counts = runs(r)
     duplicates = {job_id: n for job_id, n in counts.items() if n > 1}
     extra = sum(n - 1 for n in duplicates.values())
-    path = "atomic publish" if atomic else "kombu publish (delayq_atomic_publish=False)"
+    path = "push path" if push else "kombu publish (delayq_push=False)"
     late = first_lateness(r)
     stale = count_in_logs(procs, "beat", "no longer leased")
     bound = store.config.batch_size * store.config.shards * len(kills)
@@ -482,12 +482,12 @@ def soak(
     assert len(ended) == len(kills), f"{ended}\n{procs.logs()}"
     assert all(code == -signal.SIGKILL for _, code in ended), f"{ended}\n{procs.logs()}"
     assert len(running(procs, "beat")) == 3 and len(running(procs, "worker")) == 2
-    # Each beat says so when it finds the broker is the store's Redis (the atomic path).
-    assert atomic == (count_in_logs(procs, "beat", "the broker is the store's Redis") > 0)
+    # Each beat says so when it finds the broker is the store's Redis (the push path).
+    assert push == (count_in_logs(procs, "beat", "the broker is the store's Redis") > 0)
     if victim == "beat":
-        if atomic:
+        if push:
             assert kills.published == set(), "a job ran while its beat still held its lease"
-            assert duplicates == {}, f"duplicates on the atomic path: {duplicates}"
+            assert duplicates == {}, f"duplicates on the push path: {duplicates}"
         else:
             # A job the beat had published when it died is published again after its lease, by
             # another beat under another claim: the workers' start check (delayq_start_check, on
@@ -499,7 +499,7 @@ def soak(
 
 
 @pytest.mark.timeout(SOAK_TIMEOUT)
-def test_soak_beat_kills_atomic_publish_no_loss_no_duplicate(
+def test_soak_beat_kills_push_path_no_loss_no_duplicate(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:
     soak("beat", True, redis_url, r, procs, producers)

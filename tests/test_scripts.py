@@ -483,8 +483,8 @@ def test_a_reply_that_is_none_of_the_scripts_codes_raises(
     with pytest.raises(StoreError, match=r"^delayq fire: unexpected reply .* \(its codes are 0 to 3\)$"):
         store.fire("beat-1", [(0, ["p", "s", 0, "", "", 0, ""])])
     monkeypatch.setattr("celery_delayq.store.run_pipelined", lambda client, calls, **kw: [[reply]])
-    with pytest.raises(StoreError, match=r"^delayq deliver: unexpected reply"):
-        store.deliver("beat-1", {0: [("a", "celery", "{}")]})
+    with pytest.raises(StoreError, match=r"^delayq push_claimed: unexpected reply"):
+        store.push_claimed("beat-1", {0: [("a", "celery", "{}")]})
 
 
 def test_script_flush_before_a_single_call(store: Store, r: redis.Redis) -> None:
@@ -773,7 +773,7 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
         ("fire", ["beat-1", "point", "sched", "", "task-1", "", "", "", channel, 0]),
         ("sched_put", ["sched", "put", '{"new":1}', "point-2", "tomorrow", "env", channel, 0]),
         ("sched_put", ["sched", "upsert", '{"new":1}', "", "", "", channel, 0]),
-        ("deliver", ["beat-1", "held", "celery"]),
+        ("push_claimed", ["beat-1", "held", "celery"]),
         ("bury", ["beat-1", "held"]),
         ("renew", ["beat|1", 30_000, "held"]),
         ("renew", ["beat-1", "1.5", "held"]),
@@ -799,7 +799,7 @@ def test_a_writing_script_refuses_bad_input_before_writing_anything(
 ) -> None:
     name, args = _bad_calls(store.keys.wake_channel)[case]
     _stored_state(store, r)
-    keys = [*store.keys.shard(0).core, "celery"]  # the shard's keys, and a queue deliver could push to
+    keys = [*store.keys.shard(0).core, "celery"]  # the shard's keys, and a queue push_claimed could push to
 
     def dump() -> list[Any]:
         return [r.dump(key) for key in keys]

@@ -411,7 +411,7 @@ def test_a_broker_with_another_user_on_the_stores_server_goes_through_kombu(
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """The broker (admin user) is the store's server and database, but the store connects as the
-    limited user: the beat does not take the atomic path (it needs the same user), so kombu
+    limited user: the beat does not take the push path (it needs the same user), so kombu
     publishes with the broker's user and nothing is refused."""
     broker = f"redis://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{acl_server.port}/0"
     app = apps(broker, acl_url(acl_server))
@@ -420,7 +420,7 @@ def test_a_broker_with_another_user_on_the_stores_server_goes_through_kombu(
     jobs.append(add.apply_at(time.time() - 1, (3, 3), priority=3))  # list "celery\x06\x163"
     dispatcher = dispatchers(app)
     dispatcher.run_once()
-    assert dispatcher.wire is False
+    assert dispatcher.pushing is False
     assert sorted(published(admin) + published(admin, "celery\x06\x163")) == sorted(job.id for job in jobs)
     assert DelayQ(app).count() == 0 and dispatcher.stats.publish_errors == 0
     assert denied(admin) == []
@@ -433,7 +433,7 @@ def test_one_user_for_store_and_broker_takes_the_atomic_path(
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """Store and broker as the same user, allowed the store's rule plus what publishing needs
-    (kombu's queue declaration, LPUSH on the queue lists): the atomic path pushes with it."""
+    (kombu's queue declaration, LPUSH on the queue lists): the push path pushes with it."""
     extra = ["+lpush", "+sadd", "+llen", "+multi", "+exec", "~celery*", "~_kombu.*"]
     admin.execute_command("ACL", "SETUSER", "delayq", *extra)
     url = acl_url(acl_server)
@@ -443,7 +443,7 @@ def test_one_user_for_store_and_broker_takes_the_atomic_path(
     jobs.append(add.apply_at(time.time() - 1, (3, 3), priority=3))
     dispatcher = dispatchers(app)
     dispatcher.run_once()
-    assert dispatcher.wire is True
+    assert dispatcher.pushing is True
     assert sorted(published(admin) + published(admin, "celery\x06\x163")) == sorted(job.id for job in jobs)
     assert DelayQ(app).count() == 0 and dispatcher.stats.publish_errors == 0
     assert denied(admin) == []
@@ -587,9 +587,9 @@ def store_raw(app: Celery, job_id: str, due_ms: int, envelope: str | bytes) -> N
     store.client.hset(keys.jobs, job_id, envelope)
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
 def test_the_beat_never_unpickles(
-    atomic: bool,
+    push: bool,
     redis_url: str,
     r: redis.Redis,
     tmp_path: Path,
@@ -602,7 +602,7 @@ def test_the_beat_never_unpickles(
     assert (tmp_path / "armed").exists()  # the payload works when loaded
     marker = tmp_path / "unpickled"
     payload = pickle.dumps(Armed(marker))
-    app = apps(redis_url, redis_url, accept_content=["json"], delayq_atomic_publish=atomic)
+    app = apps(redis_url, redis_url, accept_content=["json"], delayq_push=push)
     past = server_ms(r) - 1000
     envelope = {
         "v": 2,
@@ -621,7 +621,7 @@ def test_the_beat_never_unpickles(
 
     dispatcher = dispatchers(app)
     dispatcher.run_once()
-    assert dispatcher.wire is atomic
+    assert dispatcher.pushing is push
 
     assert not marker.exists()
     [message] = broker_lists(r)["celery"]

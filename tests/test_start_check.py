@@ -83,26 +83,26 @@ def _claims(messages: list[dict[str, Any]]) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    ("atomic", "conf"),
+    ("push", "conf"),
     [(False, {}), (True, {}), (True, {"task_compression": "gzip"})],
-    ids=["kombu", "atomic", "compressed"],
+    ids=["kombu", "push", "compressed"],
 )
-def test_messages_published_through_kombu_carry_their_claim_and_the_atomic_path_none(
-    atomic: bool,
+def test_messages_published_through_kombu_carry_their_claim_and_the_push_path_none(
+    push: bool,
     conf: dict[str, Any],
     app_factory: Callable[..., Any],
     r: redis.Redis,
     dispatchers: Callable[..., Dispatcher],
 ) -> None:
-    """The atomic path (deliver.lua) puts no claim on its messages; kombu's publish does, also
-    for compressed messages, which leave the atomic path."""
-    app = app_factory(delayq_atomic_publish=atomic, delayq_in_redis=False, **conf)
+    """The push path (push_claimed.lua) puts no claim on its messages; kombu's publish does, also
+    for compressed messages, which leave the push path."""
+    app = app_factory(delayq_push=push, delayq_push_on_claim=False, **conf)
     results = app.tasks["t.add"].apply_at_many([(time.time() - 1, (i, i), None) for i in range(3)])
     dispatcher = dispatchers(app)
     dispatcher.run_once()
     messages = broker_lists(r)["celery"]
     assert sorted(m["headers"]["id"] for m in messages) == sorted(res.id for res in results)
-    if atomic and not conf:
+    if push and not conf:
         assert _claims(messages) == [None, None, None]
         return
     for message in messages:
@@ -120,7 +120,7 @@ def test_a_released_capped_job_carries_no_claim(
     """Flow control delivers a released job again by design once its worker died (its slot
     expired) after it started: a claim would have the worker drop that second delivery. The
     gate keeps such a job to its one slot instead (docs/flow-control.md)."""
-    app = app_factory(delayq_atomic_publish=False)
+    app = app_factory(delayq_push=False)
     app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), concurrency_key="k", concurrency_limit=1)
     dispatchers(app).run_once()
     [message] = broker_lists(r)["celery"]
@@ -277,7 +277,7 @@ def test_a_killed_worker_and_a_retried_task_run_again_under_the_check(
     and runs them: the redelivery carries the same claim. Two tasks fail once and
     ``self.retry(countdown=1)``: the retry carries the same claim and runs."""
     conf: dict[str, Any] = {
-        "delayq_atomic_publish": False,
+        "delayq_push": False,
         # kombu looks for a dead worker's unacked messages every interval x throttle seconds
         "broker_transport_options": {
             "visibility_timeout": 3,

@@ -1,4 +1,4 @@
-"""The atomic publish path: messages built in the beat and pushed by ``lua/deliver.lua``.
+"""The push publish path: messages built in the beat and pushed by ``lua/push_claimed.lua``.
 
 When the broker is the store's Redis server and database, the beat builds kombu's
 message itself and one script pushes it and removes the job. These tests check that
@@ -45,7 +45,7 @@ from tests.support.wire import (
 @pytest.mark.parametrize(
     ("args", "kwargs", "options"), [o[1:] for o in OPTION_SETS], ids=[o[0] for o in OPTION_SETS]
 )
-def test_the_atomic_path_pushes_what_kombu_pushes(
+def test_the_push_path_pushes_what_kombu_pushes(
     app_factory: AppFactory,
     r: redis.Redis,
     args: tuple[Any, ...],
@@ -53,27 +53,27 @@ def test_the_atomic_path_pushes_what_kombu_pushes(
     options: dict[str, Any],
 ) -> None:
     """The same job (same id, arguments, options, due time), published by kombu and by the
-    atomic path, lands in the same list as the same message (JSON compared as data)."""
+    push path, lands in the same list as the same message (JSON compared as data)."""
     conf = {"accept_content": ["json", "pickle"]}
-    via_kombu = app_factory(delayq_prefix="k", delayq_atomic_publish=False, **conf)
-    atomic = app_factory(delayq_prefix="a", **conf)
+    via_kombu = app_factory(delayq_prefix="k", delayq_push=False, **conf)
+    push = app_factory(delayq_prefix="a", **conf)
     due = time.time() - 1
     messages = []
-    for application in (via_kombu, atomic):
+    for application in (via_kombu, push):
         application.tasks["t.add"].apply_at(due, args, kwargs, task_id="same-job", **options)
         dispatcher = Dispatcher(application)
         dispatcher.run_once()
         dispatcher.close()
-        assert dispatcher.wire is (application is atomic)
+        assert dispatcher.pushing is (application is push)
         assert dispatcher.stats.published == dispatcher.stats.acked == 1
         assert DelayQ(application).count() == 0
         lists = take_lists(r)
         assert len(lists) == 1 and len(next(iter(lists.values()))) == 1
         messages.append(lists)
-    kombu_lists, atomic_lists = messages
-    assert list(kombu_lists) == list(atomic_lists)  # the same list key (queue, priority)
+    kombu_lists, push_lists = messages
+    assert list(kombu_lists) == list(push_lists)  # the same list key (queue, priority)
     (key,) = kombu_lists
-    assert comparable(kombu_lists[key][0]) == comparable(atomic_lists[key][0])
+    assert comparable(kombu_lists[key][0]) == comparable(push_lists[key][0])
     if "priority" in options and options["priority"] >= 3:
         assert key.endswith("\x06\x16" + str(options["priority"] // 3 * 3))
 
@@ -157,7 +157,7 @@ ETA_OPTION_SETS = [o for o in OPTION_SETS if o[0] != "expires"] + [
 def test_with_publish_eta_every_path_pushes_what_celery_pushes_for_that_eta(
     app_factory: AppFactory, r: redis.Redis, option_set: OptionSet
 ) -> None:
-    """With ``delayq_publish_eta``, a job published by the atomic path, by kombu's
+    """With ``delayq_publish_eta``, a job published by the push path, by kombu's
     ``Producer.publish`` and by Celery's ``send_task_message`` (the path taken when
     task-sent events are on) is the message Celery's own ``apply_async(eta=due)`` sends for
     the same job and id, plus the ``delayq_due`` header: its ``eta`` is the due time, to the
@@ -165,8 +165,8 @@ def test_with_publish_eta_every_path_pushes_what_celery_pushes_for_that_eta(
     _, args, kwargs, options = option_set
     conf = {"accept_content": ["json", "pickle"], "delayq_publish_eta": True}
     paths = {
-        "kombu": app_factory(delayq_prefix="k", delayq_atomic_publish=False, **conf),
-        "atomic": app_factory(delayq_prefix="a", **conf),
+        "kombu": app_factory(delayq_prefix="k", delayq_push=False, **conf),
+        "push": app_factory(delayq_prefix="a", **conf),
         "send_task_message": app_factory(delayq_prefix="s", task_send_sent_event=True, **conf),
     }
     due_ms = int(time.time() * 1000) - 1234
@@ -176,7 +176,7 @@ def test_with_publish_eta_every_path_pushes_what_celery_pushes_for_that_eta(
         dispatcher = Dispatcher(application)
         dispatcher.run_once()
         dispatcher.close()
-        assert dispatcher.wire is (path == "atomic"), path  # (a compressed job goes through kombu)
+        assert dispatcher.pushing is (path == "push"), path  # (a compressed job goes through kombu)
         assert dispatcher.stats.published == dispatcher.stats.acked == 1
         ((key, [message]),) = take_lists(r).items()
         assert message["headers"]["eta"] == due_iso(due_ms), path
@@ -196,7 +196,7 @@ def test_a_job_whose_lease_was_taken_over_is_not_pushed_again(
     app_factory: AppFactory, r: redis.Redis
 ) -> None:
     """kombu's path publishes, then acks: a beat whose lease expired meanwhile has already
-    published, and the beat that re-claimed the job publishes it again. On the atomic path
+    published, and the beat that re-claimed the job publishes it again. On the push path
     the push happens only while the lease is held, so the slow beat pushes nothing."""
     application = app_factory(delayq_reclaim_ttl=0.2)
     jobs = [application.tasks["t.add"].apply_at(time.time() - 1, (i,)) for i in range(20)]
@@ -208,7 +208,7 @@ def test_a_job_whose_lease_was_taken_over_is_not_pushed_again(
     assert len(claimed) == 20
     time.sleep(0.3)  # the slow beat's leases expire
     fast.run_once()
-    assert fast.stats.published == 20 and fast.wire
+    assert fast.stats.published == 20 and fast.pushing
     slow.publish_claimed(claimed)  # the slow beat goes on with what it claimed
     assert slow.stats.published == 0 and slow.stats.stale_acks == 20
     ids = [m["headers"]["id"] for m in take_lists(r)["celery"]]
@@ -226,7 +226,7 @@ def test_a_cancel_while_the_beat_holds_the_job_wins(app_factory: AppFactory, r: 
         (res.shard, j) for res in store.claim(range(store.config.shards), beat.token) for j in res.jobs
     ]
     # cancel() cannot know which path the beat takes, so it says "may already be in the
-    # broker" (False); on the atomic path the job is then never pushed.
+    # broker" (False); on the push path the job is then never pushed.
     assert DelayQ(application).cancel(job.id) is False
     assert DelayQ(application).get(job.id) is None
     beat.publish_claimed(claimed)
@@ -243,7 +243,7 @@ def test_a_queue_key_that_is_not_a_list_dead_letters_only_its_jobs(
     good = application.tasks["t.add"].apply_at(time.time() - 1, (2,))
     beat = Dispatcher(application)
     beat.run_once()
-    assert beat.wire and beat.stats.published == 1 and beat.stats.dead_lettered == 1
+    assert beat.pushing and beat.stats.published == 1 and beat.stats.dead_lettered == 1
     dead = dict(DelayQ(application).dead())
     assert list(dead) == [bad.id] and "is not a list" in dead[bad.id]["reason"]
     assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [good.id]
@@ -252,7 +252,7 @@ def test_a_queue_key_that_is_not_a_list_dead_letters_only_its_jobs(
 
 
 @pytest.mark.slow
-def test_the_atomic_path_needs_the_same_server_and_database(app_factory: AppFactory, redis_url: str) -> None:
+def test_the_push_path_needs_the_same_server_and_database(app_factory: AppFactory, redis_url: str) -> None:
     other_db = redis_url.rsplit("/", 1)[0] + "/5"
     with EmbeddedRedis() as other:
         for broker, expected in ((redis_url, True), (other_db, False), (other.url + "/0", False)):
@@ -260,19 +260,19 @@ def test_the_atomic_path_needs_the_same_server_and_database(app_factory: AppFact
             application.tasks["t.add"].apply_at(time.time() - 1, (1,))
             beat = Dispatcher(application)
             beat.run_once()
-            assert (beat.wire, beat.stats.published) == (expected, 1), broker
+            assert (beat.pushing, beat.stats.published) == (expected, 1), broker
             beat.close()
     redis.Redis.from_url(other_db).flushdb()
 
 
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "kombu"])
+@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
 @pytest.mark.slow
 def test_with_publish_eta_a_schedule_point_carries_its_time_as_eta(
-    app_factory: AppFactory, r: redis.Redis, atomic: bool
+    app_factory: AppFactory, r: redis.Redis, push: bool
 ) -> None:
     """A recurring schedule's point is published by the same code (kombu's
     ``Producer.publish``, whatever the path of plain jobs): its ``eta`` is the point's time."""
-    application = app_factory(delayq_publish_eta=True, delayq_atomic_publish=atomic)
+    application = app_factory(delayq_publish_eta=True, delayq_push=push)
     created = Schedules(application).add("every-second", application.tasks["t.add"], 1, (1,))
     assert created.next_run is not None
     due_ms = round(created.next_run.timestamp() * 1000)

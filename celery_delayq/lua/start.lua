@@ -1,6 +1,6 @@
 --[[ start: may a worker start this delivery of a job? The fence where the work happens.
 
-A beat that publishes a job it leased through kombu (not deliver.lua or push.lua) puts its
+A beat that publishes a job it leased through kombu (not push_claimed.lua or push.lua) puts its
 claim in the message (the delayq_claim header, celery_delayq/starts.py). A beat paused inside
 its publish may have sent copies after another beat re-claimed and re-published the job: two
 claims of one stored job reach the workers. The first whose worker calls this starts; a copy

@@ -124,7 +124,7 @@ if os.environ.get("DELAYQ_TEST_PUBLISH_RECEIVER"):
 
     @after_task_publish.connect(weak=False)
     def _published(**kwargs: Any) -> None:
-        """A receiver that does nothing: connected, it takes every job off the atomic path."""
+        """A receiver that does nothing: connected, it takes every job off the push path."""
 
 
 if os.environ.get("DELAYQ_TEST_STOP_IN_PUBLISH"):

@@ -1,4 +1,4 @@
-"""The atomic path's differential tests, shared by tests/test_wire.py and tests/test_in_redis.py:
+"""The push path's differential tests, shared by tests/test_wire.py and tests/test_push.py:
 the ``app_factory`` fixture (apps with ``t.add`` and queues ``celery``/``q2``), the option sets
 compared with kombu, the generated job values, and the broker lists taken and compared."""
 
@@ -95,7 +95,7 @@ def comparable(message: dict[str, Any]) -> dict[str, Any]:
     props.pop("reply_to")  # each app has its own reply-to oid
     text_body(message)
     # The claim a beat puts on what it publishes through kombu (celery_delayq/starts.py): the
-    # atomic and in-Redis paths need none (tests/test_start_check.py checks both sides).
+    # push path needs none, on claim or not (tests/test_start_check.py checks both sides).
     message["headers"].pop("delayq_claim", None)
     if "expiration" in props:  # the time left, computed at publish
         props["expiration"] = "<set>"

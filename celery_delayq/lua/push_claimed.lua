@@ -1,5 +1,6 @@
---[[ deliver: push ready broker messages into their queue lists and remove the jobs, in one step.
+--[[ push_claimed: push ready broker messages into their queue lists and remove the jobs, in one step.
 
+The push path, for the messages the beat built (lua/push.lua pushes the others on claim).
 Used only when the Celery broker is this same Redis server and database (kombu's
 Redis transport keeps a queue as a list it LPUSHes to and its consumer BRPOPs from).
 The beat builds each message exactly as kombu would; this script publishes it and
@@ -33,7 +34,7 @@ into a full broker would grow it and lose messages (docs/operations.md, "A full 
 --!include lease
 --!include job
 if #ARGV < 1 or (#ARGV - 1) % 3 ~= 0 then
-  return redis.error_reply('delayq deliver: messages come in triples: id, list key, message')
+  return redis.error_reply('delayq push_claimed: messages come in triples: id, list key, message')
 end
 local token = ARGV[1]
 local out = {}

@@ -1,4 +1,4 @@
-"""The in-Redis path: ``lua/push.lua`` claims due jobs and pushes their messages itself.
+"""The push path on claim: ``lua/push.lua`` claims due jobs and pushes their messages itself.
 
 When the broker is the store's Redis server and database, a due job whose message has a
 stored template (one per job shape, written by the beat the first time it meets that shape)
@@ -70,11 +70,11 @@ def warm_up(application: Celery, args: tuple[Any, ...] = (0,), **options: Any) -
     """Deliver one job of this shape the beat's way, which stores its template."""
     application.tasks["t.add"].apply_at(time.time() - 1, args, **options)
     dispatcher = drain(application)
-    assert dispatcher.stats.in_redis == 0 and dispatcher.stats.published == 1
+    assert dispatcher.stats.pushed_on_claim == 0 and dispatcher.stats.published == 1
 
 
 @pytest.mark.parametrize(("name", "args", "kwargs", "options"), ALL_SETS, ids=[o[0] for o in ALL_SETS])
-def test_the_in_redis_path_pushes_what_kombu_pushes(
+def test_pushing_on_claim_pushes_what_kombu_pushes(
     app_factory: AppFactory,
     r: redis.Redis,
     name: str,
@@ -82,20 +82,20 @@ def test_the_in_redis_path_pushes_what_kombu_pushes(
     kwargs: dict[str, Any],
     options: dict[str, Any],
 ) -> None:
-    """The same job published by kombu and by the in-Redis path (its template stored by an
+    """The same job published by kombu and pushed on claim (its template stored by an
     earlier job of the same shape) lands in the same list as the same message."""
     conf = {"accept_content": ["json", "pickle"], "delayq_shards": 1}
-    via_kombu = app_factory(delayq_prefix="k", delayq_atomic_publish=False, **conf)
-    in_redis = app_factory(delayq_prefix="a", **conf)
-    warm_up(in_redis, args, **options)
+    via_kombu = app_factory(delayq_prefix="k", delayq_push=False, **conf)
+    on_claim = app_factory(delayq_prefix="a", **conf)
+    warm_up(on_claim, args, **options)
     take_lists(r)
     due = time.time() - 1
     messages = []
-    for application in (via_kombu, in_redis):
+    for application in (via_kombu, on_claim):
         application.tasks["t.add"].apply_at(due, args, kwargs, task_id="same-job", **options)
         dispatcher = drain(application)
-        expected = 1 if application is in_redis and name not in BEATS_WAY else 0
-        assert dispatcher.stats.in_redis == expected, name
+        expected = 1 if application is on_claim and name not in BEATS_WAY else 0
+        assert dispatcher.stats.pushed_on_claim == expected, name
         assert dispatcher.stats.published == dispatcher.stats.acked == 1
         messages.append(take_lists(r))
     kombu_lists, ours = messages
@@ -215,7 +215,7 @@ def test_every_job_goes_out_once_with_two_beats_racing(app_factory: AppFactory, 
     messages = [json.loads(m) for m in r.lrange("celery", 0, -1)]
     pushed = [m["headers"]["id"] for m in messages]
     assert sorted(pushed) == sorted(ids)
-    assert sum(b.stats.in_redis for b in beats) > 0
+    assert sum(b.stats.pushed_on_claim for b in beats) > 0
     # every delivery tag is its own (kombu keys a worker's unacked messages by it: two alike,
     # and one is lost when a dead worker's messages are restored; a CI soak found it)
     tags = [m["properties"]["delivery_tag"] for m in messages]
@@ -245,7 +245,7 @@ def test_a_lease_another_beat_holds_is_left_alone_and_an_expired_one_goes_out_on
     assert fast.stats.published == 0 and r.llen("celery") == 0
     time.sleep(0.4)  # the slow beat's leases expire
     fast.run_once()
-    assert fast.stats.in_redis == fast.stats.published == 20
+    assert fast.stats.pushed_on_claim == fast.stats.published == 20
     assert r.hlen(store.keys.shard(0).leases) == 0
     slow.publish_claimed(claimed)
     assert slow.stats.published == 0 and slow.stats.stale_acks == 20
@@ -270,7 +270,7 @@ def test_a_queue_key_that_is_not_a_list_dead_letters_only_its_jobs(
     bad = application.tasks["t.add"].apply_at(time.time() - 1, (1,), queue="q2")
     good = application.tasks["t.add"].apply_at(time.time() - 1, (2,))
     beat = drain(application)
-    assert beat.stats.in_redis == beat.stats.published == 1 and beat.stats.dead_lettered == 1
+    assert beat.stats.pushed_on_claim == beat.stats.published == 1 and beat.stats.dead_lettered == 1
     dead = dict(DelayQ(application).dead())
     assert list(dead) == [bad.id] and "is not a list" in dead[bad.id]["reason"]
     assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [good.id]
@@ -292,11 +292,11 @@ def test_a_corrupt_envelope_is_buried_and_a_corrupt_template_is_written_again(
     good = application.tasks["t.add"].apply_at(time.time() - 1, (1,))
     beat = drain(application)
     # the template did not read: the job went the beat's way, and the beat wrote it again
-    assert beat.stats.in_redis == 0 and beat.stats.published == 1 and beat.stats.dead_lettered == 1
+    assert beat.stats.pushed_on_claim == 0 and beat.stats.published == 1 and beat.stats.dead_lettered == 1
     assert "corrupt envelope" in dict(DelayQ(application).dead())["broken"]["reason"]
     assert json.loads(r.hget(keys.wire, field))["t"] == "t.add"
     again = application.tasks["t.add"].apply_at(time.time() - 1, (2,))
-    assert drain(application).stats.in_redis == 1
+    assert drain(application).stats.pushed_on_claim == 1
     assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [good.id, again.id]
 
 
@@ -313,7 +313,7 @@ def test_gated_jobs_and_schedule_points_go_the_beats_way(app_factory: AppFactory
     schedules.add("every-second", add, 1, (2,))
     time.sleep(1.2)
     beat = drain(application, passes=5)
-    assert beat.stats.in_redis == 0 and beat.stats.published >= 2
+    assert beat.stats.pushed_on_claim == 0 and beat.stats.published >= 2
     ids = [m["headers"]["id"] for m in take_lists(r)["celery"]]
     assert gated.id in ids
     assert schedules.get("every-second") is not None and DelayQ(application).count() >= 1
@@ -329,7 +329,7 @@ def test_the_templates_hash_is_bounded(app_factory: AppFactory, r: redis.Redis) 
     add = application.tasks["t.add"]
     add.apply_at(time.time() - 1, (1,))
     beat = drain(application)
-    assert beat.stats.in_redis == 0 and beat.stats.published == 1
+    assert beat.stats.pushed_on_claim == 0 and beat.stats.published == 1
     assert r.hlen(wire) == MAX_STORED_TEMPLATES and r.pttl(wire) == -1  # nothing added, no TTL set
 
 
@@ -344,9 +344,9 @@ def test_the_templates_hash_lives_a_day_after_its_last_template(
     assert 0 < r.pttl(wire) <= TEMPLATES_TTL_MS
     r.delete(wire)  # as when it expires
     application.tasks["t.add"].apply_at(time.time() - 1, (1,))
-    assert drain(application).stats.in_redis == 0 and r.hlen(wire) == 1
+    assert drain(application).stats.pushed_on_claim == 0 and r.hlen(wire) == 1
     application.tasks["t.add"].apply_at(time.time() - 1, (2,))
-    assert drain(application).stats.in_redis == 1
+    assert drain(application).stats.pushed_on_claim == 1
 
 
 @pytest.fixture
@@ -358,7 +358,7 @@ def full_server(server_binary: tuple[str, str]) -> Iterator[EmbeddedRedis]:
 @pytest.mark.slow
 def test_a_full_redis_pushes_nothing_and_loses_nothing(full_server: EmbeddedRedis) -> None:
     """Over maxmemory the script is refused with nothing written; the beat claims the shard with
-    claim.lua (which a full Redis runs) and deliver.lua's pushes are refused too, so the full
+    claim.lua (which a full Redis runs) and push_claimed.lua's pushes are refused too, so the full
     broker does not grow. Once memory is freed and the leases expire, every job goes out once."""
     url = full_server.url + "/0"
     application = make_app(
@@ -377,7 +377,7 @@ def test_a_full_redis_pushes_nothing_and_loses_nothing(full_server: EmbeddedRedi
         make_full(client)
         beat = Dispatcher(application)
         beat.run_once()
-        assert beat.stats.in_redis == 0 and beat.stats.published == 0
+        assert beat.stats.pushed_on_claim == 0 and beat.stats.published == 0
         assert client.llen("celery") == 0 and DelayQ(application).count() == 50
         beat.close()
         client.config_set("maxmemory", 0)
