@@ -19,7 +19,8 @@ imports = ("examples.project.tasks",)
 
 # -- celery-delayq -------------------------------------------------------------------------------
 # The job store. With a Redis broker it defaults to the broker URL; when both name the same
-# server and database, a beat pushes each message and removes its job in one script.
+# server and database, a beat pushes each message and removes its job in one script (the push
+# path, delayq_push).
 delayq_url = URL
 # Every key starts with this prefix, so several projects can share one Redis.
 delayq_prefix = "project"
