@@ -69,7 +69,7 @@ class _Message:
 def in_consumer(url: str, n: int) -> list[str]:
     from celery_delayq.starts import StartCheck
 
-    logging.getLogger("celery_delayq.worker").setLevel(logging.ERROR)  # (a line per stale copy)
+    logging.getLogger("celery_delayq.starts").setLevel(logging.ERROR)  # (a line per stale copy)
     application = Celery("start_check", broker=url, set_as_current=False)
     application.conf.update(delayq_url=url)
     consumer = _Consumer(application)

@@ -86,7 +86,7 @@ __all__ = [
     "Dispatcher",
 ]
 
-logger = logging.getLogger("celery_delayq.dispatch")
+logger = logging.getLogger(__name__)
 
 #: Longest back-off (s) between claims while the broker is unreachable.
 BROKER_BACKOFF_MAX = 5.0

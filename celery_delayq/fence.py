@@ -25,7 +25,7 @@ from .store import REDIS_ERRORS, Store
 
 __all__ = ["FENCE_FRACTION", "FENCE_WINDOWS_KEPT", "Fence", "LeaseLost"]
 
-logger = logging.getLogger("celery_delayq.dispatch")
+logger = logging.getLogger(__name__)
 
 #: Part of the lease (from the claim or renew being sent) within which a beat publishes without
 #: asking Redis; past it, it renews first (see the module docstring).

@@ -24,7 +24,7 @@ from .store import ClaimedJob, FireOutcome, Store, error_text
 
 __all__ = ["FireCall", "ScheduleFiring"]
 
-logger = logging.getLogger("celery_delayq.dispatch")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

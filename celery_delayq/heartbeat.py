@@ -20,7 +20,7 @@ from .store import Store
 
 __all__ = ["BEAT_FORGET_MS", "HEARTBEAT_EVERY", "PRUNE_EVERY", "Heartbeat"]
 
-logger = logging.getLogger("celery_delayq.dispatch")
+logger = logging.getLogger(__name__)
 
 #: Seconds between two heartbeats (this beat's entry in ``<prefix>:beats``).
 HEARTBEAT_EVERY = 5.0

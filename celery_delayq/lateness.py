@@ -56,7 +56,7 @@ __all__ = [
     "tally",
 ]
 
-logger = logging.getLogger("celery_delayq.dispatch")
+logger = logging.getLogger(__name__)
 
 #: Seconds between two flushes of a beat's due -> publish lateness (at most; only when
 #: something was published).

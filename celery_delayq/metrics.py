@@ -46,7 +46,7 @@ from .stats import CLAIM_SIZE_BOUNDS, DispatcherView
 
 __all__ = ["MAX_KEY_SERIES", "REDIS_READ_EVERY", "DispatcherCollector", "MetricsServer", "seconds_buckets"]
 
-logger = logging.getLogger("celery_delayq.metrics")
+logger = logging.getLogger(__name__)
 
 #: Seconds a read of the store's sizes and of the workers' lateness is reused by later scrapes.
 REDIS_READ_EVERY = 5.0

@@ -80,7 +80,7 @@ __all__ = [
     "Pusher",
 ]
 
-logger = logging.getLogger("celery_delayq.dispatch")
+logger = logging.getLogger(__name__)
 
 #: A job whose publish raised something other than a broker connection error is
 #: retried after its lease; the claim that makes this many attempts buries it.

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BeatConfigurationError", "Scheduler", "serve_metrics"]
 
-logger = logging.getLogger("celery_delayq.scheduler")
+logger = logging.getLogger(__name__)
 
 _BACKOFF_START = 0.5
 _BACKOFF_MAX = 10.0

@@ -60,7 +60,7 @@ __all__ = [
     "point_id",
 ]
 
-logger = logging.getLogger("celery_delayq.schedules")
+logger = logging.getLogger(__name__)
 
 MISSED_POLICIES = ("once", "skip", "all")
 DEFINITION_VERSION = 1

@@ -92,7 +92,7 @@ __all__ = [
     "script_from_text",
 ]
 
-logger = logging.getLogger("celery_delayq.scripts")
+logger = logging.getLogger(__name__)
 
 #: How long (ms) a write made with ``delayq_wait_replicas`` waits for its replicas (``WAIT``).
 WAIT_TIMEOUT_MS = 1000

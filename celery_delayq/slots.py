@@ -71,7 +71,7 @@ from .task import DelayQTaskMixin
 
 __all__ = ["SlotKeeper", "install", "keeper_for", "outcome_of"]
 
-logger = logging.getLogger("celery_delayq.slots")
+logger = logging.getLogger(__name__)
 
 _keepers: weakref.WeakKeyDictionary[Any, SlotKeeper] = weakref.WeakKeyDictionary()  # app -> keeper
 _lock = threading.Lock()

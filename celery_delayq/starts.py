@@ -54,7 +54,7 @@ CHECK_TIMEOUT = 2.0
 #: Seconds a consumer runs claimed messages unchecked after the store could not be asked.
 RETRY_AFTER = 10.0
 
-logger = logging.getLogger("celery_delayq.worker")
+logger = logging.getLogger(__name__)
 
 
 class Claim:

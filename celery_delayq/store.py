@@ -216,7 +216,7 @@ def _decode(script: str, table: Sequence[_Code], code: Any) -> _Code:
     raise StoreError(f"delayq {script}: unexpected reply {code!r} (its codes are 0 to {len(table) - 1})")
 
 
-logger = logging.getLogger("celery_delayq.store")
+logger = logging.getLogger(__name__)
 
 #: Longest wait (s) for the server's confirmation of the wake channel's SUBSCRIBE.
 SUBSCRIBE_TIMEOUT = 5.0

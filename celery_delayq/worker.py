@@ -61,7 +61,7 @@ from .store import get_store
 
 __all__ = ["FLUSH_EVERY", "LatenessRecorder", "install", "recorder_for", "uninstall"]
 
-logger = logging.getLogger("celery_delayq.worker")
+logger = logging.getLogger(__name__)
 
 #: Seconds between two flushes of a worker process's start lateness (at most).
 FLUSH_EVERY = 1.0

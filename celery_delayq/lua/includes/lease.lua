@@ -2,7 +2,7 @@
 --
 -- KEYS[3] (leases) maps a job id to "<due ms>|<tries>|<token>": the job's original due
 -- time, how many times it has been claimed, and the claimer's token (no "|" in it). The
--- Python mirror is celery_delayq/leases.py (tests/test_leases.py compares the two).
+-- Python mirror is celery_delayq/lua_formats.py (tests/test_lua_formats.py compares the two).
 --
 -- lease_entry(due, tries, token): the entry (due and tries whole numbers).
 local function lease_entry(due, tries, token)

@@ -3,7 +3,7 @@
 -- The marker holds the ms by which some beat will look at this shard again (WAKE_NEVER:
 -- nothing is stored). The wake message, published on the wake channel, is
 -- "<shard index>:<due ms>"; a sleeping beat that reads it looks at that shard by then. The
--- Python mirror is celery_delayq/leases.py (wake_message, parse_wake).
+-- Python mirror is celery_delayq/lua_formats.py (wake_message, parse_wake).
 local WAKE_NEVER = '9999999999999999'
 -- wake_message(shard, due): the message, from the shard index and the due time as text.
 local function wake_message(shard, due)
