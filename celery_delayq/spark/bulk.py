@@ -38,13 +38,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from .build import build_envelopes, new_task_ids
-from .config import DEFAULTS, DelayQConfig, setting_name
-from .due import MAX_DUE_MS, due_ms_from_eta, ms_to_datetime
-from .envelope import decode_envelope, loaded_form
-from .exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
-from .gate import PARK_MS
-from .store import EnqueueOutcome, Store
+from ..build import build_envelopes, new_task_ids
+from ..config import DEFAULTS, DelayQConfig, setting_name
+from ..due import MAX_DUE_MS, due_ms_from_eta, ms_to_datetime
+from ..envelope import decode_envelope, loaded_form
+from ..exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions, UnknownTask
+from ..gate import PARK_MS
+from ..store import EnqueueOutcome, Store
 
 __all__ = [
     "READ_COLUMNS",

@@ -59,14 +59,14 @@ __all__ = [
 def register(spark: Any) -> None:
     """Register the ``delayq`` data source with a Spark session (installing the package
     already makes it known to Spark; this is for sessions that do not look it up)."""
-    from ._spark_source import DelayQDataSource  # pyspark, optional: only when asked for
+    from .source import DelayQDataSource  # pyspark, optional: only when asked for
 
     spark.dataSource.register(DelayQDataSource)
 
 
 def __getattr__(name: str) -> Any:
     if name == "DelayQDataSource":
-        from ._spark_source import DelayQDataSource  # pyspark, optional: only when asked for
+        from .source import DelayQDataSource  # pyspark, optional: only when asked for
 
         return DelayQDataSource
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

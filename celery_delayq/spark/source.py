@@ -30,9 +30,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ..exceptions import ConfigurationError
+from ..store import Store
 from .bulk import READ_COLUMNS, READ_SCHEMA, JobWriter, ReadOptions, WriteOptions, read_shard
-from .exceptions import ConfigurationError
-from .store import Store
 
 __all__ = ["DelayQDataSource"]
 
