@@ -1,4 +1,4 @@
-"""Scheduling from Spark, and reading the schedule back into it.
+"""Scheduling jobs from a Spark DataFrame, and reading the pending schedule back into one.
 
 The Spark face is a Python Data Source named ``delayq`` (Spark 4's
 ``pyspark.sql.datasource``; pyspark is imported only when it is used)::
@@ -16,31 +16,30 @@ The Spark face is a Python Data Source named ``delayq`` (Spark 4's
 Installing celery-delayq registers the name ``delayq`` with Spark (through the
 ``pyspark_delayq`` module Spark looks for); :func:`register` does it by hand.
 
-Behind each side is a plain-Python function that needs no Spark, in :mod:`celery_delayq.bulk`
-and named here too: :func:`write_rows` schedules an iterable of row mappings (the Spark
-writer feeds it Arrow batches, a partition at a time, through :class:`JobWriter`), and
-:func:`read_shard` lists the jobs of one shard in a due-time range.
+What this package owns, a module each:
 
-The data source itself (:mod:`celery_delayq._spark_source`) imports pyspark, an optional
-dependency: this module loads it only when Spark asks for it. It imports :mod:`.bulk`, never
-this module, so there is no import cycle.
+- :mod:`.options`: the options of a write and a read, parsed and checked on the driver;
+- :mod:`.writer`: :func:`write_rows` schedules an iterable of row mappings (the Spark writer
+  feeds Arrow batches, a partition at a time, to a :class:`JobWriter`);
+- :mod:`.reader`: :func:`read_shard` lists the jobs of one shard in a due-time range;
+- :mod:`.source`: the data source itself, the one module that imports pyspark (an optional
+  dependency): this package loads it only when Spark asks for it, so everything else here
+  runs without pyspark. It builds on the modules above, never on this one: no import cycle.
+
+What it may import from the rest of ``celery_delayq``: the store (:class:`~celery_delayq.store.Store`,
+its only way to Redis), the stored format (``envelope``), building envelopes as ``apply_at``
+does (``build``), due times (``due``), the settings (``config``), the gate's park score
+(``gate``) and the exceptions. No other module of ``celery_delayq`` imports it (the top-level
+``pyspark_delayq`` imports :mod:`.source` for Spark); ``tests/test_layers.py`` checks both.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .bulk import (
-    READ_COLUMNS,
-    READ_SCHEMA,
-    JobWriter,
-    ReadOptions,
-    StoreOptions,
-    WriteOptions,
-    WriteStats,
-    read_shard,
-    write_rows,
-)
+from .options import ReadOptions, StoreOptions, WriteOptions
+from .reader import READ_COLUMNS, READ_SCHEMA, read_shard
+from .writer import JobWriter, WriteStats, write_rows
 
 __all__ = [
     "READ_COLUMNS",
