@@ -5,6 +5,6 @@ registers its ``DefaultSource`` under ``DefaultSource.name()``. The source
 itself is :mod:`celery_delayq.spark`.
 """
 
-from celery_delayq._spark_source import DelayQDataSource as DefaultSource
+from celery_delayq.spark.source import DelayQDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -108,7 +108,7 @@ RUNTIME = sorted(
     info.name
     for info in pkgutil.walk_packages(celery_delayq.__path__, "celery_delayq.")
     if not info.name.startswith(("celery_delayq.cli", "celery_delayq.devtools", "celery_delayq.web"))
-    and info.name not in ("celery_delayq.__main__", "celery_delayq._spark_source", "celery_delayq.metrics")
+    and info.name not in ("celery_delayq.__main__", "celery_delayq.spark.source", "celery_delayq.metrics")
 )
 
 

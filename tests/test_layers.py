@@ -9,14 +9,16 @@ of a store, or takes a raw client as a parameter named ``client``. Everything ab
 goes through :class:`celery_delayq.store.Store`'s methods.
 
 The same walk builds the package's import graph and fails on any cycle in it, lazy imports
-included; a walk over ``tests`` fails when a test module imports another test module (shared
-helpers and fixtures belong in ``tests/support``).
+included, and on an import across the rule of a sub-package (:data:`SUBPACKAGES`: what each may
+import, and who may import it); a walk over ``tests`` fails when a test module imports another
+test module (shared helpers and fixtures belong in ``tests/support``).
 """
 
 from __future__ import annotations
 
 import ast
 import pkgutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -104,7 +106,7 @@ def test_the_allow_lists_name_real_modules() -> None:
     assert any(name.startswith(DEVTOOLS) for name in MODULES)
 
 
-BAD_EXAMPLE = '''import redis.cluster
+BAD_EXAMPLE = """import redis.cluster
 from .scripts import LuaScript, SCRIPTS
 from . import scripts
 
@@ -114,15 +116,15 @@ def count(store):
 
 def flush(client, key):
     client.delete(key)
-'''
+"""
 
-GOOD_EXAMPLE = '''from celery.backends.redis import RedisBackend
+GOOD_EXAMPLE = """from celery.backends.redis import RedisBackend
 from .scripts import LuaScript
 from .store import Store
 
 def count(store: Store) -> int:
     return store.count()
-'''
+"""
 
 
 def test_the_check_finds_each_way_in() -> None:
@@ -252,6 +254,91 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles(graph) == []
 
 
+# -- sub-packages: who may import whom ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubPackage:
+    """The import rule of one sub-package (as its docstring states it): the modules of the rest
+    of the package it may import (a name covers a package and everything under it), and the
+    modules outside it that may import it."""
+
+    may_import: frozenset[str]
+    imported_by: frozenset[str] = frozenset()
+
+
+SUBPACKAGES = {
+    #: Spark: rows in through the store's enqueue, the schedule out through its reads. Nothing
+    #: else in the package needs it (``pyspark_delayq``, outside the package, loads its source).
+    "celery_delayq.spark": SubPackage(
+        may_import=frozenset(
+            f"celery_delayq.{name}"
+            for name in ("build", "config", "due", "envelope", "exceptions", "gate", "store")
+        ),
+    ),
+}
+
+
+def inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def subpackage_violations(graph: dict[str, set[str]], package: str, rule: SubPackage) -> list[str]:
+    """Each import in ``graph`` (from :func:`import_graph`) that breaks ``package``'s ``rule``,
+    as ``"a imports b"``."""
+    found = []
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            if inside(module, package) and not inside(target, package):
+                if not any(inside(target, allowed) for allowed in rule.may_import):
+                    found.append(f"{module} imports {target}")
+            elif inside(target, package) and not inside(module, package) and module not in rule.imported_by:
+                found.append(f"{module} imports {target}")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(SUBPACKAGES))
+def test_each_subpackage_keeps_its_import_rule(package: str) -> None:
+    rule = SUBPACKAGES[package]
+    known = {module_name(key) for key in MODULES}
+    assert package in known and rule.may_import <= known and rule.imported_by <= known
+    graph = import_graph({key: path.read_text() for key, path in MODULES.items()})
+    found = subpackage_violations(graph, package, rule)
+    assert not found, f"{package}: imports its docstring does not allow: {found}"
+
+
+SUBPACKAGE_EXAMPLE = {
+    "pkg.__init__": "",
+    "pkg.store": "",
+    "pkg.dispatch": "from .spark.writer import JobWriter\n",
+    "pkg.cli": "def later():\n    import pkg.spark\n",
+    "pkg.web": "from pkg import spark\n",
+    "pkg.spark.__init__": "from .writer import JobWriter\nfrom . import reader\n",
+    "pkg.spark.writer": "from ..store import Store\nfrom .. import dispatch\n",
+    "pkg.spark.reader": "def rows():\n    from pkg.web import page\n    from ..store import Store\n",
+}
+
+
+def test_the_subpackage_check_finds_each_import_out_of_bounds() -> None:
+    """The check itself: imports into ``pkg.spark`` from outside it (one lazy), and out of it to
+    a module its rule does not name, are found; the allowed ones (the store, within the package,
+    from ``pkg.cli`` once the rule names it) are not."""
+    graph = import_graph(SUBPACKAGE_EXAMPLE)
+    rule = SubPackage(may_import=frozenset({"pkg.store"}))
+    assert subpackage_violations(graph, "pkg.spark", rule) == [
+        "pkg.cli imports pkg.spark",
+        "pkg.dispatch imports pkg.spark.writer",
+        "pkg.spark.reader imports pkg.web",
+        "pkg.spark.writer imports pkg.dispatch",
+        "pkg.web imports pkg.spark",
+    ]
+    allowing = SubPackage(
+        may_import=frozenset({"pkg.store", "pkg.dispatch", "pkg.web"}),
+        imported_by=frozenset({"pkg.cli", "pkg.web"}),
+    )
+    assert subpackage_violations(graph, "pkg.spark", allowing) == ["pkg.dispatch imports pkg.spark.writer"]
+
+
 # -- test modules import helpers from tests/support, never from each other -----------------------
 
 TESTS = Path(__file__).resolve().parent
@@ -293,7 +380,7 @@ def test_no_test_module_imports_another() -> None:
     assert not found, "\n".join(found)
 
 
-IMPORTING_EXAMPLE = '''from tests.test_e2e import Producer
+IMPORTING_EXAMPLE = """from tests.test_e2e import Producer
 import tests.test_dispatch
 from tests import test_api, support
 from . import test_scripts
@@ -303,7 +390,7 @@ import tests.support.apps
 
 def later():
     from tests.test_cli import bury
-'''
+"""
 
 
 def test_the_check_finds_each_test_module_import() -> None:

@@ -106,6 +106,10 @@ def test_the_wheel_carries_the_licence_and_the_package_pages_metadata(dists: tup
     for folder in ("lua", "web/templates", "web/static"):
         data |= {f"celery_delayq/{f}" for f in _files_under(package, folder)}
     assert data <= set(names), data - set(names)
+    # Every module, sub-packages included (celery_delayq/spark/...): packages.find's pattern takes them.
+    modules = {f"celery_delayq/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")}
+    assert "celery_delayq/spark/__init__.py" in modules
+    assert modules <= set(names), sorted(modules - set(names))
 
 
 def test_the_sdist_holds_what_its_tests_read(dists: tuple[Path, Path], source: Path) -> None:

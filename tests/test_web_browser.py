@@ -24,8 +24,8 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
-from celery_delayq.bulk import write_rows
 from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.spark import write_rows
 from celery_delayq.store import get_store
 from celery_delayq.views import keys_view
 from tests.support.browser import WINDOW, Browser

@@ -17,8 +17,8 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, Schedules
-from celery_delayq.bulk import write_rows
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
+from celery_delayq.spark import write_rows
 from celery_delayq.store import Store, get_store
 from tests.support.apps import make_app
 from tests.support.store import bury

@@ -1,6 +1,7 @@
 """The ``delayq`` Spark Python Data Source. This module imports pyspark: import
 :mod:`celery_delayq.spark` instead, which loads it only when Spark asks for it. It builds
-on :mod:`celery_delayq.bulk` (never on :mod:`celery_delayq.spark`: no import cycle).
+on the package's :mod:`.options`, :mod:`.writer` and :mod:`.reader` (never on the package
+itself: no import cycle).
 
 Spark pickles the source, its reader and its writer (options only) to every
 executor; each partition opens its own Redis client.
@@ -30,9 +31,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .bulk import READ_COLUMNS, READ_SCHEMA, JobWriter, ReadOptions, WriteOptions, read_shard
-from .exceptions import ConfigurationError
-from .store import Store
+from ..exceptions import ConfigurationError
+from ..store import Store
+from .options import ReadOptions, WriteOptions
+from .reader import READ_COLUMNS, READ_SCHEMA, read_shard
+from .writer import JobWriter
 
 __all__ = ["DelayQDataSource"]
 
