@@ -28,7 +28,15 @@ from .build import app_state, build_envelopes, frozen_options
 from .config import DelayQConfig
 from .due import due_ms_from_eta
 from .envelope import decode_envelope
-from .exceptions import BatchExists, DelayQError, InvalidBatch, InvalidOptions, StoreFull, UnknownTask
+from .exceptions import (
+    BatchExists,
+    BatchNotFound,
+    DelayQError,
+    InvalidBatch,
+    InvalidOptions,
+    StoreFull,
+    UnknownTask,
+)
 from .gate import (
     BATCH_DONE_HEADER,
     BATCH_PREFIX,
@@ -73,10 +81,11 @@ class BatchResult:
         return cls(batch_id, app)
 
     def state(self) -> BatchState:
-        """The batch's counters as they are in Redis now (``LookupError`` when it is gone)."""
+        """The batch's counters as they are in Redis now; :class:`BatchNotFound` (a ``LookupError``)
+        when it is gone."""
         state = Store.for_app(self.app).batch_state(self.id)
         if state is None:
-            raise LookupError(f"batch {self.id!r} is not stored (never made, deleted, or expired)")
+            raise BatchNotFound(f"batch {self.id!r} is not stored (never made, deleted, or expired)")
         return state
 
     def progress(self) -> dict[str, int]:

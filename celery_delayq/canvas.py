@@ -41,7 +41,7 @@ from celery.canvas import Signature, _chain, _chord, group
 from .build import app_state, build_envelopes, new_task_ids
 from .config import DelayQConfig
 from .due import due_ms_from_delay, due_ms_from_eta
-from .exceptions import InvalidOptions, UnknownTask
+from .exceptions import InvalidArguments, InvalidOptions, UnknownTask
 from .gate import GATE_OPTIONS
 from .options import TRANSPORT_OPTIONS, clean_options
 from .result import ScheduledResult
@@ -91,7 +91,7 @@ def refuse_gate_options(options: dict[str, Any]) -> None:
 
 def _check_signature(sig: Any) -> None:
     if not isinstance(sig, Signature):
-        raise TypeError(
+        raise InvalidArguments(
             "celery_delayq.apply_at/apply_in take a Celery signature (task.s(...), task.si(...), "
             f"chain, group, chord) as first argument, got {type(sig).__name__}; "
             "for a task and its arguments use task.apply_at(eta, args, kwargs)"

@@ -41,12 +41,14 @@ from typing import Any
 
 __all__ = [
     "BatchExists",
+    "BatchNotFound",
     "ConfigurationError",
     "CorruptData",
     "DelayQError",
     "InvalidArguments",
     "InvalidBatch",
     "InvalidDueTime",
+    "InvalidInput",
     "InvalidOptions",
     "InvalidSchedule",
     "InvalidTaskId",
@@ -195,6 +197,15 @@ class ScheduleNotFound(InvalidSchedule, LookupError):
 class InvalidBatch(ScheduleError, ValueError):
     """``DelayQ.batch`` was given no members, a member that is not a signature, or an
     ``on_complete`` that is not a signature (or cannot be sent as JSON)."""
+
+
+class InvalidInput(DelayQError, ValueError):
+    """An operator's input that does not read: a duration (``30s``), a time (``+10m``), a
+    listing's cursor, a lateness kind or window, a release outcome. The message says what reads."""
+
+
+class BatchNotFound(DelayQError, LookupError):
+    """``BatchResult.state()`` of a batch that is not stored (never made, deleted, or expired)."""
 
 
 class BatchExists(ScheduleError, KeyError):

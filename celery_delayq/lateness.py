@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .exceptions import InvalidInput
+
 __all__ = [
     "BOUNDS",
     "OPEN_MINUTES",
@@ -89,7 +91,7 @@ def key_for(prefix: str, kind: str) -> str:
     'delayq:lateness:start'
     """
     if kind not in KINDS:
-        raise ValueError(f"lateness kind must be one of {KINDS}, got {kind!r}")
+        raise InvalidInput(f"lateness kind must be one of {KINDS}, got {kind!r}")
     return f"{prefix}:lateness:{kind}"
 
 
@@ -259,7 +261,7 @@ def read_window(
 
 def _last_minute(store: LatenessStore, minutes: int, now_ms: int | None) -> int:
     if not 1 <= minutes <= WINDOW_MINUTES:
-        raise ValueError(f"lateness window: minutes must be 1..{WINDOW_MINUTES}, got {minutes!r}")
+        raise InvalidInput(f"lateness window: minutes must be 1..{WINDOW_MINUTES}, got {minutes!r}")
     now = store.server_now_ms() if now_ms is None else int(now_ms)
     return now // MINUTE_MS
 

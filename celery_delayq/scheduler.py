@@ -265,5 +265,5 @@ def serve_metrics(dispatcher: Dispatcher, port: int | None = None, addr: str | N
     config = dispatcher.config
     port = config.metrics_port if port is None else port
     if port is None:
-        raise ValueError(f"no port: set {setting_name(dispatcher.app, 'delayq_metrics_port')}")
+        raise ConfigurationError(f"no port: set {setting_name(dispatcher.app, 'delayq_metrics_port')}")
     return MetricsServer(dispatcher, port, addr or config.metrics_addr)

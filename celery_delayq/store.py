@@ -50,7 +50,7 @@ from .connection import (
     version_problem,
 )
 from .envelope import id_opening, joined_form, loaded_form, shape_id_of, shared_form, stored_form
-from .exceptions import CorruptData, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
+from .exceptions import CorruptData, InvalidInput, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
 from .gate import BATCH_DONE_HEADER, GATE_HEADER, GATE_TOKEN, PARK_MS, RUN_TOKEN, Gate, batch_key, member_id
 from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
@@ -1807,7 +1807,7 @@ class Store:
         ``key`` (``lua/release.lua``). A second release of the same slot does nothing. The call
         goes to ``key``'s shard, where a gated job's id (``gate.gated_id``) puts it."""
         if outcome not in RELEASE_OUTCOMES:
-            raise ValueError(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
+            raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
         shard = self.keys.shard_of(key)
         args = [
             job_id,

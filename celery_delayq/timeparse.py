@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from .due import due_ms_from_eta
-from .exceptions import ScheduleError
+from .exceptions import InvalidInput, ScheduleError
 
 __all__ = ["parse_duration", "parse_when"]
 
@@ -34,14 +34,14 @@ def parse_duration(text: str) -> int:
     """
     spec = text.strip().lower().replace(" ", "")
     if not spec:
-        raise ValueError("empty duration")
+        raise InvalidInput("empty duration")
     try:
         seconds = float(spec)
     except ValueError:
         pass
     else:
         if not math.isfinite(seconds):
-            raise ValueError(f"duration must be finite, got {text!r}")
+            raise InvalidInput(f"duration must be finite, got {text!r}")
         return round(seconds * 1000)
     pos, total = 0, 0.0
     for match in _PART.finditer(spec):
@@ -50,7 +50,7 @@ def parse_duration(text: str) -> int:
         total += float(match.group(1)) * _UNITS_MS[match.group(2)]
         pos = match.end()
     if pos != len(spec) or pos == 0:
-        raise ValueError(f"bad duration {text!r}: use e.g. 30s, 5m, 1h30m, 2d, 250ms")
+        raise InvalidInput(f"bad duration {text!r}: use e.g. 30s, 5m, 1h30m, 2d, 250ms")
     return round(total)
 
 
@@ -82,7 +82,7 @@ def parse_when(text: str, app: Any, now_ms: int | None = None) -> int:
         try:
             delta = parse_duration(spec[1:])
         except ValueError as exc:
-            raise ValueError(f"bad relative time {text!r}: use e.g. +10m, -1h, +1h30m, +2d") from exc
+            raise InvalidInput(f"bad relative time {text!r}: use e.g. +10m, -1h, +1h30m, +2d") from exc
         return now + delta if spec[0] == "+" else now - delta
     when: Any = spec
     if re.fullmatch(r"\d+(\.\d*)?|\.\d+", spec):
@@ -90,7 +90,7 @@ def parse_when(text: str, app: Any, now_ms: int | None = None) -> int:
     try:
         return due_ms_from_eta(when, app, naive_in_zone=True)
     except (ScheduleError, ValueError, TypeError) as exc:
-        raise ValueError(
+        raise InvalidInput(
             f"bad time {text!r} ({exc}): use ISO-8601 (2026-12-01T09:00:00+01:00), UNIX seconds, "
             "'now', or a time relative to now such as +10m or -1h"
         ) from exc

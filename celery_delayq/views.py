@@ -25,6 +25,7 @@ from typing import Any
 from . import lateness
 from .due import ms_to_datetime
 from .envelope import decode_envelope, loaded_form
+from .exceptions import InvalidInput
 from .gate import GATE_HEADER, Gate, batch_of, completion_id
 from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
 from .schedules import Schedule
@@ -231,7 +232,7 @@ def parse_cursor(text: str) -> tuple[int, int, bytes]:
         score, shard, job_id = text.split(":", 2)
         return int(score), int(shard), job_id.encode("utf-8", "surrogateescape")
     except ValueError:
-        raise ValueError(f"bad cursor {text!r}: pass the next_cursor an earlier listing gave") from None
+        raise InvalidInput(f"bad cursor {text!r}: pass the next_cursor an earlier listing gave") from None
 
 
 def _order(record: JobRecord) -> tuple[int, int, bytes]:
@@ -368,15 +369,15 @@ def parse_scan_cursor(text: str) -> tuple[int, int]:
     >>> parse_scan_cursor("x")
     Traceback (most recent call last):
     ...
-    ValueError: bad cursor 'x' of an id search: pass the next_cursor an earlier search gave
+    celery_delayq.exceptions.InvalidInput: bad cursor 'x' of an id search: ...
     """
     bad = f"bad cursor {text!r} of an id search: pass the next_cursor an earlier search gave"
     try:
         shard, cursor = (int(part) for part in text.split(":"))
     except ValueError:
-        raise ValueError(bad) from None
+        raise InvalidInput(bad) from None
     if shard < 0 or cursor < 0:
-        raise ValueError(bad)
+        raise InvalidInput(bad)
     return shard, cursor
 
 

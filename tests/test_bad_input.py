@@ -368,3 +368,23 @@ def test_every_checked_option_is_checked_for_every_value(app_factory: Callable[.
             else:
                 pytest.fail(f"{entry} = {value!r} was accepted")
             assert queue.count() == 0 and sch.count() == 0, (entry, value)
+
+
+def test_operator_inputs_and_a_gone_batch_raise_delayq_errors(app: Celery) -> None:
+    """docs/errors.md: what an operator types (a duration, a time, a cursor) and a batch that is
+    no longer stored raise under ``DelayQError``, still catchable as the builtin they refine."""
+    from celery_delayq.batch import BatchResult
+    from celery_delayq.exceptions import BatchNotFound, InvalidInput
+    from celery_delayq.timeparse import parse_duration, parse_when
+    from celery_delayq.views import parse_cursor
+
+    for bad in (lambda: parse_duration("5 parsecs"), lambda: parse_when("soonish", app),
+                lambda: parse_cursor("x")):
+        with pytest.raises(InvalidInput) as raised:
+            bad()
+        assert isinstance(raised.value, DelayQError) and isinstance(raised.value, ValueError)
+    with pytest.raises(BatchNotFound, match="is not stored") as gone:
+        BatchResult("no-such-batch", app).state()
+    assert isinstance(gone.value, DelayQError) and isinstance(gone.value, LookupError)
+    with pytest.raises(InvalidArguments, match="take a Celery signature"):
+        celery_delayq.apply_in(60, "not a signature")  # type: ignore[arg-type]
