@@ -27,7 +27,7 @@ from .due import ms_to_datetime
 from .envelope import decode_envelope, loaded_form
 from .gate import GATE_HEADER, Gate, batch_of, completion_id
 from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
-from .schedules import Schedule
+from .schedule_spec import Schedule
 from .store import BatchState, JobRecord, KeyState, ShardStats, Store
 
 __all__ = [
