@@ -27,6 +27,7 @@ from .exceptions import (
     ReservedTaskId,
     ScheduleError,
     ScheduleExists,
+    ScheduleNotFound,
     SerializationError,
     StoreError,
     StoreFull,
@@ -36,8 +37,9 @@ from .exceptions import (
 from .jobs import DelayQ, PendingJob
 from .result import ScheduledResult
 from .rules import CronRule, IntervalRule, OnceRule
+from .schedule_spec import Schedule, ScheduleSpec
 from .scheduler import Scheduler
-from .schedules import Schedule, ScheduleNotFound, Schedules
+from .schedules import Schedules
 from .task import DelayedTask, DelayQTaskMixin, delayed_task
 
 __version__ = "0.1.0"
@@ -68,6 +70,7 @@ __all__ = [
     "ScheduleError",
     "ScheduleExists",
     "ScheduleNotFound",
+    "ScheduleSpec",
     "ScheduledResult",
     "Scheduler",
     "Schedules",

@@ -25,7 +25,7 @@ Besides delivering, a dispatcher keeps things that cost no Redis call per job
 (:meth:`Dispatcher.chores`, run after a pass and from the sleep): the due -> publish
 lateness of what it published (:class:`.lateness.PublishLateness`), its heartbeat
 (:mod:`.heartbeat`), and every ``STALL_SWEEP_EVERY`` s one bounded step of the sweep that
-finds and re-arms stalled schedules (:class:`.schedules.StallSweep`), and every
+finds and re-arms stalled schedules (:class:`.schedule_upkeep.StallSweep`), and every
 ``BATCH_SWEEP_EVERY`` s the sweep of expired batches (:meth:`.Store.sweep_batches`). Schedule points are
 fired by :mod:`.firing`. The clocks are injected: ``clock`` (monotonic s) and ``wall`` (s).
 """
@@ -61,7 +61,8 @@ from .heartbeat import BEAT_FORGET_MS, HEARTBEAT_EVERY, PRUNE_EVERY, Heartbeat
 from .lateness import LATENESS_FLUSH_EVERY, Histogram, PublishLateness
 from .lua_formats import parse_wake
 from .publish import PUBLISH_ATTEMPTS, Outcome, Publisher, Publishing, Pusher
-from .schedules import Schedules, StallSweep
+from .schedule_upkeep import StallSweep
+from .schedules import Schedules
 from .stats import CLAIM_SIZE_BOUNDS, DispatchStats
 from .store import (
     REDIS_ERRORS,
@@ -95,7 +96,7 @@ BROKER_BACKOFF_MAX = 5.0
 #: publishes, so the batch is sent once, when it closes, and acks follow it.
 PUBLISH_BATCH_MAX = 1_000_000
 
-#: Seconds between two steps of the sweep for stalled schedules (see schedules.StallSweep).
+#: Seconds between two steps of the sweep for stalled schedules (see schedule_upkeep.StallSweep).
 STALL_SWEEP_EVERY = 10.0
 #: Seconds between two sweeps of expired batches (:meth:`.Store.sweep_batches`): a finished
 #: batch's hash expires by itself; its id and its key's record go at the next sweep.

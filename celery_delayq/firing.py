@@ -1,8 +1,9 @@
 """Firing schedule points: a claimed job that is a schedule's point is published per the
 schedule's missed-run policy, then ``lua/fire.lua`` acks it and stores the next point.
 
-The beat's side of :mod:`.schedules`: :meth:`ScheduleFiring.publish` publishes the points of
-a pass and returns the fire calls; :meth:`ScheduleFiring.settle` runs them once the publishes
+The beat's side of :mod:`.schedules`: :func:`plan_point` applies a schedule's missed-run
+policy to a point delivered late; :meth:`ScheduleFiring.publish` publishes the points of a
+pass and returns the fire calls; :meth:`ScheduleFiring.settle` runs them once the publishes
 reached the broker.
 """
 
@@ -17,14 +18,88 @@ from .bounded import MAX_SMALL, load_json
 from .envelope import Envelope
 from .exceptions import CorruptData
 from .publish import Outcome, Publisher, Publishing
-from .rules import rule_from_json
-from .schedules import Schedules, plan_point
+from .rules import Rule, rule_from_json
+from .schedules import Schedules
 from .stats import DispatchStats
 from .store import ClaimedJob, FireOutcome, Store, error_text
 
-__all__ = ["FireCall", "ScheduleFiring"]
+__all__ = ["FireCall", "ScheduleFiring", "next_point", "plan_point"]
 
 logger = logging.getLogger(__name__)
+
+
+def next_point(
+    rule: Rule, point_ms: int, now_ms: int, missed: str, max_missed: int, grace_ms: int
+) -> int | None:
+    """The point to store after firing (or skipping) ``point_ms`` at ``now_ms``, per the policy.
+
+    Points later than ``grace_ms`` are missed: ``"once"``/``"skip"`` continue from
+    the first point after now, ``"all"`` from the ``max_missed``-th most recent
+    missed point.
+
+    >>> from celery_delayq.rules import IntervalRule
+    >>> rule = IntervalRule(1000)
+    >>> next_point(rule, 5000, 5003, "once", 10, 60_000)  # on time: the next point
+    6000
+    >>> next_point(rule, 5000, 30_000, "once", 10, 60_000)  # late, within grace: catch up
+    6000
+    >>> next_point(rule, 5000, 500_000, "once", 10, 60_000)  # after downtime: the future
+    501000
+    >>> next_point(rule, 5000, 500_000, "all", 3, 60_000)  # the 3 most recent missed points
+    437000
+    """
+    following = rule.next_after(point_ms)
+    if following is None or following >= now_ms - grace_ms:
+        return following
+    if missed == "all":
+        recent = _last_points_before(rule, now_ms - grace_ms, max_missed, point_ms)
+        return recent[0] if recent else following
+    return rule.next_after(now_ms)
+
+
+def plan_point(
+    rule: Rule, point_ms: int, now_ms: int, missed: str, max_missed: int, grace_ms: int
+) -> tuple[bool, int | None]:
+    """``(publish this point?, the point to store next)`` for a point delivered at ``now_ms``.
+
+    A point later than ``grace_ms`` is missed: ``"once"`` publishes it (one run
+    for all the missed points), ``"skip"`` does not, ``"all"`` publishes it only
+    when it is among the ``max_missed`` most recent missed points.
+
+    >>> from celery_delayq.rules import IntervalRule
+    >>> rule = IntervalRule(1000)
+    >>> plan_point(rule, 5000, 5003, "skip", 10, 60_000)
+    (True, 6000)
+    >>> plan_point(rule, 5000, 500_000, "skip", 10, 60_000)
+    (False, 501000)
+    >>> plan_point(rule, 5000, 500_000, "all", 3, 60_000)
+    (False, 437000)
+    """
+    publish = True
+    if now_ms - point_ms > grace_ms:
+        if missed == "skip":
+            publish = False
+        elif missed == "all":
+            newer = _last_points_before(rule, now_ms - grace_ms, max_missed, point_ms)
+            publish = len(newer) < max_missed
+    return publish, next_point(rule, point_ms, now_ms, missed, max_missed, grace_ms)
+
+
+def _last_points_before(rule: Rule, end_ms: int, count: int, floor_ms: int) -> list[int]:
+    """The last ``count`` points in ``(floor_ms, end_ms)``, looking back in growing spans."""
+    span = 60_000
+    while True:
+        start = max(floor_ms, end_ms - span)
+        points: list[int] = []
+        t = rule.next_after(start)
+        while t is not None and t < end_ms:
+            points.append(t)
+            if len(points) > count:
+                points.pop(0)
+            t = rule.next_after(t)
+        if len(points) >= count or start == floor_ms:
+            return points
+        span *= 8
 
 
 @dataclass(frozen=True)

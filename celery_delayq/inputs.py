@@ -27,7 +27,8 @@ from typing import Any
 from .due import ms_to_datetime
 from .exceptions import InvalidOptions, ScheduleError
 from .gate import check_limit
-from .schedules import Schedule, Schedules
+from .schedule_spec import Schedule
+from .schedules import Schedules
 from .timeparse import parse_duration
 
 __all__ = [

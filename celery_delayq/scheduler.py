@@ -2,7 +2,7 @@
 
 A thin :class:`celery.beat.Scheduler` subclass. At start it stores the
 ``beat_schedule`` entries as recurring schedules in Redis (see
-:meth:`celery_delayq.Schedules.sync_config`), so any number of beats fire each
+:func:`celery_delayq.schedule_upkeep.sync_config`), so any number of beats fire each
 point once. Each tick runs the parent's tick (for entries that cannot be
 stored, kept in memory), then one dispatcher pass (claim, publish,
 ack), then sleeps on the wake subscription until the next due job, the next
@@ -44,6 +44,8 @@ from .config import DelayQConfig, setting_name
 from .dispatch import Dispatcher
 from .exceptions import ConfigurationError, ScheduleError, StoreFull
 from .rules import Rule, parse_rule
+from .schedule_upkeep import sync_config
+from .schedules import Schedules
 from .store import REDIS_ERRORS, error_text, get_store, redis_error_kind
 
 if TYPE_CHECKING:
@@ -168,8 +170,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         schedule class) stay in this beat's memory and fire from every beat, as
         with Celery's own scheduler; a warning says which.
         """
-        from .schedules import Schedules
-
         if self._config_entries is None:
             self._config_entries = {**self.schedule, **self._rule_entries}
         storable: dict[str, Any] = {}
@@ -189,7 +189,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         # while Redis is unreachable): N beats must not fire them N times.
         self.data = in_memory
         try:
-            report = Schedules(self.app).sync_config(storable)
+            report = sync_config(Schedules(self.app), storable)
         except _SYNC_ERRORS as exc:  # a full Redis: stored once there is room
             logger.warning("delayq: cannot store beat_schedule in Redis yet (%r); will retry", exc)
             return

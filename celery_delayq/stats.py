@@ -37,7 +37,7 @@ class DispatchStats:
     dead_lettered: int = 0
     publish_errors: int = 0
     wakeups: int = 0
-    #: stalled schedules this beat found and re-armed (see schedules.StallSweep)
+    #: stalled schedules this beat found and re-armed (see schedule_upkeep.StallSweep)
     stalls_repaired: int = 0
     #: ticks that failed as a whole (Redis or the broker unreachable; counted by the Scheduler)
     errors: int = 0

@@ -28,7 +28,7 @@ from .envelope import decode_envelope, loaded_form
 from .exceptions import InvalidInput
 from .gate import GATE_HEADER, Gate, batch_of, completion_id
 from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
-from .schedules import Schedule
+from .schedule_spec import Schedule
 from .store import BatchState, JobRecord, KeyState, ShardStats, Store
 
 __all__ = [

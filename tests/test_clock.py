@@ -24,6 +24,7 @@ from celery.bin.base import CLIContext
 from celery_delayq import Schedules
 from celery_delayq import apply_in as canvas_apply_in
 from celery_delayq.envelope import decode_envelope
+from celery_delayq.schedule_upkeep import sync_config
 from celery_delayq.store import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
@@ -128,7 +129,7 @@ def test_schedule_first_runs_follow_the_servers_clock(
     schedules = Schedules(app)
     before = server_ms(r)
     schedules.add("every-minute", "t.add", 60, (1, 2))
-    report = schedules.sync_config({"hourly": {"task": "t.add", "schedule": 3600.0, "args": (1, 2)}})
+    report = sync_config(schedules, {"hourly": {"task": "t.add", "schedule": 3600.0, "args": (1, 2)}})
     after = server_ms(r)
     assert report["added"] == ["hourly"]
     minute = schedules.get("every-minute")

@@ -27,6 +27,7 @@ from redis.crc import key_slot
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.dispatch import Dispatcher
+from celery_delayq.schedule_upkeep import sync_config
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import REDIS_ERRORS, CancelOutcome, EnqueueOutcome, Store, get_store
 from tests import test_api, test_scripts
@@ -484,7 +485,7 @@ def test_schedules_fire_their_points_on_every_node(
     for name in api_names:
         schedules.upsert(name, app.tasks["t.noop"], timedelta(seconds=1))
     schedules.upsert("nightly", app.tasks["t.add"], "0 3 * * *", args=(1, 2), tz="Europe/Paris")
-    report = schedules.sync_config({config_name: {"task": "t.noop", "schedule": 1.0}})
+    report = sync_config(schedules, {config_name: {"task": "t.noop", "schedule": 1.0}})
     assert report["added"] == [config_name]
     every = [*api_names, config_name]
     assert {s.name for s in schedules.list()} == {*every, "nightly"}

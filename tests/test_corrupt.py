@@ -23,7 +23,8 @@ from celery_delayq.lateness import Snapshot, key_for
 from celery_delayq.lua_formats import parse_lease
 from celery_delayq.metrics import DispatcherCollector
 from celery_delayq.rules import IntervalRule
-from celery_delayq.schedules import StallSweep, point_id
+from celery_delayq.schedule_upkeep import StallSweep, sync_config
+from celery_delayq.schedules import point_id
 from celery_delayq.store import (
     FireOutcome,
     PushClaimedOutcome,
@@ -371,17 +372,17 @@ def test_beat_schedule_sync_replaces_a_definition_that_does_not_read(
     not stop the beat from starting; the configuration's entry takes its place."""
     schedules = Schedules(sched_app)
     entries = {"tick": {"task": "t.noop", "schedule": 60.0}}
-    assert schedules.sync_config(entries)["added"] == ["tick"]
+    assert sync_config(schedules, entries)["added"] == ["tick"]
     key = get_store(sched_app).keys.for_job("{tick}").schedules
     for text in ("not json", nested(5000)):
         r.hset(key, "tick", text)
         with caplog.at_level(logging.ERROR, "celery_delayq.schedules"):
-            assert schedules.sync_config(entries)["updated"] == ["tick"]
+            assert sync_config(schedules, entries)["updated"] == ["tick"]
         assert "replaced by its beat_schedule entry" in caplog.text
         stored = schedules.get("tick")
         assert stored is not None and stored.origin == "config" and stored.next_run is not None
     r.hset(key, "tick", "[1]")
-    assert schedules.sync_config({})["removed"] == ["tick"]  # gone from beat_schedule: deleted
+    assert sync_config(schedules, {})["removed"] == ["tick"]  # gone from beat_schedule: deleted
     assert not r.hexists(key, "tick")
 
 

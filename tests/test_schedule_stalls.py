@@ -31,7 +31,8 @@ from celery_delayq.dispatch import Dispatcher
 from celery_delayq.envelope import decode_envelope
 from celery_delayq.keys import is_point_id
 from celery_delayq.metrics import DispatcherCollector
-from celery_delayq.schedules import STALL_AFTER_MS, point_id
+from celery_delayq.schedule_upkeep import STALL_AFTER_MS
+from celery_delayq.schedules import point_id
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import get_store
 

@@ -30,6 +30,7 @@ from celery_delayq import (
 )
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.rules import parse_rule
+from celery_delayq.schedule_upkeep import sync_config
 from celery_delayq.schedules import point_id
 from celery_delayq.store import ClaimedJob, FireOutcome, get_store
 from tests.support.apps import make_app
@@ -738,7 +739,7 @@ def test_sync_config(app: Celery, r: redis.Redis) -> None:
         "cron": {"task": "t.add", "schedule": crontab(minute="*/5"), "args": (1, 2)},
         "delta": {"task": "t.noop", "schedule": schedule(timedelta(minutes=10)), "options": {"queue": "q"}},
     }
-    report = schedules.sync_config(entries)
+    report = sync_config(schedules, entries)
     assert report == {
         "added": ["every-30s", "cron", "delta"], "updated": [], "removed": [], "kept_by_api": []
     }
@@ -753,7 +754,7 @@ def test_sync_config(app: Celery, r: redis.Redis) -> None:
     raw = {name: raw_state(r, app, name) for name in entries}
 
     time.sleep(0.01)
-    assert schedules.sync_config(entries) == {"added": [], "updated": [], "removed": [], "kept_by_api": []}
+    assert sync_config(schedules, entries) == {"added": [], "updated": [], "removed": [], "kept_by_api": []}
     assert {name: raw_state(r, app, name) for name in entries} == raw  # not even re-stored
     for name in entries:
         assert json.loads(raw[name][1] or "{}")["cur"] == stored_ids(app, name)[0]
@@ -761,7 +762,7 @@ def test_sync_config(app: Celery, r: redis.Redis) -> None:
     # Changed and removed entries.
     entries["cron"] = {"task": "t.add", "schedule": crontab(minute="*/5"), "args": (3, 4)}
     del entries["delta"]
-    report = schedules.sync_config(entries)
+    report = sync_config(schedules, entries)
     assert report == {"added": [], "updated": ["cron"], "removed": ["delta"], "kept_by_api": []}
     changed = schedules.get("cron")
     assert changed is not None and changed.args == [3, 4] and changed.created == cron.created
@@ -775,11 +776,11 @@ def test_sync_config(app: Celery, r: redis.Redis) -> None:
     schedules.add("mine", "t.add", 3600, (9, 9))
     mine = raw_state(r, app, "mine")
     entries["mine"] = {"task": "t.noop", "schedule": 60.0}
-    report = schedules.sync_config(entries)
+    report = sync_config(schedules, entries)
     assert report == {"added": [], "updated": [], "removed": [], "kept_by_api": ["mine"]}
     assert raw_state(r, app, "mine") == mine
     del entries["mine"]
-    assert schedules.sync_config(entries)["removed"] == []
+    assert sync_config(schedules, entries)["removed"] == []
     assert raw_state(r, app, "mine") == mine
     assert schedules.count() == 3
 
@@ -791,7 +792,7 @@ def test_solar_is_not_storable(app: Celery, redis_url: str) -> None:
         parse_rule(sun)
     before = snapshot(redis_url)
     with pytest.raises(InvalidSchedule):
-        Schedules(app).sync_config({"sun": {"task": "t.noop", "schedule": sun}})
+        sync_config(Schedules(app), {"sun": {"task": "t.noop", "schedule": sun}})
     assert snapshot(redis_url) == before
 
 
@@ -938,10 +939,10 @@ def test_run_now_id_with_at_sign_in_the_name(app: Celery) -> None:
 def test_nested_tuples_in_a_config_entry_do_not_look_changed(app: Celery) -> None:
     schedules = Schedules(app)
     entry = {"task": "t.add", "schedule": 60.0, "args": ((1, 2), (3,))}
-    first = schedules.sync_config({"tuples": entry})
+    first = sync_config(schedules, {"tuples": entry})
     assert first["added"] == ["tuples"]
     before = stored_ids(app, "tuples")
-    second = schedules.sync_config({"tuples": entry})
+    second = sync_config(schedules, {"tuples": entry})
     assert second["updated"] == [] and stored_ids(app, "tuples") == before
 
 

@@ -27,6 +27,7 @@ from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.dispatch import Dispatcher
 from celery_delayq.metrics import DispatcherCollector
+from celery_delayq.schedule_upkeep import sync_config
 from celery_delayq.store import get_store, make_client
 from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
 from tests.support.apps import make_app
@@ -189,11 +190,10 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
     assert not schedules.pause("nightly").enabled and schedules.resume("nightly").enabled
     assert schedules.update("nightly", args=(3, 3)).args == [3, 3]
     run_now = schedules.run_now("nightly")
-    assert schedules.sync_config({"cfg": {"task": "t.add", "schedule": 3600.0, "args": (4, 4)}})["added"] == [
-        "cfg"
-    ]
+    config = {"cfg": {"task": "t.add", "schedule": 3600.0, "args": (4, 4)}}
+    assert sync_config(schedules, config)["added"] == ["cfg"]
     assert sorted(s.name for s in schedules.list()) == ["cfg", "nightly", "tick"]
-    assert schedules.sync_config({})["removed"] == ["cfg"]
+    assert sync_config(schedules, {})["removed"] == ["cfg"]
     assert schedules.delete("nightly") and schedules.count() == 1
     # due, 40 more, later, moved, the unknown task's job, tick's next point, the run-now job
     assert dq.count() == 46

@@ -11,7 +11,7 @@ import click
 
 from ..inputs import InputError, add_schedule, options_value, rule_of, update_schedule
 from ..jobs import MISSING
-from ..schedules import Schedule
+from ..schedule_spec import Schedule
 from ..views import schedule_json
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage

@@ -24,7 +24,7 @@ from ..exceptions import ScheduleError, ScheduleExists, ScheduleNotFound, Unknow
 from ..inputs import InputError, add_schedule, json_value, options_value, rule_of, update_schedule
 from ..jobs import MISSING
 from ..keys import point_id
-from ..schedules import MISSED_POLICIES, Schedule
+from ..schedule_spec import MISSED_POLICIES, Schedule
 from ..timeparse import is_relative, parse_when
 from ..views import iso, schedule_json
 from .context import action_response, dashboard, require_actions, wants_json
