@@ -182,8 +182,11 @@ def test_wake_lowers_the_marker_and_publishes_the_message_parse_wake_reads(
     assert run_wake(r, 5, 2_000_000_000_000) == "2000000000000"  # no marker: set
     assert run_wake(r, 5, 2_000_000_000_001) == "2000000000000"  # later: kept, no message
     assert run_wake(r, 7, 1_999_999_999_999) == "1999999999999"  # earlier: lowered
+    r.publish("probe-wake", "end")  # after every message the calls sent (one channel keeps order)
     got = []
-    while (message := subscriber.get_message(timeout=1)) is not None:
+    while (message := subscriber.get_message(timeout=5)) is not None:
+        if message["data"] in ("end", b"end"):
+            break
         got.append(message["data"])
     assert got == [wake_message(5, 2_000_000_000_000), wake_message(7, 1_999_999_999_999)]
     assert [parse_wake(data) for data in got] == [(5, 2e12), (7, 1_999_999_999_999.0)]
