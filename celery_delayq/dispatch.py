@@ -52,15 +52,15 @@ from kombu.exceptions import BatchPublishError
 
 from .backoff import Backoff
 from .config import setting_name
-from .due import MAX_DUE_MS
+from .dispositions import Disposition, PassResult, PassState, disposition, due_in_range
 from .envelope import Envelope, decode_envelope
 from .fence import FENCE_FRACTION, Fence, LeaseLost
-from .firing import FireCall, ScheduleFiring
+from .firing import ScheduleFiring
 from .gate import BATCH_DONE_HEADER, GATE_HEADER
 from .heartbeat import BEAT_FORGET_MS, HEARTBEAT_EVERY, PRUNE_EVERY, Heartbeat
 from .lateness import LATENESS_FLUSH_EVERY, Histogram, PublishLateness
 from .lua_formats import parse_wake
-from .publish import PUBLISH_ATTEMPTS, Outcome, Publisher, Publishing, Pusher
+from .publish import PUBLISH_ATTEMPTS, Outcome, Publishing
 from .schedule_upkeep import StallSweep
 from .schedules import Schedules
 from .stats import CLAIM_SIZE_BOUNDS, DispatchStats
@@ -161,9 +161,6 @@ class Dispatcher:
         self._stalls: StallSweep | None = None  # built at its first step
         self._stall_sweep_at = 0.0  # clock time: the first chores run one
         self._batch_sweep_at = 0.0  # the same, for the sweep of expired batches
-        self._holds: dict[int, list[tuple[str, str]]] = {}  # the last pass's, for _settle
-        # the pass's jobs lua/push.lua asked a template for: (shard, templates-hash field) -> job
-        self._misses: dict[tuple[int, str], ClaimedJob] = {}
 
     # -- what the beat shows --------------------------------------------------------------------
 
@@ -249,8 +246,11 @@ class Dispatcher:
             log = logger.debug if self._markers_failed else logger.warning
             self._markers_failed = True
             hint = " (the Redis ACL user needs +mget: see docs/security.md)" if is_acl_refusal(exc) else ""
-            log("delayq: the shards' wake markers could not be read (%s); every shard is claimed "
-                "instead%s", error_text(exc), hint)
+            log(
+                "delayq: the shards' wake markers could not be read (%s); every shard is claimed instead%s",
+                error_text(exc),
+                hint,
+            )
             self._next = [None] * self.config.shards
             return
         self._markers_failed = False
@@ -318,7 +318,7 @@ class Dispatcher:
         claimed: list[tuple[int, ClaimedJob]] = []
         sizes = self.stats.claim_sizes
         for result in results:
-            taken = len(result.jobs) + (result.pushed if isinstance(result, PushResult) else 0)
+            taken = len(result.jobs) + result.pushed
             if taken:
                 sizes[bisect.bisect_left(CLAIM_SIZE_BOUNDS, taken)] += 1
             self._offset_ms = result.now_ms - (sent + received) * 500.0
@@ -343,18 +343,14 @@ class Dispatcher:
             for shard, job in claimed:
                 jobs[shard].append(job.id)
             self.fence.start(jobs)
-            self._misses = {
+            misses = {
                 (result.shard, name): job
                 for result in results
-                if isinstance(result, PushResult)
+                if result.misses
                 for job in result.jobs
                 if (name := result.misses.get(job.id))
             }
-            try:
-                to_ack, fires = self.publish_claimed(claimed)
-            finally:
-                self._misses = {}
-            self._settle(to_ack, fires)
+            self._settle(self.publish_claimed(claimed, misses))
             if full:
                 logger.debug("delayq: a claimed batch was full; passing again at once")
         if failed:
@@ -419,7 +415,7 @@ class Dispatcher:
         queues: set[str] = set()
         late: list[float] = []
         for result in results:
-            if not isinstance(result, PushResult) or not result.pushed:
+            if not result.pushed:
                 continue
             pushed += result.pushed
             for ms, count in result.lateness:
@@ -439,15 +435,14 @@ class Dispatcher:
         self.publishing.declare_pushed(sorted(queues))
         self._broker_state(False, True)
 
-    def _settle(self, to_ack: dict[int, list[str]], fires: list[FireCall]) -> None:
-        """Hold the published released gated jobs for their workers, ack the other published
-        jobs and fire the published schedule points (after the publish)."""
-        self.firing.settle(fires)
-        holds, self._holds = self._holds, {}
-        if holds:
-            self._hold(holds)
-        if to_ack:
-            removed, stale = _count_stale(self.store.ack(self.token, to_ack), "", "acked")
+    def _settle(self, result: PassResult) -> None:
+        """The ack step, after the publish: fire the published schedule points, hold the
+        published released gated jobs for their workers, ack the other published jobs."""
+        self.firing.settle(result.fires)
+        if result.holds:
+            self._hold(result.holds)
+        if result.acks:
+            removed, stale = _count_stale(self.store.ack(self.token, result.acks), "", "acked")
             self.stats.acked += removed
             self.stats.stale_acks += stale
 
@@ -480,90 +475,41 @@ class Dispatcher:
         self.stats.stale_holds += stale
 
     def publish_claimed(
-        self, claimed: list[tuple[int, ClaimedJob]]
-    ) -> tuple[dict[int, list[str]], list[FireCall]]:
-        """Publish each claimed job of this pass (``(shard, job)``); return the ids to ack, by
-        shard, and the fire calls that ack the published schedule points and advance their
-        schedules. The step between claim and ack: a test may wrap it to stall a beat there.
-        Released gated jobs are kept for :meth:`_settle` to hold (not in the ids to ack).
+        self,
+        claimed: list[tuple[int, ClaimedJob]],
+        misses: dict[tuple[int, str], ClaimedJob] | None = None,
+    ) -> PassResult:
+        """Publish each claimed job of this pass (``(shard, job)``) as its :func:`disposition`
+        says; return what the ack step (:meth:`_settle`) does: the ids to ack by shard, the
+        released gated jobs to hold, the fire calls of the published schedule points. The step
+        between claim and ack: a test may wrap it to stall a beat there. ``misses``: the jobs
+        ``lua/push.lua`` asked a template for, (shard, templates-hash field) -> job.
 
         On a Redis broker, kombu's publish batch builds and routes every message as
         usual and sends the final commands in one pipeline when the batch closes;
         nothing is acked unless that flush succeeded.
         """
-        to_ack: dict[int, list[str]] = defaultdict(list)
-        # released gated jobs: held for their worker (Store.hold) instead of acked
-        to_hold: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        fires: list[FireCall] = []
-        points: list[tuple[int, ClaimedJob, Envelope]] = []
-        sent: list[int] = []
-        released: list[int] = []  # original due times of the released gated jobs sent
-        registered = self.app.tasks
         fence, publishing = self.fence, self.publishing
         claimed = self._bury_out_of_range(claimed)
-        outage = False
-        pusher: Pusher | None = None
-        kombu: Publisher | None = None
         gated = publishing.gate_pass(claimed)
         if gated.skip:
             # The fence renews only what this pass may publish: a parked or deferred job's
             # lease is the gate's now, not lost.
             fence.start({shard: [i for i in ids if i not in gated.skip] for shard, ids in fence.jobs.items()})
         with self.app.producer_or_acquire() as producer:
-            publisher = publishing.begin(producer)
-            if isinstance(publisher, Pusher):
-                pusher = publisher
+            state = PassState(gated, publishing.begin(producer), misses or {})
             batch = getattr(producer, "batch", None)
             fence.open_batch()
             try:
                 with batch(max_size=PUBLISH_BATCH_MAX) if batch else contextlib.nullcontext() as opened:
                     for shard, job in claimed:
-                        if job.id in gated.skip:
-                            continue
-                        decoded = gated.envelopes.get(job.id)
-                        if decoded is not None:
-                            envelope = decoded
-                        elif pusher is not None and pusher.publish_raw(shard, job):
-                            continue
-                        else:
-                            try:
-                                envelope = decode_envelope(job.envelope, self.config.max_payload)
-                            except ValueError as exc:
-                                self.stats.corrupt["envelope"] += 1
-                                publishing.bury(job, f"corrupt envelope: {exc}", None)
-                                continue
-                        if envelope.schedule is not None:
-                            points.append((shard, job, envelope))
-                            continue
-                        if (self.config.dead_letter_unknown and envelope.task not in registered
-                                and not is_retry(envelope)):
-                            reason = (f"task {envelope.task!r} is not registered in the beat's app "
-                                      "(import its module in the beat, or set "
-                                      f"{setting_name(self.app, 'delayq_dead_letter_unknown')}=False)")
-                            publishing.bury(job, reason, envelope)
-                            fail_result(self.app, envelope, reason)
-                            continue
-                        key = gated.released.get(job.id)
-                        if key is None:
-                            outcome = publisher.publish(shard, job, envelope)
-                        else:  # through kombu: push_claimed.lua would remove it
-                            kombu = kombu or publishing.kombu()
-                            outcome = kombu.publish(shard, job, envelope)
-                        if outcome is Outcome.OUTAGE:
-                            outage = True
-                            break
-                        if job.id in gated.completions and outcome in (Outcome.SENT, Outcome.PUSHING):
-                            self.stats.completions += 1
-                        if outcome is not Outcome.SENT:
-                            continue
-                        if key is None:
-                            to_ack[shard].append(job.id)
-                            sent.append(job.due_ms)
-                        else:
-                            to_hold[shard].append((job.id, key))
-                            released.append(job.due_ms)
-                    if points and not outage:
-                        fires = self.firing.publish(publishing, publishing.kombu(), points, sent)
+                        self._publish_one(state, shard, job)
+                        if state.outage:
+                            break  # the rest would fail too
+                    if state.points and not state.outage:
+                        state.fires = self.firing.publish(
+                            publishing, publishing.kombu(), state.points, state.sent
+                        )
                     if fence.buffered and opened is not None:
                         fence.check(None)  # raises LeaseLost: the batch is discarded unsent
                         opened.flush()
@@ -578,38 +524,97 @@ class Dispatcher:
                     len(fence.buffered),
                     self.config.reclaim_ttl,
                 )
-                to_ack, fires, sent, to_hold, released = defaultdict(list), [], [], defaultdict(list), []
+                state.discard()
             except BatchPublishError as exc:
                 self.stats.publish_errors += 1
-                outage = True
+                state.outage = True
                 logger.error(
                     "delayq: sending %d message(s) to the broker failed (%r; cause: %r); any that "
                     "reached it may run twice: they stay stored and are delivered again after their "
                     "lease (%.0f s)",
-                    len(sent) + len(released),
+                    len(state.sent) + len(state.released),
                     exc,
                     exc.__cause__ or exc.__context__,
                     self.config.reclaim_ttl,
                 )
-                to_ack, fires, sent, to_hold, released = defaultdict(list), [], [], defaultdict(list), []
-            if pusher is not None:
-                sent.extend(pusher.push())
-                if self._misses:
-                    publishing.add_lua_templates(pusher.templates, self._misses)
-        self._fence_report(pusher.to_push_ids() if pusher is not None else set())
-        self._broker_state(outage, bool(sent or to_ack or released))
+                state.discard()
+            if state.pusher is not None:
+                state.sent.extend(state.pusher.push())
+                if state.misses:
+                    publishing.add_lua_templates(state.pusher.templates, state.misses)
+        self._fence_report(state.pusher.to_push_ids() if state.pusher is not None else set())
+        self._count_pass(state)
+        return state.result()
+
+    def _publish_one(self, state: PassState, shard: int, job: ClaimedJob) -> None:
+        """Carry out the :func:`.dispositions.disposition` of one claimed job (from ``shard``)
+        with the pass's strategy, noting in ``state`` what the ack step does with it, or
+        ``state.outage`` when the broker is unreachable."""
+        gated = state.gate
+        if job.id in gated.skip:
+            return  # KEPT by the gate: not decoded again
+        envelope: Envelope | ValueError | None = gated.envelopes.get(job.id)
+        if envelope is None:
+            if state.pusher is not None and state.pusher.publish_raw(shard, job):
+                return  # PUBLISH on the push path, its message built from the stored text undecoded
+            try:
+                envelope = decode_envelope(job.envelope, self.config.max_payload)
+            except ValueError as exc:
+                envelope = exc
+        unknown = self.config.dead_letter_unknown
+        action = disposition(job, envelope, gated, registered=self.app.tasks, dead_letter_unknown=unknown)
+        publishing = self.publishing
+        if action is Disposition.CORRUPT_ENVELOPE:
+            self.stats.corrupt["envelope"] += 1
+            publishing.bury(job, f"corrupt envelope: {envelope}", None)
+            return
+        assert isinstance(envelope, Envelope)  # (only a corrupt one is not)
+        if action is Disposition.FIRE:
+            state.points.append((shard, job, envelope))  # published together after the others
+            return
+        if action is Disposition.UNKNOWN_TASK:
+            reason = (
+                f"task {envelope.task!r} is not registered in the beat's app (import its module "
+                f"in the beat, or set {setting_name(self.app, 'delayq_dead_letter_unknown')}=False)"
+            )
+            publishing.bury(job, reason, envelope)
+            fail_result(self.app, envelope, reason)
+            return
+        if action is Disposition.RELEASE:  # through kombu: push_claimed.lua would remove it
+            state.kombu = state.kombu or publishing.kombu()
+            outcome = state.kombu.publish(shard, job, envelope)
+        elif action is Disposition.PUBLISH:
+            outcome = state.publisher.publish(shard, job, envelope)
+        else:  # KEPT and CORRUPT_DUE were settled before
+            raise AssertionError(f"{job.id}: {action} in the publish loop")
+        if outcome is Outcome.OUTAGE:
+            state.outage = True
+            return
+        if job.id in gated.completions and outcome in (Outcome.SENT, Outcome.PUSHING):
+            self.stats.completions += 1
+        if outcome is not Outcome.SENT:
+            return
+        if action is Disposition.RELEASE:
+            state.holds[shard].append((job.id, gated.released[job.id]))
+            state.released.append(job.due_ms)
+        else:
+            state.acks[shard].append(job.id)
+            state.sent.append(job.due_ms)
+
+    def _count_pass(self, state: PassState) -> None:
+        """After a pass's publish: the broker's state, the published count, the slot wait of the
+        released gated jobs and the publish lateness of the others."""
+        self._broker_state(state.outage, bool(state.sent or state.acks or state.released))
         now = self.server_now_ms()
-        self._holds = to_hold
-        self.stats.published += len(sent) + len(released)
-        for due in released:  # not in the publish lateness: the gate held them back
+        self.stats.published += len(state.sent) + len(state.released)
+        for due in state.released:  # not in the publish lateness: the gate held them back
             self.stats.slot_wait.observe(now - due)
-        if sent:
+        if state.sent:
             # bucketed once per job here; one pipeline per LATENESS_FLUSH_EVERY s (chores)
-            self.publish_lateness.record(now - due for due in sent)
+            self.publish_lateness.record(now - due for due in state.sent)
         if self._keep_lateness:
             room = self._keep_lateness - len(self.stats.lateness_ms)
-            self.stats.lateness_ms.extend(now - due for due in sent[: max(0, room)])
-        return to_ack, fires
+            self.stats.lateness_ms.extend(now - due for due in state.sent[: max(0, room)])
 
     def _bury_out_of_range(self, claimed: list[tuple[int, ClaimedJob]]) -> list[tuple[int, ClaimedJob]]:
         """Dead-letter the claimed jobs whose due time is not a time from 1970 to year 9999 (a
@@ -619,7 +624,7 @@ class Dispatcher:
         ``due`` is 0 (unknown: no time can be read from it); its reason says what was read."""
         kept: list[tuple[int, ClaimedJob]] = []
         for shard, job in claimed:
-            if 0 <= job.due_ms <= MAX_DUE_MS:
+            if due_in_range(job):  # else Disposition.CORRUPT_DUE
                 kept.append((shard, job))
                 continue
             self.stats.corrupt["due"] += 1
@@ -703,8 +708,11 @@ class Dispatcher:
                 self._stalls = StallSweep(Schedules(self.app))
             repaired = len(self._stalls.step(int(self.server_now_ms())))
         except Exception as exc:
-            logger.warning("delayq: the sweep for stalled schedules failed (%r); tried again in %.0f s",
-                           exc, STALL_SWEEP_EVERY)
+            logger.warning(
+                "delayq: the sweep for stalled schedules failed (%r); tried again in %.0f s",
+                exc,
+                STALL_SWEEP_EVERY,
+            )
             return 0
         self.stats.stalls_repaired += repaired
         return repaired
@@ -715,8 +723,11 @@ class Dispatcher:
         try:
             return self.store.sweep_batches()
         except Exception as exc:
-            logger.warning("delayq: the sweep of expired batches failed (%r); tried again in %.0f s",
-                           exc, BATCH_SWEEP_EVERY)
+            logger.warning(
+                "delayq: the sweep of expired batches failed (%r); tried again in %.0f s",
+                exc,
+                BATCH_SWEEP_EVERY,
+            )
             return 0
 
     # -- sleeping ----------------------------------------------------------------------------
@@ -825,20 +836,6 @@ class Dispatcher:
         self.publish_lateness.last_flush()
         self.beat.remove()
         self.close()
-
-
-def is_retry(envelope: Envelope) -> bool:
-    """Whether ``envelope`` is a task's retry (its ``retries`` header is above 0): a worker
-    that runs the task stored it, so its name and routing are real and the beat publishes it
-    by name, as ``send_task`` would, even when it does not import the task.
-
-    >>> from celery_delayq.envelope import Envelope
-    >>> def env(headers): return Envelope("t", headers, {}, b"", "", "", {}, None, 0)
-    >>> is_retry(env({"retries": 1})), is_retry(env({"retries": 0})), is_retry(env({}))
-    (True, False, False)
-    """
-    retries = envelope.headers.get("retries")
-    return isinstance(retries, int) and not isinstance(retries, bool) and retries > 0
 
 
 def fail_result(app: Any, envelope: Envelope, reason: str) -> None:

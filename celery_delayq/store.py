@@ -30,7 +30,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
@@ -245,12 +245,20 @@ class ClaimedJob:
 
 @dataclass(frozen=True)
 class ClaimResult:
+    """What one ``lua/claim.lua`` call claimed on a shard. It has the attributes of a
+    :class:`PushResult`, with nothing pushed, so that a pass reads either alike."""
+
     shard: int
     now_ms: int
     next_ms: int | None
     jobs: list[ClaimedJob]
     #: lease entries of claimed jobs that did not read and were replaced (see lua/claim.lua)
     repaired: int = 0
+    #: (as :class:`PushResult`'s) nothing is pushed by claim.lua
+    pushed: int = 0
+    lateness: list[tuple[int, int]] = field(default_factory=list)
+    used: list[tuple[str, str, int]] = field(default_factory=list)
+    misses: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

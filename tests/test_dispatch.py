@@ -549,9 +549,9 @@ def test_the_fence_renews_a_pass_that_outlived_its_fraction_of_the_lease(
     dispatcher = dispatchers(app, clock=lambda: now[0])
     claim_then_stall = dispatcher.publish_claimed
 
-    def stalled(claimed: Any) -> Any:
+    def stalled(claimed: Any, misses: Any = None) -> Any:
         now[0] += (FENCE_FRACTION + 0.1) * 30.0  # past the fence, short of the lease
-        return claim_then_stall(claimed)
+        return claim_then_stall(claimed, misses)
 
     dispatcher.publish_claimed = stalled  # type: ignore[method-assign]
     dispatcher.run_once()

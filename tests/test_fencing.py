@@ -236,12 +236,12 @@ def pause_before_publish(
     pause, a stopped process), then run ``then`` (another beat's pass) before it goes on."""
     original = dispatcher.publish_claimed
 
-    def stalled(claimed: Any) -> Any:
+    def stalled(claimed: Any, misses: Any = None) -> Any:
         dispatcher.publish_claimed = original  # type: ignore[method-assign]
         time.sleep(seconds)
         if then is not None:
             then()
-        return original(claimed)
+        return original(claimed, misses)
 
     dispatcher.publish_claimed = stalled  # type: ignore[method-assign]
 

@@ -149,11 +149,11 @@ class HookedDispatcher(Dispatcher):
 
     hook: Callable[[list[str]], None] | None = None
 
-    def publish_claimed(self, claimed: list[tuple[int, ClaimedJob]]) -> Any:
+    def publish_claimed(self, claimed: list[tuple[int, ClaimedJob]], misses: Any = None) -> Any:
         hook, self.hook = self.hook, None
         if hook is not None and claimed:
             hook([job.id for _, job in claimed])
-        return super().publish_claimed(claimed)
+        return super().publish_claimed(claimed, misses)
 
 
 def make_solar() -> solar:
@@ -639,7 +639,7 @@ def test_a_crash_between_claim_and_fire_gives_one_extra_run_and_skips_nothing(
     class DiesAfterPublish(Dispatcher):
         """The beat process dies once its publishes reached the broker, before ack/fire."""
 
-        def _settle(self, to_ack: Any, fires: Any) -> None:
+        def _settle(self, result: Any) -> None:
             raise Crash
 
     beat_a = dispatchers(app, cls=DiesAfterPublish)

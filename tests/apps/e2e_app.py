@@ -158,13 +158,13 @@ if os.environ.get("DELAYQ_TEST_STOP_AFTER_CLAIM"):
     _publish_claimed = dispatch.Dispatcher.publish_claimed
     _stopped: list[bool] = []
 
-    def _stop_then_publish(self: Any, claimed: Any) -> Any:
+    def _stop_then_publish(self: Any, claimed: Any, misses: Any = None) -> Any:
         """The first time a pass claimed at least DELAYQ_TEST_STOP_AFTER_CLAIM jobs: record
         ``e2e:stopped`` = how many, then SIGSTOP this beat (the test sends SIGCONT)."""
         if not _stopped and len(claimed) >= _STOP_AT:
             _stopped.append(True)
             recorder().set("e2e:stopped", len(claimed))
             os.kill(os.getpid(), signal.SIGSTOP)
-        return _publish_claimed(self, claimed)
+        return _publish_claimed(self, claimed, misses)
 
     dispatch.Dispatcher.publish_claimed = _stop_then_publish  # type: ignore[method-assign]
