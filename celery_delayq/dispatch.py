@@ -2,11 +2,11 @@
 
 One :class:`Dispatcher` runs inside each beat (see :mod:`.scheduler`); any
 number of them may share one store with no leader. Each pass claims a bounded
-batch from the shards that may have due jobs, publishes every claimed job
-(:mod:`.publish`, fenced by :mod:`.fence`), and only then acks it. A beat that dies
-between claim and ack loses nothing: its leases expire after
-``delayq_reclaim_ttl`` and another beat delivers the batch again (so a crash
-can duplicate at most the batch it held).
+batch from the shards that may have due jobs, publishes every claimed job as its
+disposition says (:mod:`.dispositions`; :mod:`.publish`, fenced by :mod:`.fence`), and only
+then acks it. A beat that dies between claim and ack loses nothing: its leases expire after
+``delayq_reclaim_ttl`` and another beat delivers the batch again (so a crash can duplicate at
+most the batch it held).
 
 Flow control: before publishing, the gated jobs of a pass go to the gate, all at once
 (:meth:`.publish.Publishing.gate_pass`). A released one is published through kombu, then

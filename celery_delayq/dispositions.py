@@ -19,6 +19,11 @@ A claimed job goes, in order of the checks:
   and not a retry): dead-lettered, its result set to FAILURE;
 - ``RELEASE``: a gated job the gate released: published through kombu, then held for its worker;
 - ``PUBLISH``: published by the pass's strategy (push path, kombu, or Celery), then acked.
+
+Two shortcuts come before the decision, both in the dispatcher's loop: a job the gate keeps is
+not decoded again, and on the push path a job that is neither gated nor a batch's completion is
+first built from its stored text, undecoded (:meth:`.publish.Pusher.publish_raw`, which leaves
+to the decoded way any job it cannot build or whose task the beat does not know).
 """
 
 from __future__ import annotations
