@@ -12,8 +12,9 @@ opening comment (so the line numbers in a script's errors are those of its file)
 Shared helpers live in ``lua/includes/<name>.lua`` (as bullmq's ``includes/``), one concept a
 file: ``lease`` (the lease entry's format and the holder check), ``job`` (removing a job),
 ``wake`` (the wake marker and the wake message), ``args`` (``int_arg``), ``sliced``
-(``call_sliced``: one command over more values than one ``unpack`` takes) and ``gate`` (flow
-control's keys, the limit in force, promotion, batch completion). A script names each
+(``call_sliced``: one command over more values than one ``unpack`` takes), ``claiming`` (taking
+a shard's due jobs and leasing them to a beat: claim and push) and ``gate`` (flow control's keys,
+the limit in force, promotion, batch completion). A script names each
 helper file it uses on a line of its own, after its header comment::
 
     --!include lease

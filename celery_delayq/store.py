@@ -775,10 +775,7 @@ class Store:
                 assert failed is not None
                 failed.append(raw)
                 continue
-            jobs = [
-                ClaimedJob(raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
-                for i in range(3, len(raw), 4)
-            ]
+            jobs = self._claimed(raw, 3)
             next_ms = int(raw[1])
             next_due = None if next_ms < 0 else next_ms
             results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2])))
@@ -820,28 +817,25 @@ class Store:
                 assert failed is not None
                 failed.append((shard, raw))
                 continue
-            i = 5
-            lateness = [(int(raw[i + 2 * n]), int(raw[i + 2 * n + 1])) for n in range(int(raw[4]))]
-            i += 2 * int(raw[4])
-            count, i = int(raw[i]), i + 1
-            used = [(str(raw[k]), str(raw[k + 1]), int(raw[k + 2])) for k in range(i, i + 3 * count, 3)]
-            i += 3 * count
-            jobs: list[ClaimedJob] = []
-            misses: dict[str, str] = {}
-            for j in range(i, len(raw), 5):
-                job_id = raw[j]
-                envelope = self._loaded(job_id, raw[j + 1])
-                jobs.append(ClaimedJob(job_id, envelope, int(raw[j + 2]), int(raw[j + 3])))
-                if raw[j + 4]:
-                    misses[job_id] = raw[j + 4]
+            late, used, missed = raw[4], raw[5], raw[6]
             next_ms = int(raw[1])
             results.append(
                 PushResult(
-                    shard, int(raw[0]), None if next_ms < 0 else next_ms, jobs, int(raw[2]), int(raw[3]),
-                    lateness, used, misses,
+                    shard, int(raw[0]), None if next_ms < 0 else next_ms, self._claimed(raw, 7), int(raw[2]),
+                    int(raw[3]), [(int(late[k]), int(late[k + 1])) for k in range(0, len(late), 2)],
+                    [(str(used[k]), str(used[k + 1]), int(used[k + 2])) for k in range(0, len(used), 3)],
+                    dict(zip(missed[0::2], missed[1::2], strict=True)),
                 )
             )  # fmt: skip
         return results
+
+    def _claimed(self, raw: list[Any], start: int) -> list[ClaimedJob]:
+        """The jobs a claim or push reply returns to the beat from ``raw[start]`` on: id,
+        envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``)."""
+        return [
+            ClaimedJob(raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
+            for i in range(start, len(raw), 4)
+        ]
 
     def _loaded(self, job_id: str, stored: str) -> str:
         """The envelope of ``job_id`` from what the jobs hash keeps: its shape joined back

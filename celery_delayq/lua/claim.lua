@@ -38,8 +38,8 @@ with an error, before anything is written.
 --!include args
 --!include sliced
 --!include lease
---!include job
 --!include wake
+--!include claiming
 local token = ARGV[1]
 local batch = int_arg(2)
 local ttl = int_arg(3)
@@ -50,42 +50,6 @@ if batch == nil or batch < 1 or ttl == nil or ttl < 1 then
   return redis.error_reply('delayq claim: batch and TTL must be whole numbers >= 1')
 end
 redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local found = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch, 'WITHSCORES')
-local out = {now, -1, 0}
-local repaired = 0
-local expiry = now + ttl
-local zargs = {}
-for i = 1, #found, 2 do
-  local id = found[i]
-  local envelope = redis.call('HGET', KEYS[2], id)
-  if not envelope then
-    remove_job(id)
-  else
-    local due = tonumber(found[i + 1])
-    local tries = 0
-    local lease = redis.call('HGET', KEYS[3], id)
-    if lease then
-      local d, n = lease_read(lease)
-      if d then
-        due = d
-        tries = n
-      else
-        repaired = repaired + 1
-      end
-    end
-    tries = tries + 1
-    redis.call('HSET', KEYS[3], id, lease_entry(due, tries, token))
-    zargs[#zargs + 1] = expiry
-    zargs[#zargs + 1] = id
-    out[#out + 1] = id
-    out[#out + 1] = envelope
-    out[#out + 1] = due
-    out[#out + 1] = tries
-  end
-end
-out[3] = repaired
-call_sliced('ZADD', KEYS[1], zargs, 2)
-out[2] = rearm()
-return out
+local now = now_ms()
+local jobs, gone, repaired = due_jobs(now, batch)
+return hand_over({now, -1, repaired}, jobs, gone, token, now + ttl)
