@@ -300,6 +300,34 @@ def test_a_corrupt_envelope_is_buried_and_a_corrupt_template_is_written_again(
     assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [good.id, again.id]
 
 
+def test_a_due_time_past_year_9999_and_a_bad_hole_go_the_beats_way(
+    app_factory: AppFactory, r: redis.Redis
+) -> None:
+    """An expired lease whose due time reads but is past year 9999 (corrupt): the script leaves
+    the job to the beat, which dead-letters it, and pushes the job beside it. A template whose
+    hole is no value's index (7, 1.5) is a miss: the beat writes it again."""
+    application = app_factory(delayq_shards=1)
+    warm_up(application)
+    take_lists(r)
+    keys = get_store(application).keys.shard(0)
+    add = application.tasks["t.add"]
+    late, good = add.apply_at(time.time() - 1, (1,)), add.apply_at(time.time() - 1, (2,))
+    r.hset(keys.leases, late.id, "9999999999999999|0|gone")
+    beat = drain(application)
+    assert beat.stats.in_redis == beat.stats.published == 1 and beat.stats.dead_lettered == 1
+    assert "corrupt due time" in dict(DelayQ(application).dead())[late.id]["reason"]
+    assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [good.id]
+    (field,) = r.hkeys(keys.wire)
+    template = json.loads(r.hget(keys.wire, field))
+    for hole in (7, 1.5):
+        r.hset(keys.wire, field, json.dumps({**template, "h": [hole, *template["h"][1:]]}))
+        job = add.apply_at(time.time() - 1, (3,))
+        beat = drain(application)
+        assert beat.stats.in_redis == 0 and beat.stats.published == 1, hole
+        assert json.loads(r.hget(keys.wire, field)) == template
+        assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [job.id]
+
+
 @pytest.mark.slow
 def test_gated_jobs_and_schedule_points_go_the_beats_way(app_factory: AppFactory, r: redis.Redis) -> None:
     """A job under flow control and a schedule's point are never pushed by the script: the gate

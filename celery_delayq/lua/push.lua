@@ -1,28 +1,25 @@
 --[[ push: claim a shard's due jobs and deliver, inside Redis, those whose message has a template.
 
-The in-Redis path (docs/how-it-works.md), used only when the Celery broker is this Redis server and
-database (so never on a Redis Cluster: the queue lists are not in KEYS). A job whose envelope holds
-its own texts first (envelope.py: "a", "k", then "j" or "b", already JSON-escaped) and whose shape
-(its text from "t" to "c", or the shape's id "S") has a template becomes its message by joining the
-template's literals with the job's id, texts, due ms and a delivery tag: nothing is decoded or
-encoded here. The message is LPUSHed and the job removed in this one step, so a beat that dies at
-any point duplicates nothing. Every other due job (no template yet, an expiry, flow control, a
-schedule point, too long, a push refused) is leased and returned as claim.lua does: the beat
-delivers it (and dead-letters what is corrupt).
+The in-Redis path (docs/how-it-works.md): only when the Celery broker is this Redis server and
+database (never a Redis Cluster: the queue lists are not in KEYS). A job whose envelope holds its own
+texts first (envelope.py: "a", "k", then "j" or "b", JSON-escaped at enqueue) and whose shape (its
+text from "t" to "c", or the shape's id "S") has a template (wire.py's lua_template) becomes its
+message by joining: nothing is decoded or encoded here. The message is LPUSHed and the job removed in
+one step, so a beat that dies at any point duplicates nothing. Every other due job (no template, an
+expiry, flow control, a schedule point, too long, a push refused) is leased and returned as
+claim.lua does: the beat delivers it, or dead-letters it when corrupt.
 
-KEYS: the shard's seven keys, as claim.lua. The templates hash "<base>wire" (KEYS[1] less "due")
-maps "<space>|<j or b>|<shape>" to "-" (the beat's) or a template (wire.py's lua_template: JSON,
-literals l around holes h, list key k, queue q, task t); one that does not read is a miss.
-ARGV: token, batch, reclaim TTL ms (as claim.lua); the template space; the delivery tag prefix (a
-tag is it and the job's id); the longest envelope pushed here (bytes); the gate and batch
-completion header names (a shape naming either is the beat's).
+KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake: as claim.lua (KEYS[5] dead, KEYS[6]
+schedules, KEYS[7] history: unused); the templates hash is KEYS[1] less "due" and "wire".
+ARGV: token, batch, reclaim TTL ms (as claim.lua); the template space (a field is "<space>|<j or b>|
+<shape>"); the delivery tag prefix (a tag is it and the job's id); the longest envelope pushed here
+(bytes); the gate and batch completion header names (a shape naming one is the beat's).
 Returns {now ms, next ms, repaired, pushed, {lateness ms, count, ...}, {queue, task, count, ...},
-{id, field, ...}, then id, envelope, due ms, tries of each job returned, as claim.lua}: the pushed
-jobs' lateness (TIME after the pushes less the due time) by due time, the templates used, and for
-the first job of each shape met without a template the templates-hash field to fill.
+{id, field, ...}, then id, envelope, due ms, tries per job returned, as claim.lua}: the lateness
+(TIME after the pushes less the due time) by due time; the templates used; the field to fill for
+the first job of each shape met without a template.
 Memory: no script flags. Over maxmemory the first write (an LPUSH or a lease) is refused: the call
-fails with the OOM error, nothing written, and the beat claims with claim.lua. Bad arguments are
-refused before any write.
+fails with the OOM error having written nothing, and the beat claims with claim.lua.
 ]]
 --!include args
 --!include sliced
@@ -32,51 +29,49 @@ refused before any write.
 local token, batch, ttl, space, tag_prefix = ARGV[1], int_arg(2), int_arg(3), ARGV[4], ARGV[5]
 local max_payload, gate_header, done_header = int_arg(6), ARGV[7], ARGV[8]
 local sub, find, match = string.sub, string.find, string.match
-if token == nil or token == '' or find(token, '|', 1, true) or not batch or batch < 1 or not ttl
-    or ttl < 1 or not max_payload or not space or space == '' or not tag_prefix
-    or find(tag_prefix, '[^%w%-_.:]') or not gate_header or not done_header then
-  return redis.error_reply('delayq push: bad arguments (a token without "|", batch and TTL >= 1, '
-    .. 'payload limit, space, tag prefix of letters, digits and -_.:, two header names)')
+if not (token and token ~= '' and not find(token, '|', 1, true) and batch and batch >= 1 and ttl and ttl >= 1
+    and max_payload and space and space ~= '' and tag_prefix and not find(tag_prefix, '[^%w%-_.:]')
+    and gate_header and done_header) then
+  return redis.error_reply('delayq push: bad arguments (wanted: a token without "|", batch and TTL >= 1, '
+    .. 'a payload limit, a space, a tag prefix of letters, digits and -_.:, two header names)')
 end
 local WIRE = sub(KEYS[1], 1, #KEYS[1] - 3) .. 'wire'
 local MAX_DUE = 253402300799999  -- the last ms of year 9999: a later due time is the beat's (corrupt)
 local HOLES = {[0] = true, true, true, true, true, true}  -- 0 id, 1 args, 2 kwargs, 3 body, 4 due, 5 tag
 
--- template(field): the template of a templates-hash field, its literals in place in t.parts (holes
--- left at even indexes); false ("-": the beat delivers) or 'miss' (none, or one that does not read).
-local function template(field)
-  local raw = redis.call('HGET', WIRE, field)
-  if raw == '-' then
+-- shape_template(shape, plain): the shape's template (read once a call; JSON: literals l around holes
+-- h, list key k, queue q, task t), its literals in place in t.parts, the holes left at even indexes;
+-- else false (the beat's: "-", an expiry or a flow-control
+-- header in the shape), or false and the field to fill (none yet, or one that does not read).
+local seen = {[true] = {}, [false] = {}}
+local function shape_template(shape, plain)
+  if seen[plain][shape] ~= nil then
+    return seen[plain][shape]
+  end
+  seen[plain][shape] = false
+  if find(shape, ',"x":', 1, true) or find(shape, gate_header, 1, true)
+      or find(shape, done_header, 1, true) then
     return false
   end
+  local field = space .. (plain and '|j|' or '|b|') .. shape
+  local raw = redis.call('HGET', WIRE, field)
   local ok, t = pcall(cjson.decode, raw or '')
-  if not (ok and type(t) == 'table' and type(t.l) == 'table' and type(t.h) == 'table' and #t.l == #t.h + 1
-      and type(t.k) == 'string' and t.k ~= '' and type(t.q) == 'string' and t.q ~= '' and type(t.t) == 'string') then
-    return 'miss'
+  if raw == '-' then
+    return false
+  elseif not (ok and type(t) == 'table' and type(t.l) == 'table' and type(t.h) == 'table'
+      and #t.l == #t.h + 1 and type(t.k) == 'string' and t.k ~= '' and type(t.q) == 'string' and t.q ~= ''
+      and type(t.t) == 'string') then
+    return false, field
   end
   t.parts = {}
   for n, literal in ipairs(t.l) do
     if type(literal) ~= 'string' or n <= #t.h and not HOLES[t.h[n]] then
-      return 'miss'
+      return false, field
     end
     t.parts[n + n - 1] = literal
   end
-  return t
-end
-
--- shape_template(shape, plain): the shape's template, false or 'miss' (read once a call; an expiry
--- or a flow-control header in the shape: false); and on its first miss, the field to fill.
-local seen = {[true] = {}, [false] = {}}
-local function shape_template(shape, plain)
-  local t = seen[plain][shape]
-  if t ~= nil then
-    return t
-  end
-  local field = space .. (plain and '|j|' or '|b|') .. shape
-  t = not (find(shape, ',"x":', 1, true) or find(shape, gate_header, 1, true)
-    or find(shape, done_header, 1, true)) and template(field)
   seen[plain][shape] = t
-  return t, t == 'miss' and field or nil
+  return t
 end
 
 -- message(job): the list key, message and template of a job its template delivers; else nil and,
@@ -95,15 +90,12 @@ local function message(job)
   local b = kind and find(stored, '","', k + 7, true)
   local named = b and match(stored, '^","([tS])":', b)
   local c = named and find(stored, ',"c":', #stored - 24, true)
-  if not c or not find(stored, '^%d+}$', c + 5) then
-    return nil
-  end
-  local shape = sub(stored, b + 2, c - 1)
-  if named == 'S' and not find(shape, '^"S":"%x+"$') then
+  local shape = c and find(stored, '^%d+}$', c + 5) and sub(stored, b + 2, c - 1)
+  if not shape or named == 'S' and not find(shape, '^"S":"%x+"$') then
     return nil
   end
   local t, miss = shape_template(shape, kind == 'j')
-  if not t or t == 'miss' then
+  if not t then
     return nil, miss
   end
   local values = {[0] = id, sub(stored, 13, a - 1), sub(stored, a + 7, k - 1), sub(stored, k + 7, b - 1),
