@@ -1,16 +1,15 @@
 --[[ push: claim a shard's due jobs and deliver, inside Redis, those whose message has a template.
 
-The in-Redis path (docs/how-it-works.md): only when the Celery broker is this Redis server and
-database (never a Redis Cluster: the queue lists are not in KEYS). A job whose envelope holds its own
-texts first (envelope.py: "a", "k", then "j" or "b", JSON-escaped at enqueue) and whose shape (its
-text from "t" to "c", or the shape's id "S") has a template (wire.py's lua_template) becomes its
-message by joining: nothing is decoded or encoded here. The message is LPUSHed and the job removed in
-one step, so a beat that dies at any point duplicates nothing. Every other due job (no template, an
-expiry, flow control, a schedule point, too long, a push refused) is leased and returned as
-claim.lua does: the beat delivers it, or dead-letters it when corrupt.
+The in-Redis path (docs/how-it-works.md): the broker is this Redis server and database (never a
+Cluster: the queue lists are not in KEYS). A job whose envelope has its own texts first, JSON-escaped
+(envelope.py: "a", "k", "j" or "b"), and whose shape (the text from "t" to "c", or its id "S") has a
+template (wire.py's lua_template) is joined into its message, LPUSHed and removed in one step:
+nothing is decoded or encoded here, and a beat that dies at any point duplicates nothing. The other
+due jobs (no template, an expiry, flow control, a schedule point, too long, a refused push) are
+leased and returned as claim.lua does, for the beat (which dead-letters what is corrupt).
 
 KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake: as claim.lua (KEYS[5] dead, KEYS[6]
-schedules, KEYS[7] history: unused); the templates hash is KEYS[1] less "due" and "wire".
+schedules, KEYS[7] history: unused); the templates hash: KEYS[1] with "wire" for "due".
 ARGV: token, batch, reclaim TTL ms (as claim.lua); the template space (a field is "<space>|<j or b>|
 <shape>"); the delivery tag prefix (a tag is it and the job's id); the longest envelope pushed here
 (bytes); the gate and batch completion header names (a shape naming one is the beat's).
@@ -41,8 +40,8 @@ local HOLES = {[0] = true, true, true, true, true, true}  -- 0 id, 1 args, 2 kwa
 
 -- shape_template(shape, plain): the shape's template (read once a call; JSON: literals l around holes
 -- h, list key k, queue q, task t), its literals in place in t.parts, the holes left at even indexes;
--- else false (the beat's: "-", an expiry or a flow-control
--- header in the shape), or false and the field to fill (none yet, or one that does not read).
+-- else false (the beat's: "-", an expiry or a flow-control header in the shape), or false and the
+-- field to fill (none yet, or one that does not read).
 local seen = {[true] = {}, [false] = {}}
 local function shape_template(shape, plain)
   if seen[plain][shape] ~= nil then
