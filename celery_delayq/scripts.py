@@ -14,8 +14,8 @@ file: ``lease`` (the lease entry's format and the holder check), ``job`` (removi
 ``wake`` (the wake marker and the wake message), ``args`` (``int_arg``), ``sliced``
 (``call_sliced``: one command over more values than one ``unpack`` takes), ``claiming`` (taking
 a shard's due jobs and leasing them to a beat: claim and push) and ``gate`` (flow control's keys,
-the limit in force, promotion, batch completion). A script names each
-helper file it uses on a line of its own, after its header comment::
+the limit in force, promotion, batch completion). A script names each helper file it uses on a
+line of its own, after its header comment::
 
     --!include lease
 

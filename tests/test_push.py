@@ -314,7 +314,7 @@ def test_a_due_time_past_year_9999_and_a_bad_hole_go_the_beats_way(
     late, good = add.apply_at(time.time() - 1, (1,)), add.apply_at(time.time() - 1, (2,))
     r.hset(keys.leases, late.id, "9999999999999999|0|gone")
     beat = drain(application)
-    assert beat.stats.in_redis == beat.stats.published == 1 and beat.stats.dead_lettered == 1
+    assert beat.stats.pushed_on_claim == beat.stats.published == 1 and beat.stats.dead_lettered == 1
     assert "corrupt due time" in dict(DelayQ(application).dead())[late.id]["reason"]
     assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [good.id]
     (field,) = r.hkeys(keys.wire)
@@ -323,7 +323,7 @@ def test_a_due_time_past_year_9999_and_a_bad_hole_go_the_beats_way(
         r.hset(keys.wire, field, json.dumps({**template, "h": [hole, *template["h"][1:]]}))
         job = add.apply_at(time.time() - 1, (3,))
         beat = drain(application)
-        assert beat.stats.in_redis == 0 and beat.stats.published == 1, hole
+        assert beat.stats.pushed_on_claim == 0 and beat.stats.published == 1, hole
         assert json.loads(r.hget(keys.wire, field)) == template
         assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [job.id]
 

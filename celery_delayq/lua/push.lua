@@ -1,6 +1,6 @@
 --[[ push: claim a shard's due jobs and deliver, inside Redis, those whose message has a template.
 
-The in-Redis path (docs/how-it-works.md): the broker is this Redis server and database (never a
+Pushing on claim (docs/how-it-works.md): the broker is this Redis server and database (never a
 Cluster: the queue lists are not in KEYS). A job whose envelope has its own texts first, JSON-escaped
 (envelope.py: "a", "k", "j" or "b"), and whose shape (the text from "t" to "c", or its id "S") has a
 template (wire.py's lua_template) is joined into its message, LPUSHed and removed in one step:
@@ -54,10 +54,11 @@ local function shape_template(shape, plain)
   end
   local field = space .. (plain and '|j|' or '|b|') .. shape
   local raw = redis.call('HGET', WIRE, field)
-  local ok, t = pcall(cjson.decode, raw or '')
   if raw == '-' then
     return false
-  elseif not (ok and type(t) == 'table' and type(t.l) == 'table' and type(t.h) == 'table'
+  end
+  local ok, t = pcall(cjson.decode, raw or '')
+  if not (ok and type(t) == 'table' and type(t.l) == 'table' and type(t.h) == 'table'
       and #t.l == #t.h + 1 and type(t.k) == 'string' and t.k ~= '' and type(t.q) == 'string' and t.q ~= ''
       and type(t.t) == 'string') then
     return false, field
