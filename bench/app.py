@@ -120,8 +120,9 @@ def due_of(request: Any) -> float | None:
 
 
 @app.task(base=DelayedTask, bind=True, name=TASK_NAME)  # type: ignore[untyped-decorator]
-def job(self: Any, user_id: int | None = None, text: str = "", locale: str = "en-US",
-        payload: str = "") -> None:
+def job(
+    self: Any, user_id: int | None = None, text: str = "", locale: str = "en-US", payload: str = ""
+) -> None:
     start = time.time()
     due = due_of(self.request)
     _starts.add(f"{start:.6f} {due if due is not None else start:.6f}")
@@ -158,7 +159,7 @@ class _PublishLog:
             if self.source is not None:
                 values = self.source()
                 end = len(values)  # appended by the beat's thread: read up to a snapshot
-                self.pending.extend(f"{v:.3f}\n" for v in values[self.taken:end])
+                self.pending.extend(f"{v:.3f}\n" for v in values[self.taken : end])
                 self.taken = end
             lines, self.pending = self.pending, []
         if lines:

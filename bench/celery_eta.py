@@ -81,44 +81,65 @@ def _run(ctx: Context) -> CeleryEta:
             p.task.apply_async(*job_call(i), eta=datetime.fromtimestamp(due + i / n, UTC))
         out.send_rate = n / (time.perf_counter() - t0)
         out.bytes_per_message = (used_memory(client) - before) / n
-        out.notes.append(f"{n:,} ETA tasks (real jobs: bench.job(user_id, text, locale=...)) sent with "
-                         f"apply_async(args, kwargs, eta=) at "
-                         f"{out.send_rate:,.0f}/s into a Redis broker with no worker; its used_memory "
-                         f"grew {out.bytes_per_message:,.0f} B per message")
+        out.notes.append(
+            f"{n:,} ETA tasks (real jobs: bench.job(user_id, text, locale=...)) sent with "
+            f"apply_async(args, kwargs, eta=) at "
+            f"{out.send_rate:,.0f}/s into a Redis broker with no worker; its used_memory "
+            f"grew {out.bytes_per_message:,.0f} B per message"
+        )
         if need_rss:
             worker = ctx.start_worker(url, url)
             try:
                 ctx.wait_worker(worker)
                 ready = time.time()
                 ctx.say(f"Celery ETA baseline: worker fetching {n:,} ETA tasks")
-                wait_until(lambda: client.llen(QUEUE) == 0, 60 + n / 100.0, 0.1, [worker],
-                           "worker fetching the ETA tasks")
+                wait_until(
+                    lambda: client.llen(QUEUE) == 0,
+                    60 + n / 100.0,
+                    0.1,
+                    [worker],
+                    "worker fetching the ETA tasks",
+                )
                 fetched = time.time()
                 out.fetch_s = fetched - ready
                 time.sleep(1.0)
                 out.rss_mib = rss_mib(worker.pid)
-                out.notes.append(f"one worker (-P threads -c 8) fetched them in {out.fetch_s:.1f} s and "
-                                 f"then had {out.rss_mib:,.0f} MiB RSS")
+                out.notes.append(
+                    f"one worker (-P threads -c 8) fetched them in {out.fetch_s:.1f} s and "
+                    f"then had {out.rss_mib:,.0f} MiB RSS"
+                )
                 if need_run:
                     if fetched > due:
-                        out.notes.append(f"the worker finished fetching {fetched - due:.1f} s after the "
-                                         "tasks were due: that wait is part of the lateness")
+                        out.notes.append(
+                            f"the worker finished fetching {fetched - due:.1f} s after the "
+                            "tasks were due: that wait is part of the lateness"
+                        )
                     ctx.say("Celery ETA baseline: waiting for the due second and the runs")
                     with contextlib.suppress(BenchError):  # what has not run by then is counted
-                        watch(lambda: int(client.llen(STARTS_KEY)), n, timeout=max(0.0, due - time.time())
-                              + 60 + n / 200.0, interval=0.05, children=[worker], what="Celery ETA runs")
+                        watch(
+                            lambda: int(client.llen(STARTS_KEY)),
+                            n,
+                            timeout=max(0.0, due - time.time()) + 60 + n / 200.0,
+                            interval=0.05,
+                            children=[worker],
+                            what="Celery ETA runs",
+                        )
                     runs = starts(client)
                     out.not_started = n - len(runs)
                     last = max(s for s, _ in runs) if not out.not_started else time.time()
                     out.last_started_s = last - due
                     if out.not_started:
-                        out.notes.append(f"{out.not_started:,} of {n:,} had not started when the wait ended, "
-                                         f"{out.last_started_s:.0f} s after the due second began: the "
-                                         "figure is a lower bound (≥)")
+                        out.notes.append(
+                            f"{out.not_started:,} of {n:,} had not started when the wait ended, "
+                            f"{out.last_started_s:.0f} s after the due second began: the "
+                            "figure is a lower bound (≥)"
+                        )
                     late = sorted((s - d) * 1000.0 for s, d in runs)
                     out.late_p50_ms = late[len(late) // 2]
-                    out.notes.append(f"all due within [T, T+1 s); the last started at T+"
-                                     f"{out.last_started_s:.2f} s (p50 lateness {out.late_p50_ms:,.0f} ms)")
+                    out.notes.append(
+                        f"all due within [T, T+1 s); the last started at T+"
+                        f"{out.last_started_s:.2f} s (p50 lateness {out.late_p50_ms:,.0f} ms)"
+                    )
             finally:
                 # A worker holding ETA tasks takes long to shut down warm: SIGKILL it soon.
                 ctx.stop(worker, grace=2.0)

@@ -48,8 +48,11 @@ ROWS: list[Row] = [
     Row("worker_rss", "worker RSS with jobs pending in delayq vs none, vs Celery ETA", row_worker_rss),
     Row("redis_memory", "Redis bytes per pending job vs Celery's ETA message", row_redis_memory),
     Row("scale", "dispatch rate with 1M pending vs 10k (--full: 10M)", row_scale),
-    Row("cluster_dispatch", "jobs/s from a 3-primary Redis Cluster by 1 and 4 beats (kombu path)",
-        row_cluster_dispatch),
+    Row(
+        "cluster_dispatch",
+        "jobs/s from a 3-primary Redis Cluster by 1 and 4 beats (kombu path)",
+        row_cluster_dispatch,
+    ),
     Row("flow", "10,000 capped jobs (100 keys, limit 2) vs uncapped; release → next start", row_flow),
     Row("web", "the dashboard with 1M pending: page p50/p99, Redis commands/s per open page", row_web),
     # Last: its JVM and cached rows are gone before any row after it would start.
@@ -62,10 +65,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
-    size.add_argument("--full", action="store_true",
-                      help="the issue's full sizes where the default cuts (1M due, 10M pending, 100k ETA)")
-    parser.add_argument("--only", metavar="ROW", action="append", default=[],
-                        help=f"run only this row (repeatable, or comma-separated): {', '.join(NAMES)}")
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="the issue's full sizes where the default cuts (1M due, 10M pending, 100k ETA)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="ROW",
+        action="append",
+        default=[],
+        help=f"run only this row (repeatable, or comma-separated): {', '.join(NAMES)}",
+    )
     parser.add_argument("--list", action="store_true", help="list the rows and exit")
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker/beat logs folder")
     args = parser.parse_args(argv)
@@ -96,13 +107,16 @@ def _machine() -> str:
     server = "?"
     if found:
         try:
-            server = subprocess.run([found[0], "--version"], capture_output=True, text=True,
-                                    timeout=10).stdout.split(" sha=")[0]
+            server = subprocess.run(
+                [found[0], "--version"], capture_output=True, text=True, timeout=10
+            ).stdout.split(" sha=")[0]
         except Exception:
             server = found[0]
-    return (f"{os.cpu_count()} cores ({cpu}), {mem} RAM, {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}, celery {version('celery')}, kombu {version('kombu')}, "
-            f"redis-py {version('redis')} ({_parser()}); {server}")
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem} RAM, {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()}, celery {version('celery')}, kombu {version('kombu')}, "
+        f"redis-py {version('redis')} ({_parser()}); {server}"
+    )
 
 
 def _parser() -> str:

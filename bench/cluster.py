@@ -30,9 +30,19 @@ def start_cluster(ctx: Context, masters: int = MASTERS, timeout: float = 60.0) -
         port = free_port()
         bus = free_port()  # its own bus port (--cluster-port), not port + 10000
         buses.append(bus)
-        node = EmbeddedRedis(port=port, extra_args=[
-            "--cluster-enabled", "yes", "--cluster-port", str(bus), "--cluster-config-file",
-            f"nodes-{port}.conf", "--cluster-node-timeout", "15000"])
+        node = EmbeddedRedis(
+            port=port,
+            extra_args=[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                str(bus),
+                "--cluster-config-file",
+                f"nodes-{port}.conf",
+                "--cluster-node-timeout",
+                "15000",
+            ],
+        )
         with ctx._lock:
             ctx.servers.append(node)
         nodes.append(node.start())
@@ -45,8 +55,11 @@ def start_cluster(ctx: Context, masters: int = MASTERS, timeout: float = 60.0) -
             if i:
                 client.execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[0].port, buses[0])
         deadline = time.monotonic() + timeout
-        while not all(c.cluster("info")["cluster_state"] == "ok"
-                      and int(c.cluster("info")["cluster_known_nodes"]) == masters for c in clients):
+        while not all(
+            c.cluster("info")["cluster_state"] == "ok"
+            and int(c.cluster("info")["cluster_known_nodes"]) == masters
+            for c in clients
+        ):
             if time.monotonic() > deadline:
                 raise BenchError(f"the local cluster was not ok within {timeout:.0f} s")
             time.sleep(0.1)
@@ -60,8 +73,9 @@ class Subscribers:
     """``pubsub_numsub`` summed over every node: a beat's subscription lives on one of them."""
 
     def __init__(self, nodes: list[EmbeddedRedis]) -> None:
-        self.clients = [redis.Redis(host="127.0.0.1", port=node.port, decode_responses=True)
-                        for node in nodes]
+        self.clients = [
+            redis.Redis(host="127.0.0.1", port=node.port, decode_responses=True) for node in nodes
+        ]
 
     def pubsub_numsub(self, channel: str) -> list[tuple[str, int]]:
         return [(channel, sum(int(dict(c.pubsub_numsub(channel)).get(channel, 0)) for c in self.clients))]
@@ -91,14 +105,28 @@ def row_cluster_dispatch(ctx: Context) -> RowResult:
             for beats in (1, BEATS):
                 _flush(nodes)
                 broker_client.flushall()
-                ctx.say(f"cluster_dispatch: {beats} beat(s), storing {n:,} due jobs on the cluster, "
-                        "then publishing them")
-                runs[beats] = drain_measured(ctx, p, broker, store, beats, n,
-                                             lambda: int(broker_client.llen(QUEUE)),
-                                             lambda: _fill_due(p, n), conf, servers, subscribers,
-                                             before_stop=lambda: _published_per_beat(p))
-                result.notes.append(f"{beats} beat(s): all {n:,} published {runs[beats].took:.1f} s after "
-                                    f"the start; {_shares(runs[beats].after, n)}; {cpu_text(runs[beats])}")
+                ctx.say(
+                    f"cluster_dispatch: {beats} beat(s), storing {n:,} due jobs on the cluster, "
+                    "then publishing them"
+                )
+                runs[beats] = drain_measured(
+                    ctx,
+                    p,
+                    broker,
+                    store,
+                    beats,
+                    n,
+                    lambda: int(broker_client.llen(QUEUE)),
+                    lambda: _fill_due(p, n),
+                    conf,
+                    servers,
+                    subscribers,
+                    before_stop=lambda: _published_per_beat(p),
+                )
+                result.notes.append(
+                    f"{beats} beat(s): all {n:,} published {runs[beats].took:.1f} s after "
+                    f"the start; {_shares(runs[beats].after, n)}; {cpu_text(runs[beats])}"
+                )
             broker_client.close()
     finally:
         subscribers.close()
@@ -106,18 +134,21 @@ def row_cluster_dispatch(ctx: Context) -> RowResult:
             ctx.stop_redis(node)
         ctx.stop_redis(broker_server)
     many = runs[BEATS].rate
-    result.lines.append(Line(f"cluster_dispatch: 1 beat, {MASTERS}-primary cluster, {n:,} due", runs[1].rate,
-                             "jobs/s"))
-    result.lines.append(Line(f"cluster_dispatch: {BEATS} beats, in total (vs 1 beat)", many, "jobs/s",
-                             baseline=runs[1].rate))
+    result.lines.append(
+        Line(f"cluster_dispatch: 1 beat, {MASTERS}-primary cluster, {n:,} due", runs[1].rate, "jobs/s")
+    )
+    result.lines.append(
+        Line(f"cluster_dispatch: {BEATS} beats, in total (vs 1 beat)", many, "jobs/s", baseline=runs[1].rate)
+    )
     counts = sorted(runs[BEATS].after or [])
     if len(counts) == BEATS and sum(counts) > 0:
         low, high = counts[0] / sum(counts) * many, counts[-1] / sum(counts) * many
         result.lines.append(Line(f"cluster_dispatch: {BEATS} beats, per beat (least)", low, "jobs/s"))
         result.lines.append(Line(f"cluster_dispatch: {BEATS} beats, per beat (most)", high, "jobs/s"))
     else:
-        result.lines.append(Line(f"cluster_dispatch: {BEATS} beats, per beat (total / {BEATS})", many / BEATS,
-                                 "jobs/s"))
+        result.lines.append(
+            Line(f"cluster_dispatch: {BEATS} beats, per beat (total / {BEATS})", many / BEATS, "jobs/s")
+        )
     result.notes.append(
         f"the kombu path: the store is a local Redis Cluster ({MASTERS} primaries, no replicas, "
         f"{SHARDS} shards, delayq_cluster=True) and the broker a separate Redis server (kombu has no "
@@ -128,8 +159,10 @@ def row_cluster_dispatch(ctx: Context) -> RowResult:
         "the heartbeats cannot be read)"
     )
     if n < 1_000_000:
-        result.notes.append(f"{n:,} jobs due at once, not the issue's 1,000,000: python -m bench --full "
-                            "--only cluster_dispatch runs 1M")
+        result.notes.append(
+            f"{n:,} jobs due at once, not the issue's 1,000,000: python -m bench --full "
+            "--only cluster_dispatch runs 1M"
+        )
     return result
 
 

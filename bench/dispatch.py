@@ -49,19 +49,37 @@ class Drained:
     after: Any = None  # what ``before_stop`` returned
 
 
-def drain(ctx: Context, p: Producer, broker: str, store: str, beats: int, n: int,
-          published: Callable[[], int], store_due: Callable[[], Fill],
-          conf: dict[str, Any] | None = None) -> tuple[float, float, Fill]:
+def drain(
+    ctx: Context,
+    p: Producer,
+    broker: str,
+    store: str,
+    beats: int,
+    n: int,
+    published: Callable[[], int],
+    store_due: Callable[[], Fill],
+    conf: dict[str, Any] | None = None,
+) -> tuple[float, float, Fill]:
     """``beats`` beats publish ``n`` jobs due at once; return (steady jobs/s, seconds from the
     start until all are published, how they were stored). See :func:`drain_measured`."""
     got = drain_measured(ctx, p, broker, store, beats, n, published, store_due, conf)
     return got.rate, got.took, got.filled
 
 
-def drain_measured(ctx: Context, p: Producer, broker: str, store: str, beats: int, n: int,
-                   published: Callable[[], int], store_due: Callable[[], Fill],
-                   conf: dict[str, Any] | None = None, servers: dict[str, int] | None = None,
-                   subscribers: Any = None, before_stop: Callable[[], Any] | None = None) -> Drained:
+def drain_measured(
+    ctx: Context,
+    p: Producer,
+    broker: str,
+    store: str,
+    beats: int,
+    n: int,
+    published: Callable[[], int],
+    store_due: Callable[[], Fill],
+    conf: dict[str, Any] | None = None,
+    servers: dict[str, int] | None = None,
+    subscribers: Any = None,
+    before_stop: Callable[[], Any] | None = None,
+) -> Drained:
     """``beats`` beats publish ``n`` jobs due at once.
 
     The beats start on a store with nothing due, and once they are in their claim loop (asleep)
@@ -83,8 +101,14 @@ def drain_measured(ctx: Context, p: Producer, broker: str, store: str, beats: in
         start = time.time()
         cpu.start()
         ctx.thaw(children)
-        samples = watch(published, n, timeout=max(120.0, n / 500.0), interval=0.02, children=children,
-                        what=f"{beats} beat(s) publishing {n:,} jobs")
+        samples = watch(
+            published,
+            n,
+            timeout=max(120.0, n / 500.0),
+            interval=0.02,
+            children=children,
+            what=f"{beats} beat(s) publishing {n:,} jobs",
+        )
         used = cpu.used()
         machine = 100.0 * (_busy_seconds() - machine0) / (time.time() - start)
         after = before_stop() if before_stop else None
@@ -108,11 +132,15 @@ def cpu_text(d: Drained) -> str:
     if redis_cpu >= 90.0:
         limit = f"Redis's CPU: the server ran at {redis_cpu:.0f}% of its one core"
     elif d.machine >= 90.0 * cores:
-        limit = (f"the {cores} cores: the machine was {d.machine:.0f}% busy of {100 * cores}% "
-                 f"(these processes {ours:.0f}%)")
+        limit = (
+            f"the {cores} cores: the machine was {d.machine:.0f}% busy of {100 * cores}% "
+            f"(these processes {ours:.0f}%)"
+        )
     else:
-        limit = (f"neither Redis's core nor the machine's {cores} cores were full (machine {d.machine:.0f}% "
-                 f"of {100 * cores}%): waits, round trips")
+        limit = (
+            f"neither Redis's core nor the machine's {cores} cores were full (machine {d.machine:.0f}% "
+            f"of {100 * cores}%): waits, round trips"
+        )
     return f"CPU over the drain, % of one core: {shares}; limit: {limit}"
 
 
@@ -141,8 +169,9 @@ LIMIT_CHUNK = 1_000
 LIMIT_DEPTH = 4
 
 
-def redis_limit(client: Any, n: int, pid: int | None = None,
-                message: str | None = None) -> tuple[float, float]:
+def redis_limit(
+    client: Any, n: int, pid: int | None = None, message: str | None = None
+) -> tuple[float, float]:
     """Move ``n`` due members of a sorted set into a list with :data:`LIMIT_SCRIPT` (with a
     ``message``: each member's copy of it, stored in a hash, with :data:`LIMIT_MESSAGES_SCRIPT`),
     one call per :data:`LIMIT_CHUNK`; return (jobs/s, the server's CPU over the move in % of one
@@ -230,12 +259,22 @@ def row_dispatch(ctx: Context) -> RowResult:
         for beats, shape in DISPATCH_RUNS:
             p.client.flushall()
             ctx.say(f"dispatch: {_beats(beats)}, storing {n:,} due jobs ({shape}), then publishing them")
-            run = drain_measured(ctx, p, url, url, beats, n, lambda: int(p.client.llen(QUEUE)),
-                                 functools.partial(_fill_due, p, n, shape),
-                                 servers={"redis": pid} if pid else None)
+            run = drain_measured(
+                ctx,
+                p,
+                url,
+                url,
+                beats,
+                n,
+                lambda: int(p.client.llen(QUEUE)),
+                functools.partial(_fill_due, p, n, shape),
+                servers={"redis": pid} if pid else None,
+            )
             runs[(beats, shape)] = run
-            result.notes.append(f"{_beats(beats)}, {shape}: all {n:,} published {run.took:.1f} s after the "
-                                f"start ({n / run.took:,.0f} jobs/s overall); {cpu_text(run)}")
+            result.notes.append(
+                f"{_beats(beats)}, {shape}: all {n:,} published {run.took:.1f} s after the "
+                f"start ({n / run.took:,.0f} jobs/s overall); {cpu_text(run)}"
+            )
             if (beats, shape) == (1, REAL):
                 result.notes.append(f"fill: {run.filled.method}; fill time is not measured")
     ctx.stop_redis(server)
@@ -243,14 +282,36 @@ def row_dispatch(ctx: Context) -> RowResult:
     size = f"{n:,} due"
     real, bare, payload = runs[(1, REAL)].rate, runs[(1, BARE)].rate, runs[(1, PAYLOAD)].rate
     lines = result.lines
-    lines.append(Line(f"dispatch: 1 beat, Redis broker, {size}, {REAL} (vs the Redis limit)", real, "jobs/s",
-                      baseline=limit, target=">=0.5"))
-    lines.append(Line(f"dispatch: 1 beat, {size}, {REAL} (vs the limit with messages)", real, "jobs/s",
-                      baseline=limit_msg, target=">=0.4"))
-    lines.append(Line(f"dispatch: 2 beats, {size}, {REAL} (vs 1 beat)", runs[(2, REAL)].rate, "jobs/s",
-                      baseline=real, target=">=1.7"))
-    lines.append(Line(f"dispatch: 1 beat, {size}, {REAL} (vs {BARE})", real, "jobs/s", baseline=bare,
-                      target=">=0.7"))
+    lines.append(
+        Line(
+            f"dispatch: 1 beat, Redis broker, {size}, {REAL} (vs the Redis limit)",
+            real,
+            "jobs/s",
+            baseline=limit,
+            target=">=0.5",
+        )
+    )
+    lines.append(
+        Line(
+            f"dispatch: 1 beat, {size}, {REAL} (vs the limit with messages)",
+            real,
+            "jobs/s",
+            baseline=limit_msg,
+            target=">=0.4",
+        )
+    )
+    lines.append(
+        Line(
+            f"dispatch: 2 beats, {size}, {REAL} (vs 1 beat)",
+            runs[(2, REAL)].rate,
+            "jobs/s",
+            baseline=real,
+            target=">=1.7",
+        )
+    )
+    lines.append(
+        Line(f"dispatch: 1 beat, {size}, {REAL} (vs {BARE})", real, "jobs/s", baseline=bare, target=">=0.7")
+    )
     lines.append(Line(f"dispatch: 1 beat, {size}, {PAYLOAD} (vs {REAL})", payload, "jobs/s", baseline=real))
     result.notes.append(
         f"the jobs: {REAL} = bench.job(user_id, text, locale=...), an int, a text of 32-39 characters and "
@@ -375,18 +436,34 @@ def row_scale(ctx: Context) -> RowResult:
         later = time.time() + 3600
         stored = 0
         for pending in (sz.scale_small, sz.scale_large):
-            ctx.say(f"scale: storing {pending - stored:,} not-due jobs (total {pending:,}), "
-                    f"{sz.scale_due:,} due")
+            ctx.say(
+                f"scale: storing {pending - stored:,} not-due jobs (total {pending:,}), {sz.scale_due:,} due"
+            )
             fill(p, pending - stored, _spread(later + stored * 0.05, 0.05), FILL_BUDGET)
             stored = pending
             p.client.delete(QUEUE)
             ctx.say(f"scale: 1 beat publishing {sz.scale_due:,} due among {pending:,} pending")
-            rates[pending], _, _ = drain(ctx, p, url, url, 1, sz.scale_due, lambda: int(p.client.llen(QUEUE)),
-                                         lambda: _fill_due(p, sz.scale_due))
+            rates[pending], _, _ = drain(
+                ctx,
+                p,
+                url,
+                url,
+                1,
+                sz.scale_due,
+                lambda: int(p.client.llen(QUEUE)),
+                lambda: _fill_due(p, sz.scale_due),
+            )
     ctx.stop_redis(server)
     small, large = sz.scale_small, sz.scale_large
-    result.lines.append(Line(f"scale: dispatch, {large:,} pending vs {small:,}", rates[large], "jobs/s",
-                             baseline=rates[small], target=">=0.8"))
+    result.lines.append(
+        Line(
+            f"scale: dispatch, {large:,} pending vs {small:,}",
+            rates[large],
+            "jobs/s",
+            baseline=rates[small],
+            target=">=0.8",
+        )
+    )
     result.notes.append(
         f"{sz.scale_due:,} real jobs (bench.job(user_id, text, locale=...), bench/jobs.py) due at once, "
         "published by one beat into a Redis broker, with "

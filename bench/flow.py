@@ -53,8 +53,13 @@ POOL = ("-P", "threads", "-c", "8")
 CONF: dict[str, Any] = {"imports": ["bench.flow"]}
 #: Commands the row itself sends to the store, left out of the count.
 OWN_COMMANDS = ("cmdstat_info", "cmdstat_config")
-SCRIPT_COMMANDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro",
-                   "cmdstat_fcall")
+SCRIPT_COMMANDS = (
+    "cmdstat_evalsha",
+    "cmdstat_eval",
+    "cmdstat_evalsha_ro",
+    "cmdstat_eval_ro",
+    "cmdstat_fcall",
+)
 
 
 class _Notes(_Starts):
@@ -73,8 +78,15 @@ _notes = _Notes()
 
 
 @_bench_app.task(base=DelayedTask, bind=True, name=FLOW_TASK)  # type: ignore[untyped-decorator]
-def flow_job(self: Any, seconds: float, key: str, user_id: int | None = None, text: str = "",
-             locale: str = "en-US", payload: str = "") -> None:
+def flow_job(
+    self: Any,
+    seconds: float,
+    key: str,
+    user_id: int | None = None,
+    text: str = "",
+    locale: str = "en-US",
+    payload: str = "",
+) -> None:
     start = time.time()
     time.sleep(seconds)
     _notes.add(f"{start:.6f} {time.time():.6f} {key}")
@@ -155,14 +167,25 @@ def _fill(task: Any, n: int, keys: int, capped: bool) -> None:
     now = time.time()
     for k in range(keys):
         key = f"k{k}"
-        items = [(now, (TASK_SECONDS, key, *args), kwargs)
-                 for args, kwargs in map(job_call, range(k * per_key, (k + 1) * per_key))]
+        items = [
+            (now, (TASK_SECONDS, key, *args), kwargs)
+            for args, kwargs in map(job_call, range(k * per_key, (k + 1) * per_key))
+        ]
         options = {"concurrency_key": key, "concurrency_limit": LIMIT} if capped else {}
         task.apply_at_many(items, **options)
 
 
-def _side(ctx: Context, p: Producer, task: Any, broker: redis.Redis, beat: Any, workers: Sequence[Any],
-          n: int, keys: int, capped: bool) -> Side:
+def _side(
+    ctx: Context,
+    p: Producer,
+    task: Any,
+    broker: redis.Redis,
+    beat: Any,
+    workers: Sequence[Any],
+    n: int,
+    keys: int,
+    capped: bool,
+) -> Side:
     label = "capped" if capped else "uncapped"
     broker.delete(FLOW_KEY)
     ctx.freeze([beat])
@@ -172,14 +195,20 @@ def _side(ctx: Context, p: Producer, task: Any, broker: redis.Redis, beat: Any, 
     t0 = time.time()
     ctx.thaw([beat])
     ctx.say(f"flow: draining the {label} jobs")
-    wait_until(lambda: broker.llen(FLOW_KEY) >= n, max(120.0, n / 50.0), 0.05, [beat, *workers],
-               f"flow: {n:,} {label} jobs run")
+    wait_until(
+        lambda: broker.llen(FLOW_KEY) >= n,
+        max(120.0, n / 50.0),
+        0.05,
+        [beat, *workers],
+        f"flow: {n:,} {label} jobs run",
+    )
     took = time.time() - t0
     calls = _command_calls(p.client)
     runs = _runs(broker)
     gaps = release_gaps(runs, LIMIT) if capped else []
-    return Side(len(runs), _throughput([end for _, end, _ in runs]), gaps,
-                sum(1 for g in gaps if g < 0), calls, took)
+    return Side(
+        len(runs), _throughput([end for _, end, _ in runs]), gaps, sum(1 for g in gaps if g < 0), calls, took
+    )
 
 
 def row_flow(ctx: Context) -> RowResult:
@@ -215,16 +244,41 @@ def _report(result: RowResult, n: int, capped: Side, plain: Side, binding: Side)
     size = f"{n:,} jobs of 10 ms, {KEYS} keys, limit {LIMIT}"
     few = f"{binding.jobs:,} jobs, {FEW_KEYS} keys x {LIMIT} slots < {threads} threads"
     lines = result.lines
-    lines.append(Line(f"flow: capped throughput, {size} (vs uncapped)", capped.rate, "jobs/s",
-                      baseline=plain.rate, target=">=0.8"))
+    lines.append(
+        Line(
+            f"flow: capped throughput, {size} (vs uncapped)",
+            capped.rate,
+            "jobs/s",
+            baseline=plain.rate,
+            target=">=0.8",
+        )
+    )
     for q in (50, 99):
-        lines.append(Line(f"flow: release → next start, {KEYS} keys (broker queue wait included), p{q}",
-                          percentile(capped.gaps_ms, q), "ms"))
+        lines.append(
+            Line(
+                f"flow: release → next start, {KEYS} keys (broker queue wait included), p{q}",
+                percentile(capped.gaps_ms, q),
+                "ms",
+            )
+        )
     lines.append(Line(f"flow: release → next start, {few}, p50", percentile(binding.gaps_ms, 50), "ms"))
-    lines.append(Line(f"flow: release → next start, {few}, p99", percentile(binding.gaps_ms, 99), "ms",
-                      target="<=20", on="ours"))
-    lines.append(Line("flow: Redis commands per job, capped (vs uncapped)", capped.per_job(capped.commands),
-                      "cmd/job", baseline=plain.per_job(plain.commands)))
+    lines.append(
+        Line(
+            f"flow: release → next start, {few}, p99",
+            percentile(binding.gaps_ms, 99),
+            "ms",
+            target="<=20",
+            on="ours",
+        )
+    )
+    lines.append(
+        Line(
+            "flow: Redis commands per job, capped (vs uncapped)",
+            capped.per_job(capped.commands),
+            "cmd/job",
+            baseline=plain.per_job(plain.commands),
+        )
+    )
     result.notes.append(
         f"side by side: capped {capped.rate:,.0f} jobs/s, all run {capped.seconds:.1f} s after the thaw; "
         f"uncapped {plain.rate:,.0f} jobs/s, {plain.seconds:.1f} s; store commands per job "
@@ -253,6 +307,12 @@ def _report(result: RowResult, n: int, capped: Side, plain: Side, binding: Side)
     )
 
 
-def _producer_side(seconds: float, key: str, user_id: int | None = None, text: str = "",
-                   locale: str = "en-US", payload: str = "") -> None:
+def _producer_side(
+    seconds: float,
+    key: str,
+    user_id: int | None = None,
+    text: str = "",
+    locale: str = "en-US",
+    payload: str = "",
+) -> None:
     """The producer's stand-in for ``bench.flow_job`` (never run here)."""

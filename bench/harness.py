@@ -211,8 +211,15 @@ class Context:
             self._count += 1
             return self._count
 
-    def _spawn(self, kind: str, args: list[str], env: dict[str, str], log: Path,
-               ready_file: Path | None = None, publish_log: Path | None = None) -> Child:
+    def _spawn(
+        self,
+        kind: str,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        ready_file: Path | None = None,
+        publish_log: Path | None = None,
+    ) -> Child:
         cmd = [sys.executable, "-m", "celery", "-A", APP_MODULE, kind, *args]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -246,15 +253,27 @@ class Context:
         return env
 
     def start_worker(
-        self, broker: str, store: str, conf: dict[str, Any] | None = None, queue: str | None = None,
+        self,
+        broker: str,
+        store: str,
+        conf: dict[str, Any] | None = None,
+        queue: str | None = None,
         pool: Sequence[str] = WORKER_POOL,
     ) -> Child:
         """A ``celery worker``, by default ``-P threads -c 8`` (one process: its RSS is all of it)."""
         n = self._next()
         ready = self.workdir / f"worker-{n}.ready"
         env = self._env(broker, store, conf, BENCH_READY_FILE=str(ready))
-        args = ["-l", "warning", *pool, "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "-n", f"bench{n}@%h"]
+        args = [
+            "-l",
+            "warning",
+            *pool,
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-n",
+            f"bench{n}@%h",
+        ]
         if queue:
             args += ["-Q", queue]
         return self._spawn("worker", args, env, self.workdir / f"worker-{n}.log", ready_file=ready)
@@ -315,8 +334,9 @@ class Context:
         path = child.ready_file
         wait_until(lambda: path.exists(), timeout, 0.05, [child], "worker did not become ready")
 
-    def wait_beats(self, store_client: Any, channel: str, children: Sequence[Child],
-                   timeout: float = STARTUP_TIMEOUT) -> None:
+    def wait_beats(
+        self, store_client: Any, channel: str, children: Sequence[Child], timeout: float = STARTUP_TIMEOUT
+    ) -> None:
         """Until ``len(children)`` clients are subscribed to delayq's wake channel: each beat
         subscribes on its first pass, so it is in its claim loop."""
         want = len(children)
@@ -376,8 +396,13 @@ def _stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
         proc.wait(timeout=10)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float,
-               children: Sequence[Child] = (), what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float,
+    interval: float,
+    children: Sequence[Child] = (),
+    what: str = "condition",
+) -> Any:
     """Poll ``predicate`` until truthy; raise :class:`BenchError` on timeout or a dead child."""
     deadline = time.monotonic() + timeout
     while True:
@@ -386,8 +411,9 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float,
             return value
         for child in children:
             if not child.alive():
-                raise BenchError(f"{what}: {child.kind} exited with {child.proc.returncode}\n"
-                                 f"{child.log_tail()}")
+                raise BenchError(
+                    f"{what}: {child.kind} exited with {child.proc.returncode}\n{child.log_tail()}"
+                )
         if time.monotonic() > deadline:
             tails = "\n".join(f"--- {c.log.name}\n{c.log_tail()}" for c in children)
             raise BenchError(f"{what} within {timeout:.0f} s\n{tails}")
@@ -424,8 +450,9 @@ def make_producer(broker: str, store: str, **conf: Any) -> Producer:
     )
 
     @app.task(base=DelayedTask, bind=True, name=TASK_NAME, shared=False)  # type: ignore[untyped-decorator]
-    def job(self: Any, user_id: int | None = None, text: str = "", locale: str = "en-US",
-            payload: str = "") -> None:
+    def job(
+        self: Any, user_id: int | None = None, text: str = "", locale: str = "en-US", payload: str = ""
+    ) -> None:
         return None
 
     return Producer(app, job, redis.Redis.from_url(store, decode_responses=True))
@@ -473,9 +500,11 @@ class Fill:
         what = f"bench.job, {self.shape}"
         if not self.fast:
             return f"{what}: apply_at_many ({self.many_rate:,.0f} jobs/s)"
-        return (f"{what}: apply_at_many for the first {self.via_many:,} ({self.many_rate:,.0f} jobs/s, too "
-                f"slow for the budget), then Store.enqueue with one build_envelope() templated by the "
-                f"task id and the job's arguments ({self.jobs / self.seconds:,.0f} jobs/s overall)")
+        return (
+            f"{what}: apply_at_many for the first {self.via_many:,} ({self.many_rate:,.0f} jobs/s, too "
+            f"slow for the budget), then Store.enqueue with one build_envelope() templated by the "
+            f"task id and the job's arguments ({self.jobs / self.seconds:,.0f} jobs/s overall)"
+        )
 
 
 class Template:
@@ -585,8 +614,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def watch(count: Callable[[], int], target: int, timeout: float, interval: float = 0.02,
-          children: Sequence[Child] = (), what: str = "count") -> list[tuple[float, int]]:
+def watch(
+    count: Callable[[], int],
+    target: int,
+    timeout: float,
+    interval: float = 0.02,
+    children: Sequence[Child] = (),
+    what: str = "count",
+) -> list[tuple[float, int]]:
     """Samples ``(time.time(), count())`` until ``count() >= target``."""
     samples: list[tuple[float, int]] = []
     deadline = time.time() + timeout
@@ -648,8 +683,9 @@ class CpuWatch:
     def used(self) -> dict[str, float]:
         """Each process's user+system time since :meth:`start`, in % of one core."""
         elapsed = time.monotonic() - self.t0
-        return {name: 100.0 * (self._cpu(proc) - self.before[name]) / elapsed
-                for name, proc in self.procs.items()}
+        return {
+            name: 100.0 * (self._cpu(proc) - self.before[name]) / elapsed for name, proc in self.procs.items()
+        }
 
     def stop(self) -> str:
         return ", ".join(f"{name} {pct:.0f}%" for name, pct in self.used().items())

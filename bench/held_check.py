@@ -34,8 +34,12 @@ from celery_delayq.dispatch import Dispatcher
 
 def one_pass(url: str, n: int, backend: bool) -> tuple[float, dict[str, int]]:
     """Seconds of the pass that takes ``n`` held jobs again, and its gate decisions."""
-    conf = {"delayq_url": url + "/0", "delayq_slot_ttl": 0.5, "delayq_start_ttl": 0.5,
-            "broker_connection_retry_on_startup": True}
+    conf = {
+        "delayq_url": url + "/0",
+        "delayq_slot_ttl": 0.5,
+        "delayq_start_ttl": 0.5,
+        "broker_connection_retry_on_startup": True,
+    }
     if backend:
         conf.update(result_backend=url + "/2", delayq_start_ttl=3600)
     app = Celery("bench", broker=url + "/1", set_as_current=False)
@@ -46,8 +50,9 @@ def one_pass(url: str, n: int, backend: bool) -> tuple[float, dict[str, int]]:
         return x + y
 
     redis.Redis.from_url(url).flushall()
-    add.apply_at_many([(time.time() - 1, (i, i), None) for i in range(n)], concurrency_key="k",
-                      concurrency_limit=n)
+    add.apply_at_many(
+        [(time.time() - 1, (i, i), None) for i in range(n)], concurrency_key="k", concurrency_limit=n
+    )
     dispatcher = Dispatcher(app)
     try:
         while dispatcher.stats.held < n:
@@ -73,8 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for backend in (True, False):
                 seconds, gated = one_pass(server.url, n, backend)
                 what = "with a result backend (held again)" if backend else "without (redelivered)"
-                print(f"{what}: one pass over {n} held jobs: {seconds * 1000:.1f} ms, "
-                      f"{seconds / n * 1e6:.0f} us a job; gate decisions {gated}")
+                print(
+                    f"{what}: one pass over {n} held jobs: {seconds * 1000:.1f} ms, "
+                    f"{seconds / n * 1e6:.0f} us a job; gate decisions {gated}"
+                )
     return 0
 
 

@@ -66,8 +66,13 @@ def _warm_up(ctx: Context, p: Producer, beat: Child | None, workers: list[Child]
 
 
 def _published(beat: Child, n: int, timeout: float = 10.0) -> list[float]:
-    wait_until(lambda: len(read_floats(beat.publish_log)) >= n, timeout, 0.1, [beat],
-               f"the beat's publish log did not reach {n:,} lines")
+    wait_until(
+        lambda: len(read_floats(beat.publish_log)) >= n,
+        timeout,
+        0.1,
+        [beat],
+        f"the beat's publish log did not reach {n:,} lines",
+    )
     return read_floats(beat.publish_log)
 
 
@@ -94,8 +99,14 @@ def row_lateness_steady(ctx: Context) -> RowResult:
         ctx.say(f"lateness_steady: delayq, {RATE:,} jobs/s for {seconds:g} s")
         time.sleep(max(0.0, t0 - time.time()))
         cpu = _cpu_watch(server, beat=beat, workers=workers)
-        watch(lambda: int(p.client.llen(STARTS_KEY)), n, timeout=t0 - time.time() + seconds + 60,
-              interval=0.2, children=[*workers, beat], what="delayq steady runs")
+        watch(
+            lambda: int(p.client.llen(STARTS_KEY)),
+            n,
+            timeout=t0 - time.time() + seconds + 60,
+            interval=0.2,
+            children=[*workers, beat],
+            what="delayq steady runs",
+        )
         ours_cpu = cpu.stop()
         published = _published(beat, n)
         ours = starts(p.client)
@@ -123,8 +134,13 @@ def row_lateness_steady(ctx: Context) -> RowResult:
         for worker in workers:
             ctx.wait_worker(worker)
         t_ready = time.time()
-        wait_until(lambda: p.client.llen(QUEUE) == 0 and p.client.llen(STARTS_KEY) >= warm,
-                   max(60.0, t0 - time.time() + 60), 0.1, workers, "workers fetching the ETA tasks")
+        wait_until(
+            lambda: p.client.llen(QUEUE) == 0 and p.client.llen(STARTS_KEY) >= warm,
+            max(60.0, t0 - time.time() + 60),
+            0.1,
+            workers,
+            "workers fetching the ETA tasks",
+        )
         t_fetched = time.time()
         p.client.delete(STARTS_KEY)
         ctx.say(f"lateness_steady: Celery ETA, {RATE:,} tasks/s for {seconds:g} s")
@@ -139,8 +155,14 @@ def row_lateness_steady(ctx: Context) -> RowResult:
             p.task.apply_async(*job_call(i), eta=datetime.fromtimestamp(due, UTC))
         deadline = t0 + seconds + 30.0
         with contextlib.suppress(BenchError):  # what has not run by then is counted below
-            watch(lambda: int(p.client.llen(STARTS_KEY)), n, timeout=deadline - time.time(),
-                  interval=0.2, children=workers, what="Celery ETA steady runs")
+            watch(
+                lambda: int(p.client.llen(STARTS_KEY)),
+                n,
+                timeout=deadline - time.time(),
+                interval=0.2,
+                children=workers,
+                what="Celery ETA steady runs",
+            )
         theirs_cpu = cpu.stop()
         t_end = time.time()
         theirs = starts(p.client)
@@ -148,20 +170,32 @@ def row_lateness_steady(ctx: Context) -> RowResult:
         held = int(p.client.hlen("unacked"))  # kombu's Redis transport: delivered, not acked
         ctx.stop_all(workers, grace=3.0)
     ctx.stop_redis(server)
-    fetch_note = (f"{t0 - t_fetched:.1f} s before the first was due" if t_fetched <= t0 else
-                  f"{t_fetched - t0:.1f} s AFTER the first was due: the first ones ran late because of it")
+    fetch_note = (
+        f"{t0 - t_fetched:.1f} s before the first was due"
+        if t_fetched <= t0
+        else f"{t_fetched - t0:.1f} s AFTER the first was due: the first ones ran late because of it"
+    )
     missing = _not_started(schedule, theirs)
     theirs_ms = [(s - d) * 1000.0 for s, d in theirs] + [(t_end - d) * 1000.0 for d in missing]
 
     ours_ms = [(s - d) * 1000.0 for s, d in ours]
     what = f"lateness_steady: {RATE:,} jobs/s for {seconds:g} s"
-    result.lines.append(Line(f"{what}, due→publish p50", percentile(published, 50), "ms",
-                             target="<=2", on="ours"))
-    result.lines.append(Line(f"{what}, due→publish p99", percentile(published, 99), "ms",
-                             target="<=10", on="ours"))
-    result.lines.append(Line(f"{what}, due→start p99 vs Celery ETA", percentile(ours_ms, 99), "ms",
-                             baseline=percentile(theirs_ms, 99), target="<=2",
-                             baseline_at_least=bool(missing)))
+    result.lines.append(
+        Line(f"{what}, due→publish p50", percentile(published, 50), "ms", target="<=2", on="ours")
+    )
+    result.lines.append(
+        Line(f"{what}, due→publish p99", percentile(published, 99), "ms", target="<=10", on="ours")
+    )
+    result.lines.append(
+        Line(
+            f"{what}, due→start p99 vs Celery ETA",
+            percentile(ours_ms, 99),
+            "ms",
+            baseline=percentile(theirs_ms, 99),
+            target="<=2",
+            baseline_at_least=bool(missing),
+        )
+    )
     result.notes.append(
         f"delayq: {n:,} real jobs (bench.job(user_id, text, locale=...), bench/jobs.py) due 1 ms apart, "
         f"stored before the first is due ({filled.method}); one beat, "
@@ -227,8 +261,9 @@ def _send_rate(p: Producer, k: int = 1000) -> float:
     return rate
 
 
-def _cpu_watch(server: EmbeddedRedis, beat: Child | None = None, producer: bool = False,
-               workers: Sequence[Child] = ()) -> CpuWatch:
+def _cpu_watch(
+    server: EmbeddedRedis, beat: Child | None = None, producer: bool = False, workers: Sequence[Child] = ()
+) -> CpuWatch:
     pids: dict[str, int] = {}
     if beat is not None:
         pids["beat"] = beat.pid
@@ -251,8 +286,10 @@ def _drift(runs: list[tuple[float, float]]) -> str:
 
 
 def _pcts(values: list[float]) -> str:
-    return (f"{percentile(values, 50):.2f}/{percentile(values, 99):.2f}/{max(values):.1f} ms "
-            f"({len(values):,} jobs)")
+    return (
+        f"{percentile(values, 50):.2f}/{percentile(values, 99):.2f}/{max(values):.1f} ms "
+        f"({len(values):,} jobs)"
+    )
 
 
 def _burst(ctx: Context, p: Producer, url: str, beats: int, n: int) -> float:
@@ -265,8 +302,14 @@ def _burst(ctx: Context, p: Producer, url: str, beats: int, n: int) -> float:
         fill(p, n, lambda i: due + i / n, FILL_BUDGET)
         if time.time() > due:
             raise BenchError(f"storing {n:,} jobs took longer than planned (past their due time)")
-        samples = watch(lambda: int(p.client.llen(QUEUE)), n, timeout=due - time.time() + 60 + n / 1000,
-                        interval=0.01, children=children, what=f"{n:,} due jobs published")
+        samples = watch(
+            lambda: int(p.client.llen(QUEUE)),
+            n,
+            timeout=due - time.time() + 60 + n / 1000,
+            interval=0.01,
+            children=children,
+            what=f"{n:,} due jobs published",
+        )
     finally:
         ctx.stop_all(children)
     return samples[-1][0] - due
@@ -291,14 +334,28 @@ def row_lateness_burst(ctx: Context) -> RowResult:
     nan = float("nan")
     same = eta.n == n
     for beats in (1, 2):
-        result.lines.append(Line(
-            f"lateness_burst: {n:,} due in 1 s, last published, {beats} beat{'s' if beats > 1 else ''}",
-            took[(n, beats)], "s", baseline=eta.last_started_s, ratio=None if same else nan,
-            baseline_at_least=eta.not_started > 0, target="<=10" if beats == 1 else "", on="ours"))
+        result.lines.append(
+            Line(
+                f"lateness_burst: {n:,} due in 1 s, last published, {beats} beat{'s' if beats > 1 else ''}",
+                took[(n, beats)],
+                "s",
+                baseline=eta.last_started_s,
+                ratio=None if same else nan,
+                baseline_at_least=eta.not_started > 0,
+                target="<=10" if beats == 1 else "",
+                on="ours",
+            )
+        )
     if not same:
-        result.lines.append(Line(
-            f"lateness_burst: {eta.n:,} due in 1 s, last published, 1 beat (Celery's size)",
-            took[(eta.n, 1)], "s", baseline=eta.last_started_s, baseline_at_least=eta.not_started > 0))
+        result.lines.append(
+            Line(
+                f"lateness_burst: {eta.n:,} due in 1 s, last published, 1 beat (Celery's size)",
+                took[(eta.n, 1)],
+                "s",
+                baseline=eta.last_started_s,
+                baseline_at_least=eta.not_started > 0,
+            )
+        )
     if n < 1_000_000:
         result.notes.append(
             f"{n:,} jobs due in the second, not the issue's 1,000,000 (the target, <= 10 s for the last, is "
@@ -344,8 +401,15 @@ def row_wakeup(ctx: Context) -> RowResult:
         published = _published(beat, tries)
         ctx.stop(beat)
     ctx.stop_redis(server)
-    result.lines.append(Line(f"wakeup: earlier job while the beat sleeps, due→publish p99 ({tries} tries)",
-                             percentile(published, 99), "ms", target="<=10", on="ours"))
+    result.lines.append(
+        Line(
+            f"wakeup: earlier job while the beat sleeps, due→publish p99 ({tries} tries)",
+            percentile(published, 99),
+            "ms",
+            target="<=10",
+            on="ours",
+        )
+    )
     result.notes.append(
         "one beat sleeping for a job due in an hour; each try stores a real job due 20-100 ms later "
         "(apply_at), waits for it in the broker list (BRPOP), then the next; due→publish measured in "

@@ -58,21 +58,40 @@ def run(n: int, mode: str, task_seconds: float) -> str:
                 sender.send_task("bench.sleepy", (task_seconds, "x" * 200), producer=producer, **options)
         r = redis.Redis.from_url(url)
         env = dict(os.environ, PAST_ETA_BROKER=url)
-        cmd = [sys.executable, "-m", "celery", "-A", "bench.past_eta", "worker", "-P", "prefork", "-c", "2",
-               "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.past_eta",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "2",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "warning",
+        ]
         started = time.time()
         worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             if task_seconds:
                 time.sleep(12)
-                return (f"{mode:8} task {task_seconds} s, 12 s after worker start: "
-                        f"in queue {r.llen('celery')}, taken (unacked) {r.hlen('unacked')}, "
-                        f"done {int(r.get('bench:done') or 0)}, "
-                        f"worker RSS {_rss_mib(worker.pid):.0f} MiB")
+                return (
+                    f"{mode:8} task {task_seconds} s, 12 s after worker start: "
+                    f"in queue {r.llen('celery')}, taken (unacked) {r.hlen('unacked')}, "
+                    f"done {int(r.get('bench:done') or 0)}, "
+                    f"worker RSS {_rss_mib(worker.pid):.0f} MiB"
+                )
             while int(r.get("bench:done") or 0) < n and time.time() - started < 300:
                 time.sleep(0.05)
-            return (f"{mode:8} empty task: {n} ran {time.time() - started:.1f} s after worker start "
-                    f"(start-up included), worker RSS {_rss_mib(worker.pid):.0f} MiB")
+            return (
+                f"{mode:8} empty task: {n} ran {time.time() - started:.1f} s after worker start "
+                f"(start-up included), worker RSS {_rss_mib(worker.pid):.0f} MiB"
+            )
         finally:
             worker.terminate()
             worker.wait()

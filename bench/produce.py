@@ -120,12 +120,27 @@ def row_apply_at(ctx: Context) -> RowResult:
     celery_us = 1e6 / base_rate
     rtt_us = statistics.median(pings) * 1e6
     bare_ours, bare_base = rates[BARE]
-    result.lines.append(Line(f"apply_at: jobs/s, one call per job, {REAL}", ours_rate, "jobs/s",
-                             baseline=base_rate, target=">=3"))
-    result.lines.append(Line(f"apply_at: µs a call, {REAL}, in PING round trips of the server", call_us, "µs",
-                             baseline=rtt_us, target="<=1.5"))
-    result.lines.append(Line(f"apply_at: jobs/s, one call per job, {BARE}", bare_ours, "jobs/s",
-                             baseline=bare_base))
+    result.lines.append(
+        Line(
+            f"apply_at: jobs/s, one call per job, {REAL}",
+            ours_rate,
+            "jobs/s",
+            baseline=base_rate,
+            target=">=3",
+        )
+    )
+    result.lines.append(
+        Line(
+            f"apply_at: µs a call, {REAL}, in PING round trips of the server",
+            call_us,
+            "µs",
+            baseline=rtt_us,
+            target="<=1.5",
+        )
+    )
+    result.lines.append(
+        Line(f"apply_at: jobs/s, one call per job, {BARE}", bare_ours, "jobs/s", baseline=bare_base)
+    )
     result.notes.append(
         f"one process, {seconds:g} s of each (two halves, sides and job shapes interleaved) for each job "
         f"shape: {REAL} bench.job(user_id, text, locale=...), arguments differing per job (bench/jobs.py "
@@ -150,8 +165,10 @@ def row_apply_at_many(ctx: Context) -> RowResult:
     with producer(url, url) as p:
         base_due = time.time() + 3600
         p.task.apply_at_many([(base_due, *job_call(i)) for i in range(10)])  # warm
-        batches = [[(base_due + (b * BATCH + i) / 1000.0, *job_call(b * BATCH + i)) for i in range(BATCH)]
-                   for b in range(n // BATCH)]
+        batches = [
+            [(base_due + (b * BATCH + i) / 1000.0, *job_call(b * BATCH + i)) for i in range(BATCH)]
+            for b in range(n // BATCH)
+        ]
         t0 = time.perf_counter()
         for items in batches:
             p.task.apply_at_many(items)
@@ -160,8 +177,9 @@ def row_apply_at_many(ctx: Context) -> RowResult:
         for args, kwargs in itertools.islice(_calls(REAL), 100):
             p.task.apply_async(args, kwargs, countdown=3600)
         calls = _calls(REAL)
-        celery = timed_loop(lambda: p.task.apply_async(*next(calls), countdown=3600),
-                            ctx.sizes.produce_seconds)
+        celery = timed_loop(
+            lambda: p.task.apply_async(*next(calls), countdown=3600), ctx.sizes.produce_seconds
+        )
 
         template = envelope_template(p)
         size = len(template.envelope) if template else 0
@@ -179,10 +197,12 @@ def row_apply_at_many(ctx: Context) -> RowResult:
             pipe.execute()
         raw = n / (time.perf_counter() - t0)
     ctx.stop_redis(server)
-    result.lines.append(Line(f"apply_at_many: jobs/s, batches of 1,000, {REAL}", ours, "jobs/s",
-                             baseline=celery, target=">=30"))
-    result.lines.append(Line("apply_at_many: share of raw pipelined ZADD+HSET", ours, "jobs/s",
-                             baseline=raw))
+    result.lines.append(
+        Line(
+            f"apply_at_many: jobs/s, batches of 1,000, {REAL}", ours, "jobs/s", baseline=celery, target=">=30"
+        )
+    )
+    result.lines.append(Line("apply_at_many: share of raw pipelined ZADD+HSET", ours, "jobs/s", baseline=raw))
     result.notes.append(
         f"{n:,} real jobs (bench.job(user_id, text, locale=...), arguments differing per job) in "
         f"batches of {BATCH:,} from one process; the batches' items are made before the clock starts; "

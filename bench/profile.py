@@ -65,8 +65,7 @@ def drain(app: Celery, n: int, profile: bool, show_all: bool = False) -> tuple[f
     text = ""
     if profiler is not None:
         profiler.stop()
-        text = profiler.output_text(unicode=True, color=False, show_all=show_all,
-                                    time="percent_of_total")
+        text = profiler.output_text(unicode=True, color=False, show_all=show_all, time="percent_of_total")
     dispatcher.close()
     return elapsed, text, dispatcher
 
@@ -75,10 +74,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("n", nargs="?", type=int, default=100_000, help="jobs due at once (default 100,000)")
     parser.add_argument("--kombu", action="store_true", help="delayq_push=False")
-    parser.add_argument("--no-push-on-claim", action="store_true",
-                        help="delayq_push_on_claim=False: the push path builds every message in the beat")
-    parser.add_argument("--broker", choices=["same", "redis", "rabbitmq"], default="same",
-                        help="the store's server (default), a second Redis server, or RabbitMQ")
+    parser.add_argument(
+        "--no-push-on-claim",
+        action="store_true",
+        help="delayq_push_on_claim=False: the push path builds every message in the beat",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=["same", "redis", "rabbitmq"],
+        default="same",
+        help="the store's server (default), a second Redis server, or RabbitMQ",
+    )
     parser.add_argument("--show-all", action="store_true", help="library frames too (kombu, redis-py)")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
@@ -92,9 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             broker = RABBITMQ_URL
             queue = f"delayq-profile-{uuid.uuid4().hex[:12]}"
         app = Celery("bench", broker=broker, set_as_current=False)
-        app.conf.update(delayq_url=url, task_ignore_result=True, delayq_push=not args.kombu,
-                        delayq_push_on_claim=not args.no_push_on_claim,
-                        task_default_queue=queue, broker_heartbeat=0)
+        app.conf.update(
+            delayq_url=url,
+            task_ignore_result=True,
+            delayq_push=not args.kombu,
+            delayq_push_on_claim=not args.no_push_on_claim,
+            task_default_queue=queue,
+            broker_heartbeat=0,
+        )
         if args.broker == "rabbitmq":
             stack.callback(_delete_queue, app, queue)
 
@@ -115,10 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = "push (push_claimed.lua)"
     else:
         path = "kombu publish batch"
-    print(f"dispatch path: {path}; {args.n:,} jobs due at once, one in-process Dispatcher; "
-          f"broker: {_broker_text(args.broker)}")
-    print(f"without the profiler: {args.n / plain:,.0f} jobs/s ({plain / args.n * 1e6:.1f} us/job); "
-          f"with it: {args.n / profiled:,.0f} jobs/s ({profiled / args.n * 1e6:.1f} us/job)")
+    print(
+        f"dispatch path: {path}; {args.n:,} jobs due at once, one in-process Dispatcher; "
+        f"broker: {_broker_text(args.broker)}"
+    )
+    print(
+        f"without the profiler: {args.n / plain:,.0f} jobs/s ({plain / args.n * 1e6:.1f} us/job); "
+        f"with it: {args.n / profiled:,.0f} jobs/s ({profiled / args.n * 1e6:.1f} us/job)"
+    )
     count, p99, most = dispatcher.fence_window()
     print(
         f"fence (without the profiler): {dispatcher.stats.passes} passes, {dispatcher.stats.renewals} "
@@ -130,8 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _broker_text(kind: str) -> str:
-    return {"same": "the store's Redis server", "redis": "a second Redis server",
-            "rabbitmq": "RabbitMQ at 127.0.0.1:5672"}[kind]
+    return {
+        "same": "the store's Redis server",
+        "redis": "a second Redis server",
+        "rabbitmq": "RabbitMQ at 127.0.0.1:5672",
+    }[kind]
 
 
 def _delete_queue(app: Celery, queue: str) -> None:

@@ -32,16 +32,26 @@ def main() -> None:
                     url = server.url + "/0"
                     with producer(url, url) as p:
                         rate, took, _ = drain(
-                            ctx, p, url, url, 1, n, lambda: int(p.client.llen(QUEUE)),
-                            lambda: _fill_due(p, n), conf,
+                            ctx,
+                            p,
+                            url,
+                            url,
+                            1,
+                            n,
+                            lambda: int(p.client.llen(QUEUE)),
+                            lambda: _fill_due(p, n),
+                            conf,
                         )
                         eta = p.client.lindex(QUEUE, 0) or ""
                     ctx.stop_redis(server)
                     path = "push" if push else "kombu"
                     carries = '"eta": "' in eta
-                    print(f"{path:6} round {round_ + 1} publish_eta={publish_eta!s:5}: {n:,} jobs, "
-                          f"{rate:,.0f} jobs/s, all published {took:.1f} s after the start "
-                          f"(message has an eta: {carries})", flush=True)
+                    print(
+                        f"{path:6} round {round_ + 1} publish_eta={publish_eta!s:5}: {n:,} jobs, "
+                        f"{rate:,.0f} jobs/s, all published {took:.1f} s after the start "
+                        f"(message has an eta: {carries})",
+                        flush=True,
+                    )
     finally:
         ctx.cleanup()
 

@@ -115,12 +115,18 @@ def table(results: list[RowResult]) -> str:
     right = {1, 2, 3}
 
     def render(cells: list[str]) -> str:
-        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths,
-                                                                                       strict=True))]
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return "| " + " | ".join(parts) + " |"
 
-    out = [render(HEADERS), "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
-                                           for i, w in enumerate(widths)) + "|"]
+    out = [
+        render(HEADERS),
+        "|"
+        + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths))
+        + "|",
+    ]
     out.extend(render(r) for r in rows)
     return "\n".join(out)
 

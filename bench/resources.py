@@ -177,12 +177,31 @@ class IdleBeat:
         result = RowResult("idle_beat")
         ran = self.ran
         ran_total = sum(ran.values())
-        result.lines.append(Line(f"idle_beat: Redis commands/s run for an idle beat ({elapsed:.0f} s)",
-                                 ran_total / elapsed, "cmd/s", target="<=1", on="ours"))
-        result.lines.append(Line(f"idle_beat: Redis commands/s sent by an idle beat ({elapsed:.0f} s)",
-                                 total / elapsed, "cmd/s"))
-        result.lines.append(Line("idle_beat: CPU of an idle beat, % of a core", 100.0 * cpu / elapsed,
-                                 "%", target="<=1", on="ours"))
+        result.lines.append(
+            Line(
+                f"idle_beat: Redis commands/s run for an idle beat ({elapsed:.0f} s)",
+                ran_total / elapsed,
+                "cmd/s",
+                target="<=1",
+                on="ours",
+            )
+        )
+        result.lines.append(
+            Line(
+                f"idle_beat: Redis commands/s sent by an idle beat ({elapsed:.0f} s)",
+                total / elapsed,
+                "cmd/s",
+            )
+        )
+        result.lines.append(
+            Line(
+                "idle_beat: CPU of an idle beat, % of a core",
+                100.0 * cpu / elapsed,
+                "%",
+                target="<=1",
+                on="ours",
+            )
+        )
         breakdown = ", ".join(f"{name} {k}" for name, k in counts.most_common()) or "none"
         ran_breakdown = ", ".join(f"{name} {k}" for name, k in ran.most_common()) or "none"
         result.notes.append(
@@ -194,8 +213,10 @@ class IdleBeat:
             "window runs while the other rows run"
         )
         if ctx.sizes.idle_seconds < 20:
-            result.notes.append(f"the {ctx.sizes.idle_seconds:g} s window is shorter than delayq_max_sleep "
-                                "(20 s): it may hold no safety poll")
+            result.notes.append(
+                f"the {ctx.sizes.idle_seconds:g} s window is shorter than delayq_max_sleep "
+                "(20 s): it may hold no safety poll"
+            )
         return result
 
 
@@ -231,10 +252,18 @@ def row_worker_rss(ctx: Context) -> RowResult:
         ctx.stop(worker)
     ctx.stop_redis(server)
     eta = celery_eta(ctx, result.notes)
-    result.lines.append(Line(f"worker_rss: worker RSS, {n:,} pending in delayq vs none", pending, "MiB",
-                             baseline=none, target="<=1.05"))
-    result.lines.append(Line(f"worker_rss: vs a Celery ETA worker holding {eta.n:,}", pending, "MiB",
-                             baseline=eta.rss_mib))
+    result.lines.append(
+        Line(
+            f"worker_rss: worker RSS, {n:,} pending in delayq vs none",
+            pending,
+            "MiB",
+            baseline=none,
+            target="<=1.05",
+        )
+    )
+    result.lines.append(
+        Line(f"worker_rss: vs a Celery ETA worker holding {eta.n:,}", pending, "MiB", baseline=eta.rss_mib)
+    )
     result.notes.append(
         "one worker (-P threads -c 8: one process), median RSS over 1 s, after a warm-up task, then "
         f"again 3 s after {n:,} real jobs (bench/jobs.py) due in an hour were stored in delayq on the "
@@ -275,15 +304,37 @@ def row_redis_memory(ctx: Context) -> RowResult:
     theirs = {REAL: eta.bytes_per_message}
     for shape in (BARE, PAYLOAD):
         theirs[shape] = celery_eta_bytes(ctx, k, shape)
-    result.lines.append(Line(f"redis_memory: bytes per pending job, {REAL}", per_job[REAL], "B",
-                             baseline=theirs[REAL], target="<=500", on="ours"))
-    result.lines.append(Line(f"redis_memory: {REAL}, as a share of Celery's ETA message of the same job",
-                             per_job[REAL], "B", baseline=theirs[REAL], target="<=0.45"))
+    result.lines.append(
+        Line(
+            f"redis_memory: bytes per pending job, {REAL}",
+            per_job[REAL],
+            "B",
+            baseline=theirs[REAL],
+            target="<=500",
+            on="ours",
+        )
+    )
+    result.lines.append(
+        Line(
+            f"redis_memory: {REAL}, as a share of Celery's ETA message of the same job",
+            per_job[REAL],
+            "B",
+            baseline=theirs[REAL],
+            target="<=0.45",
+        )
+    )
     for shape in (BARE, PAYLOAD):
-        result.lines.append(Line(f"redis_memory: bytes per pending job, {shape}", per_job[shape], "B",
-                                 baseline=theirs[shape]))
-    result.lines.append(Line(f"redis_memory: a whole kombu message per job (the other design) vs ours, "
-                             f"{REAL}", whole, "B", baseline=per_job[REAL]))
+        result.lines.append(
+            Line(f"redis_memory: bytes per pending job, {shape}", per_job[shape], "B", baseline=theirs[shape])
+        )
+    result.lines.append(
+        Line(
+            f"redis_memory: a whole kombu message per job (the other design) vs ours, {REAL}",
+            whole,
+            "B",
+            baseline=per_job[REAL],
+        )
+    )
     result.notes.append(
         f"the jobs: {REAL} = bench.job(user_id, text, locale=...), an int, a text of 32-39 characters and "
         f"a 5-character locale, all differing per job (bench/jobs.py job_call); {BARE} = bench.job(); "
@@ -339,8 +390,11 @@ def _whole_messages(client: Any, n: int, message: str, due: float) -> float:
             for i in range(start, min(n, start + 10_000)):
                 job_id = str(uuid.uuid4())
                 shard = i % WHOLE_SHARDS
-                pipe.hset(f"other:{{{shard}}}:msgs", job_id,
-                          message.replace(task_id, job_id).replace(tag, str(uuid.uuid4())))
+                pipe.hset(
+                    f"other:{{{shard}}}:msgs",
+                    job_id,
+                    message.replace(task_id, job_id).replace(tag, str(uuid.uuid4())),
+                )
                 pipe.zadd(f"other:{{{shard}}}:due", {job_id: round(due * 1000) + i})
             pipe.execute()
     return (used_memory(client) - before) / n

@@ -261,33 +261,83 @@ def row_web(ctx: Context) -> RowResult:
     for path, name in PAGES:
         p50, p99 = percentile(times[path], 50), percentile(times[path], 99)
         result.lines.append(Line(f"web: {name} ({path}), {n:,} pending, read at each load, p50", p50, "ms"))
-        result.lines.append(Line(f"web: {name} ({path}), {n:,} pending, read at each load, p99", p99, "ms",
-                                 target=f"<={TARGET_MS:g}", on="ours"))
+        result.lines.append(
+            Line(
+                f"web: {name} ({path}), {n:,} pending, read at each load, p99",
+                p99,
+                "ms",
+                target=f"<={TARGET_MS:g}",
+                on="ours",
+            )
+        )
     one, many = opened[1], opened[MANY_PAGES]
     every = f"refresh {REFRESH_S:g} s"
-    result.lines.append(Line(f"web: Redis commands/s sent, 1 open overview ({every})", one.sent_per_s,
-                             "cmd/s", target=f"<={TARGET_CMDS:g}", on="ours"))
-    result.lines.append(Line(f"web: Redis commands/s sent, {MANY_PAGES} open overviews vs 1", many.sent_per_s,
-                             "cmd/s", baseline=one.sent_per_s))
-    result.lines.append(Line(f"web: Redis commands/s run (scripts' too), 1 open overview ({every}) vs "
-                             "an idle beat", one.ran_per_s, "cmd/s", baseline=idle_rate,
-                             target=f"<={TARGET_CMDS:g}", on="ours"))
-    result.lines.append(Line(f"web: Redis commands/s run (scripts' too), {MANY_PAGES} open overviews vs 1",
-                             many.ran_per_s, "cmd/s", baseline=one.ran_per_s))
-    result.lines.append(Line(f"web: Redis server CPU, {MANY_PAGES} open overviews vs 1", many.cpu_ms_per_s,
-                             "ms/s", baseline=one.cpu_ms_per_s))
+    result.lines.append(
+        Line(
+            f"web: Redis commands/s sent, 1 open overview ({every})",
+            one.sent_per_s,
+            "cmd/s",
+            target=f"<={TARGET_CMDS:g}",
+            on="ours",
+        )
+    )
+    result.lines.append(
+        Line(
+            f"web: Redis commands/s sent, {MANY_PAGES} open overviews vs 1",
+            many.sent_per_s,
+            "cmd/s",
+            baseline=one.sent_per_s,
+        )
+    )
+    result.lines.append(
+        Line(
+            f"web: Redis commands/s run (scripts' too), 1 open overview ({every}) vs an idle beat",
+            one.ran_per_s,
+            "cmd/s",
+            baseline=idle_rate,
+            target=f"<={TARGET_CMDS:g}",
+            on="ours",
+        )
+    )
+    result.lines.append(
+        Line(
+            f"web: Redis commands/s run (scripts' too), {MANY_PAGES} open overviews vs 1",
+            many.ran_per_s,
+            "cmd/s",
+            baseline=one.ran_per_s,
+        )
+    )
+    result.lines.append(
+        Line(
+            f"web: Redis server CPU, {MANY_PAGES} open overviews vs 1",
+            many.cpu_ms_per_s,
+            "ms/s",
+            baseline=one.cpu_ms_per_s,
+        )
+    )
     for load in (one, many):
-        result.lines.append(Line(f"web: live refresh of the overview, {load.pages} open, p50",
-                                 percentile(load.refreshes, 50), "ms"))
-        result.lines.append(Line(f"web: live refresh of the overview, {load.pages} open, p99",
-                                 percentile(load.refreshes, 99), "ms", target=f"<={TARGET_MS:g}", on="ours"))
+        result.lines.append(
+            Line(
+                f"web: live refresh of the overview, {load.pages} open, p50",
+                percentile(load.refreshes, 50),
+                "ms",
+            )
+        )
+        result.lines.append(
+            Line(
+                f"web: live refresh of the overview, {load.pages} open, p99",
+                percentile(load.refreshes, 99),
+                "ms",
+                target=f"<={TARGET_MS:g}",
+                on="ours",
+            )
+        )
     result.notes.append(
         f"{n:,} jobs pending, due over 24 h from 10 min on ({filled}); a lateness record in each of "
         f"the last 60 minutes; `celery -A bench.app delayq web` (waitress) in its own process; "
         f"page times: `--refresh 0` (every load reads Redis), {loads} GETs of each page one after "
         f"the other on one keep-alive connection after {WARMUP} of warm-up, time to the last byte; "
-        "page sizes "
-        + ", ".join(f"{path} {sizes[path] / 1024:,.0f} KiB" for path, _ in PAGES)
+        "page sizes " + ", ".join(f"{path} {sizes[path] / 1024:,.0f} KiB" for path, _ in PAGES)
     )
     result.notes.append(
         "Redis commands per load read at each load (INFO commandstats, commands inside scripts "

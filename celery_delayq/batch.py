@@ -299,7 +299,12 @@ def store_batch(
         job = (completion_id(bid), due_ms, on_complete.args, on_complete.kwargs)
         try:
             [envelope] = build_envelopes(
-                app, completion_task, [job], options, max_payload=max_payload, state=state,
+                app,
+                completion_task,
+                [job],
+                options,
+                max_payload=max_payload,
+                state=state,
                 appended=(bid, dict.fromkeys(("total", "succeeded", "failed", "cancelled"), 0)),
             )
         except (DelayQError, TypeError, ValueError) as exc:

@@ -115,4 +115,3 @@ def load_json(raw: Any, what: str, kind: type | None = dict, max_bytes: int | No
         found = _JSON_TYPES.get(type(data), type(data).__name__)
         raise CorruptData(f"{what} is {found}, not {_JSON_TYPES.get(kind, kind.__name__)}")
     return data
-

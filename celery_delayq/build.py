@@ -81,8 +81,8 @@ def new_task_ids(count: int) -> list[str]:
     h = os.urandom(16 * count).hex()
     v = _VARIANT
     return [
-        f"{h[i:i + 8]}-{h[i + 8:i + 12]}-4{h[i + 13:i + 16]}-"
-        f"{v[h[i + 16]]}{h[i + 17:i + 20]}-{h[i + 20:i + 32]}"
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-"
+        f"{v[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
         for i in range(0, 32 * count, 32)
     ]
 
@@ -151,7 +151,6 @@ def _saferepr(value: Any, maxlen: int | None, maxlevels: Any) -> str:
         return quick
     text: str = saferepr(value, maxlen, maxlevels=maxlevels)
     return text
-
 
 
 def _serialization_error(name: str, serializer: Any, exc: BaseException) -> SerializationError:
@@ -340,7 +339,6 @@ def _options_key(options: dict[str, Any]) -> tuple[tuple[Any, ...], bool] | None
         containers = containers or frozen[0] in _CONTAINERS
         items.append((key, frozen))
     return tuple(items), containers
-
 
 
 @dataclass(eq=False)
@@ -533,8 +531,9 @@ def build_envelopes(
         jobs = [(first_id, first_due, first_args, first_kwargs), *jobs[1:]]
 
         def long_way(task_id: str, due_ms: int, args: Any, kwargs: Any) -> str:
-            return _build_one(app, task, task_id, due_ms, args, kwargs, options, max_payload, schedule,
-                              appended)
+            return _build_one(
+                app, task, task_id, due_ms, args, kwargs, options, max_payload, schedule, appended
+            )
 
         if not isinstance(task, str):
             check_signature(task, (*first_args, *appended), first_kwargs)
@@ -572,4 +571,3 @@ def build_envelope(
     anything is stored.
     """
     return build_envelopes(app, task, [(task_id, due_ms, args, kwargs)], options, max_payload, schedule)[0]
-

@@ -104,8 +104,15 @@ def redis_error_kind(exc: BaseException) -> str:
         return "oom"
     if isinstance(exc, NoScriptError):
         return "noscript"
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ClusterDownError | TryAgainError
-                  | ReadOnlyError | RedisClusterException):
+    if isinstance(
+        exc,
+        redis.ConnectionError
+        | redis.TimeoutError
+        | ClusterDownError
+        | TryAgainError
+        | ReadOnlyError
+        | RedisClusterException,
+    ):
         return "unreachable"
     if isinstance(exc, ResponseError):
         return "script"

@@ -181,7 +181,7 @@ def _naive_zone(eta: datetime, app: Any, in_zone: bool) -> Any:
                 "or set app.conf.timezone"
             )
         return app.timezone
-    if (app.uses_utc_timezone() if conf.timezone else conf.enable_utc):
+    if app.uses_utc_timezone() if conf.timezone else conf.enable_utc:
         return UTC  # (the local zone is refused even on a machine in UTC: the same code elsewhere is not)
     zone = conf.timezone or "this machine's local time (enable_utc is off, no timezone set)"
     raise InvalidDueTime(

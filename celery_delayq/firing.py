@@ -117,15 +117,23 @@ class FireCall:
     next_envelope: str
 
     def args(self) -> list[Any]:
-        return [self.job_id, self.name, self.at_ms, self.published, self.next_id, self.next_due,
-                self.next_envelope]
+        return [
+            self.job_id,
+            self.name,
+            self.at_ms,
+            self.published,
+            self.next_id,
+            self.next_due,
+            self.next_envelope,
+        ]
 
 
 class ScheduleFiring:
     """The schedule points of a beat's passes."""
 
-    def __init__(self, app: Any, store: Store, token: str, stats: DispatchStats,
-                 server_now_ms: Callable[[], float]) -> None:
+    def __init__(
+        self, app: Any, store: Store, token: str, stats: DispatchStats, server_now_ms: Callable[[], float]
+    ) -> None:
         self.app = app
         self.store = store
         self.token = token

@@ -82,8 +82,16 @@ PRIORITY_MAX = 255
 BATCH_PREFIX = "batch:"
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
-_PERIOD_MS = {"s": 1000, "sec": 1000, "second": 1000, "m": 60_000, "min": 60_000, "minute": 60_000,
-              "h": 3_600_000, "hour": 3_600_000}
+_PERIOD_MS = {
+    "s": 1000,
+    "sec": 1000,
+    "second": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "minute": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+}
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,7 @@ def parse_rate(value: Any) -> Rate:
         count, period = 0, 1000
     if not 1 <= count <= MAX_WHOLE:
         raise InvalidOptions(
-            f"rate_limit={reprlib.repr(value)}: give \"<n>/s\", \"<n>/m\" or \"<n>/h\" with a whole n "
+            f'rate_limit={reprlib.repr(value)}: give "<n>/s", "<n>/m" or "<n>/h" with a whole n '
             f"from 1 to {MAX_WHOLE}, or a whole number per second"
         )
     return Rate(count, period)
@@ -294,7 +302,7 @@ def pop_gate(options: MutableMapping[str, Any], *, has_limit: bool | None = None
     key = ckey if ckey is not None else rkey
     parsed = None if rate is None else parse_rate(rate)
     if rkey is not None and parsed is None:
-        raise InvalidOptions(f"rate_limit_key={rkey!r} needs a rate_limit (for instance \"100/s\")")
+        raise InvalidOptions(f'rate_limit_key={rkey!r} needs a rate_limit (for instance "100/s")')
     if key is None:
         raise InvalidOptions(f"rate_limit={rate!r} needs a rate_limit_key (or a concurrency_key)")
     if ckey is not None and limit is None and has_limit is False:

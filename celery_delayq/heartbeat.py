@@ -104,16 +104,23 @@ class Heartbeat:
         gone = [token for token, raw in beats.items() if _seen_ms(raw) < oldest]
         if gone:
             self.store.forget_beats(*gone)
-            logger.info("delayq: forgot %d beat(s) not seen for %d min: %s", len(gone),
-                        BEAT_FORGET_MS // 60_000, ", ".join(gone))
+            logger.info(
+                "delayq: forgot %d beat(s) not seen for %d min: %s",
+                len(gone),
+                BEAT_FORGET_MS // 60_000,
+                ", ".join(gone),
+            )
 
     def remove(self) -> None:
         """The beat stops: remove its entry (never raises)."""
         try:
             self.store.forget_beats(self.token)
         except Exception as exc:
-            logger.warning("delayq: cannot remove this beat's heartbeat (%r); it is forgotten "
-                           "after %d min", exc, BEAT_FORGET_MS // 60_000)
+            logger.warning(
+                "delayq: cannot remove this beat's heartbeat (%r); it is forgotten after %d min",
+                exc,
+                BEAT_FORGET_MS // 60_000,
+            )
 
 
 def _seen_ms(raw: str) -> float:

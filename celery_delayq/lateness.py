@@ -76,6 +76,7 @@ class LatenessStore(Protocol):
 
     def server_now_ms(self) -> int: ...
 
+
 #: Upper bounds of the buckets, in ms (the last bucket, ``le:inf``, takes the rest).
 BOUNDS: tuple[float, ...] = (
     1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000,

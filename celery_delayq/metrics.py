@@ -144,8 +144,7 @@ class DispatcherCollector(Collector):
         yield InfoMetricFamily(
             "delayq_beat",
             "This beat: its token (the field of its heartbeat in <prefix>:beats), host and pid.",
-            value={"token": d.token, "host": d.host, "pid": str(os.getpid()),
-                   "prefix": d.config.prefix},
+            value={"token": d.token, "host": d.host, "pid": str(os.getpid()), "prefix": d.config.prefix},
         )
         counters = (
             ("delayq_dispatched", "Jobs this beat published into their Celery queues.", stats.published),
@@ -159,8 +158,7 @@ class DispatcherCollector(Collector):
             ("delayq_dead_lettered", "Jobs this beat moved to the dead letters.", stats.dead_lettered),
             (
                 "delayq_publish_errors",
-                "Failed publishes of this beat (broker unreachable or refusing; retried after "
-                "their lease).",
+                "Failed publishes of this beat (broker unreachable or refusing; retried after their lease).",
                 stats.publish_errors,
             ),
             (
@@ -181,21 +179,34 @@ class DispatcherCollector(Collector):
                 stats.renewals,
             ),
             ("delayq_passes", "Claim passes of this beat.", stats.passes),
-            ("delayq_tick_errors", "Ticks of this beat that failed: Redis or the broker unreachable.",
-             stats.errors),
+            (
+                "delayq_tick_errors",
+                "Ticks of this beat that failed: Redis or the broker unreachable.",
+                stats.errors,
+            ),
             ("delayq_wakeups", "Wake messages that brought a shard's next claim forward.", stats.wakeups),
-            ("delayq_schedules_repaired", "Stalled schedules this beat found and re-armed (next run "
-             "past, its point not stored).", stats.stalls_repaired),
+            (
+                "delayq_schedules_repaired",
+                "Stalled schedules this beat found and re-armed (next run past, its point not stored).",
+                stats.stalls_repaired,
+            ),
         )
         for name, documentation, value in counters:
             yield CounterMetricFamily(name, documentation, value=value)
         yield from _labelled(
-            "delayq_redis_errors", "Ticks of this beat that failed with a Redis error, by kind: "
-            "unreachable, oom, script, noscript, other.", "kind", stats.redis_errors)
+            "delayq_redis_errors",
+            "Ticks of this beat that failed with a Redis error, by kind: "
+            "unreachable, oom, script, noscript, other.",
+            "kind",
+            stats.redis_errors,
+        )
         yield from _labelled(
-            "delayq_corrupt_entries", "Stored entries this beat found unreadable, by what: envelope "
+            "delayq_corrupt_entries",
+            "Stored entries this beat found unreadable, by what: envelope "
             "and definition and due (dead-lettered), lease (replaced by the claim), history (reset).",
-            "what", stats.corrupt)
+            "what",
+            stats.corrupt,
+        )
         sizes = stats.claim_sizes
         buckets: list[tuple[str, float]] = []
         seen = 0
@@ -217,25 +228,35 @@ class DispatcherCollector(Collector):
         yield from self._gate_families()
         state = self.store_state()
         yield GaugeMetricFamily(
-            "delayq_store_up", "1 when the last read of the store's sizes worked, else 0.",
+            "delayq_store_up",
+            "1 when the last read of the store's sizes worked, else 0.",
             value=0 if state is None else 1,
         )
         if state is None:
             return
         gauges = (
-            ("delayq_pending_jobs", "Jobs waiting in the store (all shards), due or not; not leased.",
-             "pending"),
-            ("delayq_overdue_jobs", "Stored jobs whose due time (or expired lease) has passed and that "
-             "no beat holds yet.", "overdue"),
+            (
+                "delayq_pending_jobs",
+                "Jobs waiting in the store (all shards), due or not; not leased.",
+                "pending",
+            ),
+            (
+                "delayq_overdue_jobs",
+                "Stored jobs whose due time (or expired lease) has passed and that no beat holds yet.",
+                "overdue",
+            ),
             ("delayq_leased_jobs", "Jobs a beat has claimed and not yet published and acked.", "leased"),
             ("delayq_dead_jobs", "Dead-lettered jobs (all shards).", "dead"),
         )
         for name, documentation, field in gauges:
             yield GaugeMetricFamily(name, documentation, value=state[field])
         yield CounterMetricFamily(
-            "delayq_stale_starts_dropped", "Copies of jobs that workers dropped before running them: "
+            "delayq_stale_starts_dropped",
+            "Copies of jobs that workers dropped before running them: "
             "another delivery of the same job had started (a beat published it after losing its "
-            "lease; delayq_start_check). All workers; the same in every beat.", value=state["dropped"])
+            "lease; delayq_start_check). All workers; the same in every beat.",
+            value=state["dropped"],
+        )
         keys = state.get("keys")
         if keys is not None:
             yield from _key_families(*keys)
@@ -246,23 +267,33 @@ class DispatcherCollector(Collector):
             state["start"],
         )
 
-
     def _gate_families(self) -> Iterator[Metric]:
         stats = self.dispatcher.stats
         yield from _labelled(
-            "delayq_gated", "Gated jobs this beat asked the gate about, by its decision: released, "
+            "delayq_gated",
+            "Gated jobs this beat asked the gate about, by its decision: released, "
             "parked (key full or paused), deferred (rate spent), not-held, held (a check of a job "
-            "waiting for its worker), finished (the result backend says it ran already).", "decision",
-            stats.gated)
+            "waiting for its worker), finished (the result backend says it ran already).",
+            "decision",
+            stats.gated,
+        )
         yield CounterMetricFamily(
-            "delayq_gate_holds", "Released gated jobs this beat published and handed to their "
-            "workers (their slot held until the task ends).", value=stats.held)
+            "delayq_gate_holds",
+            "Released gated jobs this beat published and handed to their "
+            "workers (their slot held until the task ends).",
+            value=stats.held,
+        )
         yield CounterMetricFamily(
-            "delayq_gate_stale_holds", "Released gated jobs published by this beat whose hold found "
-            "them no longer leased to it (another beat re-claimed them).", value=stats.stale_holds)
+            "delayq_gate_stale_holds",
+            "Released gated jobs published by this beat whose hold found "
+            "them no longer leased to it (another beat re-claimed them).",
+            value=stats.stale_holds,
+        )
         yield CounterMetricFamily(
-            "delayq_batch_completions", "Batch completion jobs this beat published with their "
-            "batch's counts.", value=stats.completions)
+            "delayq_batch_completions",
+            "Batch completion jobs this beat published with their batch's counts.",
+            value=stats.completions,
+        )
         yield _histogram(
             "delayq_slot_wait_seconds",
             "Original due time -> publish of the released gated jobs of this beat (time spent "
@@ -272,14 +303,20 @@ class DispatcherCollector(Collector):
 
 
 def _key_families(count: int, rows: list[tuple[str, int, int]]) -> Iterator[Metric]:
-    yield GaugeMetricFamily("delayq_gate_keys", "Flow-control keys stored (every key a gated job "
-                            "carried).", value=count)
+    yield GaugeMetricFamily(
+        "delayq_gate_keys", "Flow-control keys stored (every key a gated job carried).", value=count
+    )
     running = GaugeMetricFamily(
-        "delayq_key_running", f"Released jobs of a key whose task has not finished (its slots "
-        f"taken); the {MAX_KEY_SERIES} busiest keys.", labels=["key"])
+        "delayq_key_running",
+        f"Released jobs of a key whose task has not finished (its slots "
+        f"taken); the {MAX_KEY_SERIES} busiest keys.",
+        labels=["key"],
+    )
     waiting = GaugeMetricFamily(
-        "delayq_key_waiting", f"Parked jobs of a key (waiting for a slot or a resume); the "
-        f"{MAX_KEY_SERIES} busiest keys.", labels=["key"])
+        "delayq_key_waiting",
+        f"Parked jobs of a key (waiting for a slot or a resume); the {MAX_KEY_SERIES} busiest keys.",
+        labels=["key"],
+    )
     for key, run, wait in rows:
         running.add_metric([key], run)
         waiting.add_metric([key], wait)

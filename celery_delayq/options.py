@@ -231,8 +231,9 @@ def check_signature(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             header(*args, **kwargs)
 
 
-def _route(app: Any, options: dict[str, Any], name: str, route_name: Any, args: Any, kwargs: Any,
-           task: Any) -> dict[str, Any]:
+def _route(
+    app: Any, options: dict[str, Any], name: str, route_name: Any, args: Any, kwargs: Any, task: Any
+) -> dict[str, Any]:
     try:
         return dict(app.amqp.router.route(options, route_name or name, args, kwargs, task))
     except Exception as exc:  # QueueNotFound, a router raising: refuse now, not in beat

@@ -169,8 +169,11 @@ class Ran:
         try:
             backend = app.backend
         except Exception as exc:  # a backend that cannot be made here: nothing known
-            logger.warning("delayq: the result backend cannot be used (%r); what already ran is not "
-                           "looked up (see docs/guarantees.md)", exc)
+            logger.warning(
+                "delayq: the result backend cannot be used (%r); what already ran is not "
+                "looked up (see docs/guarantees.md)",
+                exc,
+            )
             backend = None
         persistent = getattr(backend, "persistent", True)
         if backend is None or isinstance(backend, DisabledBackend) or not persistent:
@@ -540,16 +543,29 @@ class Publishing:
             self.stats.redis_errors[redis_error_kind(exc)] += 1
             out.skip.add(job.id)
             out.released.pop(job.id, None)
-            logger.error("delayq: cannot read batch %s for its completion job %s (%s); it is "
-                         "claimed again after its lease", batch_id, job.id, error_text(exc))
+            logger.error(
+                "delayq: cannot read batch %s for its completion job %s (%s); it is "
+                "claimed again after its lease",
+                batch_id,
+                job.id,
+                error_text(exc),
+            )
             return
         counts: dict[str, int] | None = None
         if state is None:
-            logger.warning("delayq: batch %s of completion job %s is not stored (any more); its "
-                           "counts are given as None", batch_id, job.id)
+            logger.warning(
+                "delayq: batch %s of completion job %s is not stored (any more); its "
+                "counts are given as None",
+                batch_id,
+                job.id,
+            )
         else:
-            counts = {"total": state.total, "succeeded": state.succeeded, "failed": state.failed,
-                      "cancelled": state.cancelled}
+            counts = {
+                "total": state.total,
+                "succeeded": state.succeeded,
+                "failed": state.failed,
+                "cancelled": state.cancelled,
+            }
         try:
             out.envelopes[job.id] = completion_envelope(base, str(batch_id), counts)
         except ValueError as exc:
@@ -624,8 +640,15 @@ class Publishing:
 
     def direct_args(self, producer: Any, envelope: Envelope, due_ms: int) -> dict[str, Any]:
         """:func:`direct_args` with this pass's settings, declaring the queue once."""
-        return direct_args(self.app, self.conf, envelope, due_ms, self.config.publish_eta,
-                           self.server_now_ms(), lambda queue: self.declare(queue, producer))
+        return direct_args(
+            self.app,
+            self.conf,
+            envelope,
+            due_ms,
+            self.config.publish_eta,
+            self.server_now_ms(),
+            lambda queue: self.declare(queue, producer),
+        )
 
     # -- the broker -----------------------------------------------------------------------------
 
@@ -693,8 +716,15 @@ class CeleryPublisher:
             routed = _declare_once(p, envelope)
             if not p.fence.check(job.id):
                 return Outcome.FENCED
-            send_task(p.app, p.producer, routed, job.due_ms, now_ms=int(p.server_now_ms()),
-                      with_eta=p.config.publish_eta, claim=p.claim(job, envelope))
+            send_task(
+                p.app,
+                p.producer,
+                routed,
+                job.due_ms,
+                now_ms=int(p.server_now_ms()),
+                with_eta=p.config.publish_eta,
+                claim=p.claim(job, envelope),
+            )
             return None
 
         return p.guarded(job, envelope, send)
@@ -769,8 +799,9 @@ class Pusher:
         """Push and ack the built messages (one script call per shard chunk); return the due
         times of those pushed."""
         p, to_push = self.publishing, self.to_push
-        items = {shard: [(job.id, key, body) for job, _, key, body in jobs]
-                 for shard, jobs in to_push.items()}
+        items = {
+            shard: [(job.id, key, body) for job, _, key, body in jobs] for shard, jobs in to_push.items()
+        }
         if not any(items.values()):
             return []
         try:

@@ -65,8 +65,7 @@ _SYNC_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, StoreFull)
 #: (each also counted in ``delayq_redis_errors_total{kind=...}``; see docs/errors.md).
 _REDIS_ERROR_LINES = {
     "unreachable": "delayq: Redis unavailable (%s); retrying in %.1f s",
-    "oom": "delayq: Redis is out of memory (maxmemory reached) and refused a write (%s); "
-    "retrying in %.1f s",
+    "oom": "delayq: Redis is out of memory (maxmemory reached) and refused a write (%s); retrying in %.1f s",
     "noscript": "delayq: Redis answered NOSCRIPT even after the script was loaded again (%s): "
     "something keeps flushing its script cache; retrying in %.1f s",
     "script": "delayq: a Redis script or command failed (%s): Redis is reachable, this is a bug "

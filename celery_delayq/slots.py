@@ -256,8 +256,11 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
     try:
         job_id = task_id or request.id
         if not _keeper(task.app).started(job_id, header):
-            logger.warning("delayq: task %s carries a %s header that does not read; it holds no slot",
-                           job_id, GATE_HEADER)
+            logger.warning(
+                "delayq: task %s carries a %s header that does not read; it holds no slot",
+                job_id,
+                GATE_HEADER,
+            )
     except Exception:  # never fail a task for its slot
         logger.warning("delayq: the slot of task %s is not renewed", task_id, exc_info=True)
 
@@ -286,8 +289,11 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     try:
         _keeper(sender.app).finished(request.id, header, "failed")
     except Exception:
-        logger.warning("delayq: the slot of revoked task %s is not given back",
-                       getattr(request, "id", None), exc_info=True)
+        logger.warning(
+            "delayq: the slot of revoked task %s is not given back",
+            getattr(request, "id", None),
+            exc_info=True,
+        )
 
 
 def _on_shutdown(**_: Any) -> None:

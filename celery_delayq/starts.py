@@ -45,8 +45,16 @@ from .config import DelayQConfig
 from .envelope import CLAIM_HEADER
 from .store import ClaimedJob, Store, error_text
 
-__all__ = ["CHECK_TIMEOUT", "CLAIM_HEADER", "RETRY_AFTER", "Claim", "StartCheck", "claim_header", "install",
-           "read_claim"]
+__all__ = [
+    "CHECK_TIMEOUT",
+    "CLAIM_HEADER",
+    "RETRY_AFTER",
+    "Claim",
+    "StartCheck",
+    "claim_header",
+    "install",
+    "read_claim",
+]
 
 #: Seconds the start check waits for the store (to connect, and for its reply).
 CHECK_TIMEOUT = 2.0

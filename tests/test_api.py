@@ -51,13 +51,21 @@ def test_get_leased_dead_missing(app: Celery, r: redis.Redis) -> None:
     assert (leased.state, leased.tries, leased.kwargs, leased.due) == ("leased", 1, {"x": 1, "y": 2}, due)
     assert leased.lease_until is not None and leased.lease_until > due
 
-    record = {"reason": "test", "due": int(due.timestamp() * 1000), "tries": 1,
-              "envelope": get_store(app).get(res.id).envelope}  # type: ignore[union-attr]
+    record = {
+        "reason": "test",
+        "due": int(due.timestamp() * 1000),
+        "tries": 1,
+        "envelope": get_store(app).get(res.id).envelope,
+    }  # type: ignore[union-attr]
     assert get_store(app).bury("beat-test", res.id, record)
     dead = dq.get(res.id)
     assert dead is not None
     assert (dead.state, dead.task, dead.kwargs, dead.due, dead.tries) == (
-        "dead", "t.add", {"x": 1, "y": 2}, due, 1,
+        "dead",
+        "t.add",
+        {"x": 1, "y": 2},
+        due,
+        1,
     )
     assert dict(dq.dead()) == {res.id: record}
     assert dq.get("missing") is None
@@ -105,13 +113,19 @@ def test_cancel_while_leased_removes_but_returns_false(app: Celery) -> None:
 def test_reschedule(app: Celery, redis_url: str) -> None:
     res = app.tasks["t.add"].apply_at(BASE, (1, 2))
     dq = DelayQ(app)
-    for eta in (BASE + timedelta(days=1), (BASE + timedelta(days=2)).timestamp(),
-                (BASE + timedelta(days=3)).isoformat()):
+    for eta in (
+        BASE + timedelta(days=1),
+        (BASE + timedelta(days=2)).timestamp(),
+        (BASE + timedelta(days=3)).isoformat(),
+    ):
         assert dq.reschedule(res.id, eta) is True
         job = dq.get(res.id)
-        expected = eta if isinstance(eta, datetime) else (
-            datetime.fromtimestamp(eta, tz=UTC) if isinstance(eta, float)
-            else datetime.fromisoformat(eta)
+        expected = (
+            eta
+            if isinstance(eta, datetime)
+            else (
+                datetime.fromtimestamp(eta, tz=UTC) if isinstance(eta, float) else datetime.fromisoformat(eta)
+            )
         )
         assert job is not None and job.due == expected and job.args == [1, 2]
     before = snapshot(redis_url)

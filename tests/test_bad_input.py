@@ -122,8 +122,9 @@ def _delayq_calls(app: Celery, case: Case) -> dict[str, Callable[[], Any]]:
     return {
         "apply_at": lambda: add.apply_at(ETA, case.args, case.kwargs, **options),
         "apply_in": lambda: add.apply_in(3600, case.args, case.kwargs, **options),
-        "apply_at_many": lambda: add.apply_at_many([(ETA, (1, 2), None), (ETA, case.args, case.kwargs)],
-                                                   **many_options),
+        "apply_at_many": lambda: add.apply_at_many(
+            [(ETA, (1, 2), None), (ETA, case.args, case.kwargs)], **many_options
+        ),
         "celery_delayq.apply_at": lambda: celery_delayq.apply_at(sig(), ETA, **options),
         "celery_delayq.apply_in": lambda: celery_delayq.apply_in(sig(), 3600, **options),
     }
@@ -378,8 +379,11 @@ def test_operator_inputs_and_a_gone_batch_raise_delayq_errors(app: Celery) -> No
     from celery_delayq.timeparse import parse_duration, parse_when
     from celery_delayq.views import parse_cursor
 
-    for bad in (lambda: parse_duration("5 parsecs"), lambda: parse_when("soonish", app),
-                lambda: parse_cursor("x")):
+    for bad in (
+        lambda: parse_duration("5 parsecs"),
+        lambda: parse_when("soonish", app),
+        lambda: parse_cursor("x"),
+    ):
         with pytest.raises(InvalidInput) as raised:
             bad()
         assert isinstance(raised.value, DelayQError) and isinstance(raised.value, ValueError)

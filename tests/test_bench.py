@@ -87,7 +87,11 @@ def test_flow_row_runs_and_the_cap_held() -> None:
     slot of the key was free (the row counts such "negative gaps")."""
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--only", "flow"],
-        cwd=ROOT, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     table = [line for line in proc.stdout.splitlines() if line.startswith("| flow: ")]
@@ -107,7 +111,11 @@ def test_the_start_check_and_held_check_scripts_run() -> None:
     print their figures."""
     start = subprocess.run(
         [sys.executable, "-m", "bench.start_check", "200"],
-        cwd=ROOT, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
     )
     assert start.returncode == 0, (start.stdout + start.stderr)[-4000:]
     assert "claim, first start" in start.stdout and "bytes of Redis per record" in start.stdout
@@ -115,7 +123,11 @@ def test_the_start_check_and_held_check_scripts_run() -> None:
     assert len(workers) == 4 and all("us per task start" in line for line in workers), start.stdout
     held = subprocess.run(
         [sys.executable, "-m", "bench.held_check", "40"],
-        cwd=ROOT, capture_output=True, text=True, timeout=200, stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        stdin=subprocess.DEVNULL,
     )
     assert held.returncode == 0, (held.stdout + held.stderr)[-4000:]
     lines = held.stdout.splitlines()

@@ -120,7 +120,9 @@ def test_the_runtime_needs_neither_the_extras_nor_the_cli_nor_the_dev_tools() ->
 
 
 def test_without_rich_every_command_says_how_to_install_it() -> None:
-    code = WITHOUT_EXTRAS + """
+    code = (
+        WITHOUT_EXTRAS
+        + """
 from click.testing import CliRunner
 from celery_delayq.cli import delayq, demo
 for command, args in ((delayq, ["status", "--json"]), (delayq, ["keys"]), (demo, [])):
@@ -129,6 +131,7 @@ for command, args in ((delayq, ["status", "--json"]), (delayq, ["keys"]), (demo,
 helped = CliRunner().invoke(delayq, ["--help"])
 print(helped.exit_code, "Not installed:" in helped.output, "status" in helped.output)
 """
+    )
     proc = subprocess.run([sys.executable, "-c", code, "celery_delayq.cli"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -137,7 +140,9 @@ print(helped.exit_code, "Not installed:" in helped.output, "status" in helped.ou
 
 
 def test_a_beat_with_a_metrics_port_but_no_prometheus_client_says_so_in_one_line() -> None:
-    code = WITHOUT_EXTRAS + """
+    code = (
+        WITHOUT_EXTRAS
+        + """
 from celery import Celery
 from celery_delayq import Scheduler
 app = Celery("t", broker="memory://", set_as_current=False)
@@ -147,6 +152,7 @@ try:
 except Exception as exc:
     print(type(exc).__name__, exc)
 """
+    )
     proc = subprocess.run([sys.executable, "-c", code, "celery_delayq.scheduler"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -154,6 +160,7 @@ except Exception as exc:
         "BeatConfigurationError delayq: delayq_metrics_port is set, which needs prometheus-client: "
         "pip install 'celery-delayq[metrics]'"
     ], proc.stdout
+
 
 def test_errors_are_mapped_by_exception_class() -> None:
     url = "redis://:***@cache:6379/0"

@@ -211,8 +211,11 @@ def test_shards_spread_over_every_primary(store: Store, r: RedisCluster) -> None
     nodes = primaries(r)
     assert len(nodes) == 3
     past = server_ms(r) - 1
-    jobs = [(job_id, past, "env") for shard in range(store.config.shards)
-            for job_id in ids_on_shard(store.keys, shard, 5, stem=f"s{shard}")]
+    jobs = [
+        (job_id, past, "env")
+        for shard in range(store.config.shards)
+        for job_id in ids_on_shard(store.keys, shard, 5, stem=f"s{shard}")
+    ]
     store.enqueue(jobs)
     by_node: dict[str, list[int]] = defaultdict(list)
     for index, shard in enumerate(store.keys.all_shards()):
@@ -226,7 +229,9 @@ def test_shards_spread_over_every_primary(store: Store, r: RedisCluster) -> None
             with node_client(node) as client:
                 held = sorted(client.scan_iter(match=f"delayq:{shard.tag}:*"))
             assert held == (sorted([shard.due, shard.jobs, shard.wake]) if node.name == owner.name else []), (
-                index, node.name, held,
+                index,
+                node.name,
+                held,
             )
     assert sorted(by_node) == sorted(n.name for n in nodes), "every primary holds shards"
     print("\nshard distribution over the cluster (16 shards, 5 jobs each):")
@@ -284,9 +289,7 @@ def test_noscript_is_loaded_on_every_primary_and_repeated(store: Store, r: Redis
     assert store.count() == 0
 
 
-def test_wake_messages_of_every_node_reach_a_subscriber_on_one_node(
-    store: Store, r: RedisCluster
-) -> None:
+def test_wake_messages_of_every_node_reach_a_subscriber_on_one_node(store: Store, r: RedisCluster) -> None:
     """Scripts PUBLISH on the node of their shard; classic pub/sub goes to the whole cluster."""
     by_node: dict[str, int] = {}
     for index, shard in enumerate(store.keys.all_shards()):

@@ -82,8 +82,9 @@ class Feeder(threading.Thread):
     ``seconds``, one ``apply_at`` each; a call that fails is repeated with the same id (keep
     mode: idempotent). ``acked`` maps each id to (the time its call returned, its due time)."""
 
-    def __init__(self, producer: Producer, seconds: float, tick: float = 0.1, per_tick: int = 10,
-                 ahead: float = 2.0) -> None:
+    def __init__(
+        self, producer: Producer, seconds: float, tick: float = 0.1, per_tick: int = 10, ahead: float = 2.0
+    ) -> None:
         super().__init__(daemon=True)
         self.producer = producer
         self.seconds, self.tick, self.per_tick, self.ahead = seconds, tick, per_tick, ahead
@@ -132,8 +133,9 @@ def test_a_primary_killed_mid_run_fails_over_and_delivery_resumes(
 ) -> None:
     cluster = six_nodes
     conf = {"delayq_reclaim_ttl": 5, "delayq_max_sleep": 2}
-    producer = producers(redis_url, cluster.url, delayq_cluster=True, delayq_wait_replicas=wait_replicas,
-                         **conf)
+    producer = producers(
+        redis_url, cluster.url, delayq_cluster=True, delayq_wait_replicas=wait_replicas, **conf
+    )
     start_stack(procs, cluster_env(redis_url, cluster.url, **conf))
     warm_up(producer, r, procs)
     store = producer.dq.store
@@ -167,9 +169,12 @@ def test_a_primary_killed_mid_run_fails_over_and_delivery_resumes(
     resume_s = min(resumed) - killed_at if resumed else float("inf")
     # Start - due, or - stored when the producer's call returned after the due time (with
     # WAIT, a call to a promoted replica that has no replica yet takes WAIT's timeout).
-    others_late = [rec["start"] - max(rec["due"], acked[rec["id"]][0]) for rec in records
-                   if store.keys.shard_of(rec["id"]) not in victim_shards
-                   and killed_at - 1 <= rec["due"] <= killed_at + failed_over + 1]
+    others_late = [
+        rec["start"] - max(rec["due"], acked[rec["id"]][0])
+        for rec in records
+        if store.keys.shard_of(rec["id"]) not in victim_shards
+        and killed_at - 1 <= rec["due"] <= killed_at + failed_over + 1
+    ]
     beat_log = log_of(procs, 1)
     outages = beat_log.count("delayq: Redis unavailable")
     partial = beat_log.count("could not be claimed")
@@ -191,8 +196,11 @@ def test_a_primary_killed_mid_run_fails_over_and_delivery_resumes(
         assert "delayq: Redis reachable again" in beat_log
     assert resume_s < failed_over + 15, f"delivery did not resume\n{procs.logs()}"
     # Jobs due after the failover, on the failed-over shards, ran.
-    after = [i for i, (_, due) in acked.items()
-             if due > killed_at + failed_over + 1 and store.keys.shard_of(i) in victim_shards]
+    after = [
+        i
+        for i, (_, due) in acked.items()
+        if due > killed_at + failed_over + 1 and store.keys.shard_of(i) in victim_shards
+    ]
     assert after and all(i in runs for i in after)
     if wait_replicas:
         assert lost == [], "a write confirmed by WAIT was lost"
@@ -261,16 +269,20 @@ def test_a_beat_delivers_after_the_loss_of_any_primary(
     ran = runs(r)
     records = [rec for rec in starts(r) if rec["start"] > killed_at]
     first = min((rec["start"] for rec in records), default=float("inf")) - killed_at
-    first_failed = min(
-        (rec["start"] for rec in records if store.keys.shard_of(rec["id"]) in victim_shards),
-        default=float("inf"),
-    ) - killed_at
+    first_failed = (
+        min(
+            (rec["start"] for rec in records if store.keys.shard_of(rec["id"]) in victim_shards),
+            default=float("inf"),
+        )
+        - killed_at
+    )
     late = max((rec["start"] - rec["due"] for rec in records if rec["id"] in after), default=0.0)
     missing = sorted(after - set(ran))
     beat_log = log_of(procs, 1)
     # The beat's log line (local time) that says its wake subscription was made again.
-    again = re.search(r"^\[([-\d]+ [:\d]+,\d+): \w+/MainProcess\] delayq: wake subscription made again",
-                      beat_log, re.M)
+    again = re.search(
+        r"^\[([-\d]+ [:\d]+,\d+): \w+/MainProcess\] delayq: wake subscription made again", beat_log, re.M
+    )
     resubscribed = ""
     if again:
         at = datetime.strptime(again[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()

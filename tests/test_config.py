@@ -29,7 +29,10 @@ def test_defaults() -> None:
             assert getattr(config, name.removeprefix("delayq_")) == default
     assert ["delayq_" + f for f in DelayQConfig.field_names()] == list(DEFAULTS)
     assert (config.prefix, config.shards, config.reclaim_ttl, config.batch_size) == (
-        "delayq", 16, 30.0, 500,
+        "delayq",
+        16,
+        30.0,
+        500,
     )
     assert (config.intercept_eta, config.dead_letter_unknown) == (False, True)
 
@@ -47,8 +50,15 @@ def test_settings_are_read_from_app_conf() -> None:
         delayq_max_payload="2048",
     )
     assert DelayQConfig.from_app(app) == DelayQConfig(
-        url="redis://other:1/2", prefix="p", shards=3, reclaim_ttl=2.5, batch_size=5000,
-        max_sleep=1.0, intercept_eta=True, dead_letter_unknown=False, max_payload=2048,
+        url="redis://other:1/2",
+        prefix="p",
+        shards=3,
+        reclaim_ttl=2.5,
+        batch_size=5000,
+        max_sleep=1.0,
+        intercept_eta=True,
+        dead_letter_unknown=False,
+        max_payload=2048,
     )
 
 
@@ -72,7 +82,10 @@ def test_django_style_namespace(redis_url: str) -> None:
     app.config_from_object(Settings, namespace="CELERY")
     config = DelayQConfig.from_app(app)
     assert (config.url, config.prefix, config.shards, config.reclaim_ttl) == (
-        redis_url, "django", 4, 12.0,
+        redis_url,
+        "django",
+        4,
+        12.0,
     )
 
     @app.task(base=DelayedTask, name="dj.ping", shared=False)

@@ -16,8 +16,11 @@ from celery_delayq.devtools.embedded import find_server_binary
 
 
 def _path_without_redis() -> str:
-    keep = [d for d in os.environ.get("PATH", "").split(os.pathsep)
-            if d and not (Path(d) / "redis-server").exists()]
+    keep = [
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and not (Path(d) / "redis-server").exists()
+    ]
     return os.pathsep.join(keep)
 
 
@@ -32,7 +35,10 @@ def test_demo_runs_on_the_pypi_embedded_server_when_redis_server_is_not_on_path(
     env = dict(os.environ, PATH=path, COLUMNS="120", TERM="dumb")
     proc = subprocess.run(
         [sys.executable, "-m", "celery_delayq", "demo", "--jobs", "600", "--seconds", "4"],
-        env=env, capture_output=True, text=True, timeout=240,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -109,7 +115,9 @@ def test_the_demo_says_when_its_worker_could_not_keep_up_and_keeps_its_logs(redi
 def test_demo_rejects_bad_arguments() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "celery_delayq", "demo", "--jobs", "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "--jobs must be >= 1" in proc.stderr

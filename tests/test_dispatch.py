@@ -174,9 +174,7 @@ def test_unknown_task_is_published_when_dead_letter_unknown_is_off(
 def test_queue_unknown_to_the_beat_is_dead_lettered_and_does_not_block_the_batch(
     app: Celery, app_factory: AppFactory, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
-    beat_app = app_factory(
-        delayq_shards=1, task_create_missing_queues=False, task_queues=[Queue("celery")]
-    )
+    beat_app = app_factory(delayq_shards=1, task_create_missing_queues=False, task_queues=[Queue("celery")])
     producer = app_factory(delayq_shards=1)
     add = producer.tasks["t.add"]
     poison = add.apply_at(time.time() - 10, (1, 2), queue="only-the-producer-knows")
@@ -408,8 +406,11 @@ def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
     with EmbeddedRedis() as broker_server:
         broker = redis.Redis.from_url(broker_server.url)
         broker.config_set("maxmemory", 1)  # every write is refused with OOM
-        app = app_factory(broker=broker_server.url + "/0", delayq_reclaim_ttl=0.05,
-                          broker_transport_options={"max_retries": 0})
+        app = app_factory(
+            broker=broker_server.url + "/0",
+            delayq_reclaim_ttl=0.05,
+            broker_transport_options={"max_retries": 0},
+        )
         dq = DelayQ(app)
         job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))
         dispatcher = dispatchers(app)
@@ -595,7 +596,8 @@ def test_a_refused_wake_subscription_never_stops_the_claims(
         dispatcher.run_once()
         assert published_ids(r) == [first.id, second.id]
         warned = [
-            rec for rec in caplog.records
+            rec
+            for rec in caplog.records
             if rec.levelno >= logging.WARNING and "wake subscription failed" in rec.getMessage()
         ]
         assert len(warned) == 1  # logged once until a subscription is made

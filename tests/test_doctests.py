@@ -15,9 +15,7 @@ import celery_delayq
 #: Examples in the package today: the suite fails if they silently stop being found.
 MIN_EXAMPLES = 26
 
-MODULES = sorted(
-    info.name for info in pkgutil.walk_packages(celery_delayq.__path__, "celery_delayq.")
-)
+MODULES = sorted(info.name for info in pkgutil.walk_packages(celery_delayq.__path__, "celery_delayq."))
 RESULTS: dict[str, doctest.TestResults] = {}
 #: Modules that import an extra at their top: their doctests skip where it is not installed
 #: (the fast half on a machine without the spark extra).

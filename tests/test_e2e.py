@@ -211,6 +211,7 @@ def test_rabbitmq_broker_300_jobs_run_exactly_once(
         procs.stop_all()
         delete_queue(broker, queue)
 
+
 def test_intercept_eta_routes_retry_and_countdown_through_delayq(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:
@@ -289,9 +290,7 @@ def test_unknown_task_and_corrupt_envelope_are_dead_lettered(
     r.hset(jobs_key, corrupt.id, '{"v": 1, "task": "e2e.record", "body": ')
     assert producer.dq.count() == 22
 
-    assert wait_for(lambda: store.count_dead() >= 2 and r.hlen("e2e:runs") >= 20, 30), (
-        procs.logs()
-    )
+    assert wait_for(lambda: store.count_dead() >= 2 and r.hlen("e2e:runs") >= 20, 30), procs.logs()
     time.sleep(1.0)
     assert runs(r) == {res.id: 1 for res in good}
     dead = dict(producer.dq.dead())

@@ -88,8 +88,10 @@ def check_stack(
     start, publish = stored_lateness(r), stored_lateness(r, "publish")
     assert start.count == counted == sum(start.buckets), start
     assert publish.count == counted, publish
-    print(f"\nE2E {pool}: start lateness p50 <= {start.quantile(0.5)} ms, p99 <= {start.quantile(0.99)} ms; "
-          f"publish p50 <= {publish.quantile(0.5)} ms")
+    print(
+        f"\nE2E {pool}: start lateness p50 <= {start.quantile(0.5)} ms, p99 <= {start.quantile(0.99)} ms; "
+        f"publish p50 <= {publish.quantile(0.5)} ms"
+    )
 
     def metrics_caught_up() -> dict[str, float] | None:
         _, values = scrape(port)
@@ -106,7 +108,7 @@ def check_stack(
     assert values, f"metrics never showed {counted} jobs:\n{text}"
     assert last["delayq_pending_jobs"] == 0 and last["delayq_leased_jobs"] == 0
     assert last["delayq_dead_jobs"] == 0 and last["delayq_store_up"] == 1
-    assert last['delayq_start_lateness_seconds_bucket{le=+Inf}'] == counted
+    assert last["delayq_start_lateness_seconds_bucket{le=+Inf}"] == counted
     assert last["delayq_claimed_total"] >= counted
     return last
 
@@ -120,8 +122,9 @@ def test_worker_lateness_and_beat_metrics(
     env = subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=json.dumps(conf))
     start_stack(procs, env, pool)
     worker_log = procs.procs[0][1]
-    assert wait_for(lambda: "recording due -> start lateness" in worker_log.read_text(errors="replace"),
-                    STARTUP, 0.1), procs.logs()
+    assert wait_for(
+        lambda: "recording due -> start lateness" in worker_log.read_text(errors="replace"), STARTUP, 0.1
+    ), procs.logs()
 
     check_stack(procs, r, producer, port, jobs=20 if pool.startswith("threads") else 8, pool=pool)
 

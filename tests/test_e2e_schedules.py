@@ -389,9 +389,11 @@ def test_pause_resume_update_delete_while_beats_run(
     steady_points = sorted(got["steady"])
     assert steady_points[0] == steady.rule.next_after(round(steady.created.timestamp() * 1000))
     assert consecutive(steady_points, 1000), steady_points
-    assert wait_for(
-        lambda: len(point_runs(r)["steady"]) >= (now_ms() - t_start) // 1000 - 2, 15, 0.2
-    ), (sorted(point_runs(r)["steady"])[-3:], t_start, now_ms())
+    assert wait_for(lambda: len(point_runs(r)["steady"]) >= (now_ms() - t_start) // 1000 - 2, 15, 0.2), (
+        sorted(point_runs(r)["steady"])[-3:],
+        t_start,
+        now_ms(),
+    )
     dups = {name: [p for p, c in points.items() if c != 1] for name, points in got.items()}
     assert not any(dups.values()), dups
     check_point_records(r, {"steady", "crud", "doomed"})
@@ -523,9 +525,7 @@ def test_a_schedule_with_a_retrying_task_under_load_runs_every_point(
     expected = rule_points(added.rule, created, end)
     assert len(expected) >= seconds
     # The last points' retries come a second or so later; a loaded machine: allow several seconds.
-    ran = wait_for(
-        lambda: all(point_runs(r).get("retrier", {}).get(p, 0) >= 2 for p in expected), 30.0, 0.2
-    )
+    ran = wait_for(lambda: all(point_runs(r).get("retrier", {}).get(p, 0) >= 2 for p in expected), 30.0, 0.2)
     runs = point_runs(r).get("retrier", {})
     missing = [p for p in expected if runs.get(p, 0) < 2]
     assert ran, (
@@ -545,8 +545,10 @@ def test_a_schedule_with_a_retrying_task_under_load_runs_every_point(
     assert after is not None and after.next_run is not None
     assert after.next_run.timestamp() > time.time() - 5, after
     assert_running(procs, [0, 1])
-    print(f"\n[retrying schedule] {len(expected)} points, each run twice; {sink} other jobs "
-          "published to 'sink' meanwhile; no stall repaired")
+    print(
+        f"\n[retrying schedule] {len(expected)} points, each run twice; {sink} other jobs "
+        "published to 'sink' meanwhile; no stall repaired"
+    )
 
 
 def schedules_point(point_ms: int) -> str:

@@ -26,12 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.e2e
 def test_quickstart_example(redis_url: str, procs: Procs) -> None:
-    env = dict(os.environ, DELAYQ_EXAMPLE_URL=redis_url,
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        DELAYQ_EXAMPLE_URL=redis_url,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     procs.start("worker", env, app="examples.quickstart")
     procs.start("beat", env, app="examples.quickstart")
-    proc = subprocess.run([sys.executable, "-m", "examples.quickstart"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.quickstart"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out + procs.logs()
     ran = [line for line in proc.stdout.splitlines() if line.startswith("ran:")]
@@ -42,12 +51,21 @@ def test_quickstart_example(redis_url: str, procs: Procs) -> None:
 
 @pytest.mark.e2e
 def test_schedules_example(redis_url: str, procs: Procs) -> None:
-    env = dict(os.environ, DELAYQ_EXAMPLE_URL=redis_url,
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        DELAYQ_EXAMPLE_URL=redis_url,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     procs.start("worker", env, app="examples.schedules")
     procs.start("beat", env, app="examples.schedules")
-    proc = subprocess.run([sys.executable, "-m", "examples.schedules"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.schedules"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out + procs.logs()
     ran = [line.split() for line in proc.stdout.splitlines() if line.startswith("ran:")]
@@ -63,8 +81,11 @@ def test_schedules_example(redis_url: str, procs: Procs) -> None:
 
 
 def _example_env(redis_url: str) -> dict[str, str]:
-    return dict(os.environ, DELAYQ_EXAMPLE_URL=redis_url,
-                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return dict(
+        os.environ,
+        DELAYQ_EXAMPLE_URL=redis_url,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
 
 
 def _log(r: redis.Redis, key: str) -> list[dict[str, Any]]:
@@ -77,8 +98,14 @@ def test_project_example(redis_url: str, r: redis.Redis, procs: Procs) -> None:
     env = _example_env(redis_url)
     procs.start("worker", env, app="examples.project")  # the package: celery finds its celery.py
     procs.start("beat", env, app="examples.project")
-    proc = subprocess.run([sys.executable, "-m", "examples.project"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.project"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out + procs.logs()
     assert proc.stdout.splitlines()[-1] == "ok", out
@@ -124,8 +151,14 @@ def test_django_settings_example(redis_url: str, r: redis.Redis, procs: Procs) -
     env = _example_env(redis_url)
     procs.start("worker", env, app="examples.django_settings")
     procs.start("beat", env, app="examples.django_settings")
-    proc = subprocess.run([sys.executable, "-m", "examples.django_settings"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.django_settings"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out + procs.logs()
     assert proc.stdout.splitlines()[-1] == "ok", out

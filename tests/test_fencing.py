@@ -444,8 +444,9 @@ def paused_inside_publish(
 def test_a_beat_paused_inside_its_publish_runs_nothing_twice_kombu_batch(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:
-    paused_inside_publish(redis_url, redis_url, r, procs, producers, "kombu batch (Redis broker)",
-                          {"delayq_push": False})
+    paused_inside_publish(
+        redis_url, redis_url, r, procs, producers, "kombu batch (Redis broker)", {"delayq_push": False}
+    )
 
 
 @pytest.mark.e2e

@@ -112,8 +112,9 @@ def test_apply_in_with_a_rate_and_apply_at_many_with_a_cap(app: Celery, r: redis
 def test_a_given_id_with_the_tag_is_kept_and_idempotent(app: Celery) -> None:
     add = app.tasks["t.add"]
     first = add.apply_at(ETA, (1, 2), task_id="{k}invoice-1", concurrency_key="k", concurrency_limit=1)
-    again = add.apply_at(ETA.replace(year=2032), (1, 2), task_id="{k}invoice-1", concurrency_key="k",
-                         concurrency_limit=1)
+    again = add.apply_at(
+        ETA.replace(year=2032), (1, 2), task_id="{k}invoice-1", concurrency_key="k", concurrency_limit=1
+    )
     assert (first.id, first.created, again.created) == ("{k}invoice-1", True, False)
     assert DelayQ(app).count() == 1
 
@@ -152,8 +153,9 @@ def test_a_retry_of_a_gated_job_stays_gated(app: Celery, r: redis.Redis) -> None
     # what self.retry(countdown=30) sends, delayq_intercept_eta off: the request's headers (the
     # gate's and the due time's), the same id, retries + 1
     before = server_ms(r)
-    again = add.apply_async((1, 2), task_id=first.id, countdown=30, retries=1,
-                            headers={GATE_HEADER: carried, "delayq_due": 1.0})
+    again = add.apply_async(
+        (1, 2), task_id=first.id, countdown=30, retries=1, headers={GATE_HEADER: carried, "delayq_due": 1.0}
+    )
     headers, _, due, _ = message(app, first.id)
     assert again.id == first.id and r.llen("celery") == 0
     assert headers[GATE_HEADER] == {"key": "k", "limit": 2} and headers["retries"] == 1
@@ -196,8 +198,9 @@ def test_eager_mode_checks_the_gate_options_and_runs_at_once(app: Celery) -> Non
 def test_a_batch_stores_its_members_with_ids_headers_and_priorities(app: Celery, r: redis.Redis) -> None:
     add, noop = app.tasks["t.add"], app.tasks["t.noop"]
     signatures = [add.s(i, i) for i in range(3)] + [noop.s(), add.s(9, 9).set(priority=9, queue="q2")]
-    result = DelayQ(app).batch(signatures, ETA, concurrency_limit=2, priority=5, on_complete=add.s(),
-                               batch_id="b1")
+    result = DelayQ(app).batch(
+        signatures, ETA, concurrency_limit=2, priority=5, on_complete=add.s(), batch_id="b1"
+    )
     assert isinstance(result, BatchResult) and result.id == "b1"
     key = batch_key("b1")
     for i in range(5):
@@ -215,8 +218,14 @@ def test_a_batch_stores_its_members_with_ids_headers_and_priorities(app: Celery,
     assert completion is not None and (completion.task, completion.args) == ("t.add", [])
     assert (completion.state, completion.lease_until) == ("gated", None)  # parked: no time
     assert completion_id("b1") in [job.id for job in DelayQ(app).pending()]
-    assert result.progress() == {"total": 5, "waiting": 5, "running": 0, "succeeded": 0, "failed": 0,
-                                 "cancelled": 0}
+    assert result.progress() == {
+        "total": 5,
+        "waiting": 5,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+    }
     store = get_store(app)
     shards = {store.keys.shard_of(member_id("b1", i)) for i in range(5)}
     assert shards == {store.keys.shard_of(completion_id("b1"))}
@@ -250,15 +259,27 @@ def test_progress_follows_the_stores_releases(app: Celery, r: redis.Redis) -> No
     running = DelayQ(app).get(ids[0])
     assert running is not None and running.state == "running" and running.lease_until is not None
     assert 0 < running.lease_until.timestamp() * 1000 - server_ms(r) <= 60_000
-    assert result.progress() == {"total": 4, "waiting": 1, "running": 3, "succeeded": 0, "failed": 0,
-                                 "cancelled": 0}
+    assert result.progress() == {
+        "total": 4,
+        "waiting": 1,
+        "running": 3,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+    }
     store = get_store(app)
     key = batch_key("p")
     assert store.release(ids[0], key, "succeeded", "p").released
     assert store.release(ids[1], key, "failed", "p").released
     assert not store.release(ids[1], key, "failed", "p").released  # a double release counts once
-    assert result.progress() == {"total": 4, "waiting": 1, "running": 1, "succeeded": 1, "failed": 1,
-                                 "cancelled": 0}
+    assert result.progress() == {
+        "total": 4,
+        "waiting": 1,
+        "running": 1,
+        "succeeded": 1,
+        "failed": 1,
+        "cancelled": 0,
+    }
     assert not result.done
 
 
@@ -294,8 +315,14 @@ def test_cancel_removes_the_waiting_members_and_completes_the_batch(app: Celery,
     result = DelayQ(app).batch([add.s(i, i) for i in range(5)], batch_id="c", on_complete=add.s())
     run_members(app, [member_id("c", 0)])
     assert result.cancel() == 4
-    assert result.progress() == {"total": 5, "waiting": 0, "running": 1, "succeeded": 0, "failed": 0,
-                                 "cancelled": 4}
+    assert result.progress() == {
+        "total": 5,
+        "waiting": 0,
+        "running": 1,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 4,
+    }
     assert not result.done and result.cancel() == 0
     assert [DelayQ(app).get(member_id("c", i)) is None for i in range(5)] == [False] + [True] * 4
     get_store(app).release(member_id("c", 0), batch_key("c"), "succeeded", "c")

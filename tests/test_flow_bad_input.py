@@ -94,8 +94,10 @@ def test_a_bad_rate(app: Celery, untouched: None, rate: Any) -> None:
 @pytest.mark.parametrize(
     "gate, shown",
     [
-        ({"concurrency_key": "a", "concurrency_limit": 1, "rate_limit_key": "b", "rate_limit": "1/s"},
-         "rate_limit_key='b' differs from concurrency_key='a': a job has one gate key"),
+        (
+            {"concurrency_key": "a", "concurrency_limit": 1, "rate_limit_key": "b", "rate_limit": "1/s"},
+            "rate_limit_key='b' differs from concurrency_key='a': a job has one gate key",
+        ),
         ({"rate_limit_key": "a"}, "rate_limit_key='a' needs a rate_limit"),
         ({"rate_limit": "5/s"}, "rate_limit='5/s' needs a rate_limit_key"),
         ({"concurrency_limit": 2}, "concurrency_limit=2 needs a concurrency_key"),
@@ -247,7 +249,12 @@ def test_a_taken_batch_id(app: Celery, r: redis.Redis) -> None:
 @pytest.mark.parametrize("key", ["", "a{b", "x|y", 5, "k" * 201], ids=repr)
 def test_bad_keys_for_the_key_calls(app: Celery, untouched: None, key: Any) -> None:
     dq = DelayQ(app)
-    for call in (lambda: dq.set_limit(key, 1), lambda: dq.clear_limit(key), lambda: dq.pause(key),
-                 lambda: dq.resume(key), lambda: dq.key_state(key)):
+    for call in (
+        lambda: dq.set_limit(key, 1),
+        lambda: dq.clear_limit(key),
+        lambda: dq.pause(key),
+        lambda: dq.resume(key),
+        lambda: dq.key_state(key),
+    ):
         with pytest.raises(InvalidOptions, match="a key is a non-empty string of at most 200 characters"):
             call()

@@ -260,8 +260,9 @@ def test_the_completion_job_gets_the_batch_id_and_counts(
     assert message["headers"]["id"] == done.id
     args, kwargs, _ = json.loads(body_of(message))
     assert (args, kwargs) == ([7, bid, {"total": 3, "succeeded": 2, "failed": 1, "cancelled": 0}], {})
-    assert message["headers"]["argsrepr"] == repr((7, bid, {"total": 3, "succeeded": 2, "failed": 1,
-                                                              "cancelled": 0}))
+    assert message["headers"]["argsrepr"] == repr(
+        (7, bid, {"total": 3, "succeeded": 2, "failed": 1, "cancelled": 0})
+    )
     assert store.get(done.id) is None  # acked
     assert dispatcher.stats.completions == 1
 

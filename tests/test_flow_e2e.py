@@ -54,9 +54,7 @@ SLOT_TTL = 3
 
 
 @pytest.fixture
-def flow(
-    redis_url: str, r: redis.Redis, procs: Procs
-) -> Iterator[Callable[..., FlowProducer]]:
+def flow(redis_url: str, r: redis.Redis, procs: Procs) -> Iterator[Callable[..., FlowProducer]]:
     """Starts the stack (by default 2 workers ``-P threads -c 4`` and 2 beats, broker and store
     on the session's Redis) with the given app settings, warms it up, returns the producer."""
     made: list[FlowProducer] = []
@@ -137,8 +135,10 @@ def test_batch_of_60_capped_at_3_runs_each_once_then_completes(
     assert {run.key for run in runs} == {f"batch:{batch.id}"}
     most, when = max_overlap(completed(runs))
     span = max(run.end for run in runs if run.end is not None) - runs[0].start
-    print(f"\nFLOW batch 60 x 0.2 s, limit 3, 2 workers x 4 threads, 2 beats: overlap max {most} "
-          f"(first at +{when - runs[0].start:.2f} s), all ran in {span:.2f} s")
+    print(
+        f"\nFLOW batch 60 x 0.2 s, limit 3, 2 workers x 4 threads, 2 beats: overlap max {most} "
+        f"(first at +{when - runs[0].start:.2f} s), all ran in {span:.2f} s"
+    )
     assert most <= 3, f"{most} members ran at once"
     assert most == 3, f"at most {most} members ran at once: the limit 3 was never reached"
     check_batch_done(r, producer, batch, members, runs, ["all-done"])
@@ -205,9 +205,11 @@ def test_worker_killed_mid_batch_members_run_again_cap_holds(
     wait_s = sorted(run.start - t_kill for run in again)
     most, _ = max_overlap(tenure(runs))
     most_ended, _ = max_overlap(completed(runs))
-    print(f"\nFLOW batch 60 x 0.5 s, limit 3, worker SIGKILLed (slot TTL {SLOT_TTL} s): killed members "
-          f"{len(killed)}, their second runs started {[round(s, 2) for s in wait_s]} s after the kill; "
-          f"overlap max of job tenures {most}, of ended runs {most_ended}")
+    print(
+        f"\nFLOW batch 60 x 0.5 s, limit 3, worker SIGKILLed (slot TTL {SLOT_TTL} s): killed members "
+        f"{len(killed)}, their second runs started {[round(s, 2) for s in wait_s]} s after the kill; "
+        f"overlap max of job tenures {most}, of ended runs {most_ended}"
+    )
     assert most <= 3, f"{most} jobs held a slot at once"
     assert most_ended <= 3
     check_batch_done(r, producer, batch, members, runs, ["after-kill"])
@@ -220,8 +222,9 @@ def test_limit_lowered_from_4_to_1_while_jobs_wait(
     from then on (after what was already released has started and ended) one runs at a time."""
     producer = flow()
     key = "tenant:lower"
-    results = producer.work.apply_at_many([(time.time(), (0.4, i), None) for i in range(20)],
-                                          concurrency_key=key, concurrency_limit=4)
+    results = producer.work.apply_at_many(
+        [(time.time(), (0.4, i), None) for i in range(20)], concurrency_key=key, concurrency_limit=4
+    )
     ids = {res.id for res in results}
     reached = wait_for(lambda: max_overlap(open_now(read_runs(r)))[0] >= 4, 60, 0.02)
     assert reached, f"4 never ran at once: {read_runs(r)}\n{procs.logs()}"
@@ -237,8 +240,10 @@ def test_limit_lowered_from_4_to_1_while_jobs_wait(
     before, _ = max_overlap(iv for iv in intervals if iv[0] < t_set)
     after = overlap_at(intervals, t_set + IN_FLIGHT + 0.4)
     late = [run for run in runs if run.start >= t_set + IN_FLIGHT + 0.4]
-    print(f"\nFLOW limit 4 -> 1: overlap max {before} before set_limit ({started_before} started), "
-          f"{after} from {IN_FLIGHT + 0.4:.1f} s after it ({len(late)} runs then)")
+    print(
+        f"\nFLOW limit 4 -> 1: overlap max {before} before set_limit ({started_before} started), "
+        f"{after} from {IN_FLIGHT + 0.4:.1f} s after it ({len(late)} runs then)"
+    )
     assert max_overlap(intervals)[0] <= 4
     assert before == 4
     assert after == 1
@@ -255,8 +260,9 @@ def test_pause_holds_a_key_and_resume_releases_it(
     producer = flow()
     key = "tenant:paused"
     producer.dq.pause(key)
-    results = producer.work.apply_at_many([(time.time(), (0.5, i), None) for i in range(12)],
-                                          concurrency_key=key, concurrency_limit=2)
+    results = producer.work.apply_at_many(
+        [(time.time(), (0.5, i), None) for i in range(12)], concurrency_key=key, concurrency_limit=2
+    )
     ids = {res.id for res in results}
     parked = wait_for(lambda: producer.dq.key_state(key).waiting == 12, 30, 0.1)
     assert parked, f"{producer.dq.key_state(key)}\n{procs.logs()}"
@@ -273,8 +279,10 @@ def test_pause_holds_a_key_and_resume_releases_it(
     runs = read_runs(r)
     held = len(ids) - len(runs)
     after_pause = [run for run in runs if run.start > t_pause + IN_FLIGHT]
-    print(f"\nFLOW pause in the middle: {len(runs)} started, {held} held back; "
-          f"{len(after_pause)} started later than {IN_FLIGHT} s after the pause")
+    print(
+        f"\nFLOW pause in the middle: {len(runs)} started, {held} held back; "
+        f"{len(after_pause)} started later than {IN_FLIGHT} s after the pause"
+    )
     assert after_pause == []
     assert held >= 4, f"only {held} jobs were left to hold back"
     assert producer.dq.key_state(key).paused
@@ -298,8 +306,9 @@ def test_rate_limit_20_per_second_across_two_beats(
     jitter on a loaded machine, the rate itself is kept at release by the beats)."""
     producer = flow()
     key = "api:rated"
-    results = producer.work.apply_at_many([(time.time(), (0.0, i), None) for i in range(240)],
-                                          rate_limit_key=key, rate_limit="20/s")
+    results = producer.work.apply_at_many(
+        [(time.time(), (0.0, i), None) for i in range(240)], rate_limit_key=key, rate_limit="20/s"
+    )
     ids = {res.id for res in results}
     assert wait_for(lambda: ids <= ended_ids(r), 90, 0.1), f"{len(ended_ids(r) & ids)}/240\n{procs.logs()}"
     time.sleep(SETTLE)
@@ -308,6 +317,8 @@ def test_rate_limit_20_per_second_across_two_beats(
     t0 = runs[0].start
     in_window = sum(1 for run in runs if run.start < t0 + 10.0)
     per_second = [sum(1 for run in runs if t0 + s <= run.start < t0 + s + 1) for s in range(10)]
-    print(f"\nFLOW rate 20/s, 2 beats: {in_window} starts in the 10 s from the first; per second "
-          f"{per_second}; all 240 in {runs[-1].start - t0:.2f} s")
+    print(
+        f"\nFLOW rate 20/s, 2 beats: {in_window} starts in the 10 s from the first; per second "
+        f"{per_second}; all 240 in {runs[-1].start - t0:.2f} s"
+    )
     assert 150 <= in_window <= 215, in_window

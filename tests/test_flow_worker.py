@@ -52,8 +52,9 @@ def producer(redis_url: str) -> Celery:
 def apply_gated(app: Celery, name: str, gate: Gate, job_id: str | None = None, **kwargs: Any) -> str:
     task = app.tasks[name]
     job_id = job_id or gated_id(gate.key, None)
-    return str(task.apply_at(time.time(), kwargs=kwargs, task_id=job_id,
-                             headers={GATE_HEADER: gate.header()}).id)
+    return str(
+        task.apply_at(time.time(), kwargs=kwargs, task_id=job_id, headers={GATE_HEADER: gate.header()}).id
+    )
 
 
 def start(procs: Procs, redis_url: str, pool: str) -> None:
@@ -121,17 +122,22 @@ def test_a_killed_worker_s_slot_comes_back_after_the_ttl_and_its_job_runs_again(
     killed = time.monotonic()
     # the slot lasts SLOT_TTL from the last renewal; then the beat delivers the job again
     # (into the broker: no worker runs now), on the same slot
-    assert wait_for(lambda: first in [json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1)],
-                    SLOT_TTL + 15, 0.05), procs.logs()
+    assert wait_for(
+        lambda: first in [json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1)],
+        SLOT_TTL + 15,
+        0.05,
+    ), procs.logs()
     assert time.monotonic() - killed > SLOT_TTL / 3
     state = store.key_state("k")
     assert (state.running, state.waiting) == (1, 1)
     job = store.get(first)
     assert job is not None and job.tries == 2
 
-    procs.start("worker", subprocess_env(redis_url, redis_url,
-                                         DELAYQ_TEST_CONF=json.dumps({"delayq_slot_ttl": SLOT_TTL})),
-                pool="solo")
+    procs.start(
+        "worker",
+        subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=json.dumps({"delayq_slot_ttl": SLOT_TTL})),
+        pool="solo",
+    )
     assert wait_for(lambda: runs(r).get(second) == 1, STARTUP, 0.1), procs.logs()
     assert runs(r)[first] == 2
     assert wait_for(lambda: gone(store, [first, second]), 10, 0.1)
@@ -165,8 +171,11 @@ def test_a_slot_is_renewed_while_its_task_runs_and_given_back_once(
     the second release finds the slot gone and does nothing."""
     store = get_store(app)
     gate = Gate("k2", limit=1)
-    job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), task_id=gated_id("k2", None),
-                                      headers={GATE_HEADER: gate.header()}).id
+    job = (
+        app.tasks["t.add"]
+        .apply_at(time.time() - 1, (1, 2), task_id=gated_id("k2", None), headers={GATE_HEADER: gate.header()})
+        .id
+    )
     dispatchers(app).run_once()
     before = store.get(job)
     assert before is not None and before.state == "running"
@@ -235,8 +244,14 @@ def test_a_batch_through_the_producer_api_with_a_member_that_retries(
         on_complete=record.si(),
     )
     progress = batch.join(timeout=60)
-    assert progress == {"total": 3, "waiting": 0, "running": 0, "succeeded": 2, "failed": 1,
-                        "cancelled": 0}, procs.logs()
+    assert progress == {
+        "total": 3,
+        "waiting": 0,
+        "running": 0,
+        "succeeded": 2,
+        "failed": 1,
+        "cancelled": 0,
+    }, procs.logs()
     assert wait_for(lambda: completion_id(batch.id) in runs(r), 30, 0.1), procs.logs()
     members = [member_id(batch.id, i) for i in range(3)]
     assert [runs(r).get(i) for i in members] == [2, 1, 1]
@@ -296,7 +311,7 @@ def test_a_retry_celery_sends_itself_keeps_the_slot_until_the_retried_run_ends(
 
 #: Loaded by every Python process whose PYTHONPATH starts with its folder: a beat run with
 #: FLOW_STOP_BEFORE_HOLD stops itself (SIGSTOP) at its first hold, after it published.
-STOP_BEFORE_HOLD = '''
+STOP_BEFORE_HOLD = """
 import json, os
 if os.environ.get("FLOW_STOP_BEFORE_HOLD"):
     import signal
@@ -312,7 +327,7 @@ if os.environ.get("FLOW_STOP_BEFORE_HOLD"):
             os.kill(os.getpid(), signal.SIGSTOP)
         return _hold(self, holds)
     dispatch.Dispatcher._hold = _stop_then_hold
-'''
+"""
 
 
 @pytest.mark.e2e
@@ -331,8 +346,9 @@ def test_a_beat_stopped_between_gate_and_hold_past_its_lease(
     conf = json.dumps({"delayq_reclaim_ttl": 2, "delayq_slot_ttl": 30, "delayq_max_sleep": 1})
     env = subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=conf)
     procs.start("worker", env)
-    beat_a = procs.start("beat", {**env, "FLOW_STOP_BEFORE_HOLD": "1",
-                                  "PYTHONPATH": f"{hooks}{os.pathsep}{env['PYTHONPATH']}"})
+    beat_a = procs.start(
+        "beat", {**env, "FLOW_STOP_BEFORE_HOLD": "1", "PYTHONPATH": f"{hooks}{os.pathsep}{env['PYTHONPATH']}"}
+    )
     assert wait_for(lambda: "ready." in log_of(procs, 0) and "delayq: beat" in log_of(procs, 1), STARTUP)
     app = producer(redis_url)
     store = get_store(app)

@@ -486,8 +486,9 @@ class GateMachine(RuleBasedStateMachine):
                 if job_id in run:
                     assert job.state in ("released", "running", "expired"), (job_id, job)
         allowed = {
-            f"{self.store.keys.shard(i).base}{name}" for i in range(SHARDS) for name in
-            ("due", "jobs", "leases", "wake", "gate:keys", "gate:limits", "gate:paused")
+            f"{self.store.keys.shard(i).base}{name}"
+            for i in range(SHARDS)
+            for name in ("due", "jobs", "leases", "wake", "gate:keys", "gate:limits", "gate:paused")
         }
         allowed |= {self.store.keys.for_key(k).running(k) for k in KEYS}
         allowed |= {self.store.keys.for_key(k).waiting(k) for k in KEYS}
@@ -517,7 +518,16 @@ def test_the_gate_agrees_with_its_model(gate_store: Store) -> None:
     )
     # The machine reached the paths that matter, not only the easy ones (each came up 4 times
     # or more in every run while this test was written; admin:promoted, rarer, is in the line).
-    for name in ("gate:parked", "gate:released", "gate:redelivered", "purged", "hold:held",
-                 "release:promoted", "release:again", "release:retry", "cancel:running",
-                 "cancel:parked"):
+    for name in (
+        "gate:parked",
+        "gate:released",
+        "gate:redelivered",
+        "purged",
+        "hold:held",
+        "release:promoted",
+        "release:again",
+        "release:retry",
+        "cancel:running",
+        "cancel:parked",
+    ):
         assert stats[name] > 0, name

@@ -48,7 +48,10 @@ from tests.support.wake import Wake
 __all__ = ["redis_server"]  # a fixture, used by name
 
 RELEASED, PARKED, DEFERRED, NOT_HELD = (
-    GateDecision.RELEASED, GateDecision.PARKED, GateDecision.DEFERRED, GateDecision.NOT_HELD,
+    GateDecision.RELEASED,
+    GateDecision.PARKED,
+    GateDecision.DEFERRED,
+    GateDecision.NOT_HELD,
 )
 SLOT_MS = 60_000
 #: A slot short enough to expire within a test.
@@ -527,12 +530,19 @@ def test_a_batch_is_opened_once(store: Store, r: redis.Redis) -> None:
     assert found is not None and before <= found.created_ms <= server_ms(r)
     assert found == BatchState("b1", 3, 0, 0, 0, 0, 3, False, found.created_ms)
     assert found.progress() == {
-        "total": 3, "waiting": 3, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+        "total": 3,
+        "waiting": 3,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
     }
     completion = store.get(completion_id("b1"))
     assert completion is not None
     assert (completion.state, completion.envelope, completion.due_ms) == (
-        "gated", "on-complete", found.created_ms,
+        "gated",
+        "on-complete",
+        found.created_ms,
     )
     keys = store.keys.for_key(batch_key("b1"))
     assert json.loads(r.hget(keys.batch("b1"), "meta")) == {"limit": 2}
@@ -561,7 +571,12 @@ def test_a_batch_completes_exactly_once(store: Store, r: redis.Redis, wake: Wake
     assert decisions(results) == {ids[0]: RELEASED, ids[1]: RELEASED, ids[2]: PARKED}
     hold(store, "beat-a", [(ids[0], key), (ids[1], key)])
     assert store.batch_state("b1").progress() == {  # type: ignore[union-attr]
-        "total": 3, "waiting": 1, "running": 2, "succeeded": 0, "failed": 0, "cancelled": 0,
+        "total": 3,
+        "waiting": 1,
+        "running": 2,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
     }
     assert store.release(ids[0], key, "succeeded", "b1") == ReleaseResult(True, 1, False)
     assert store.release(ids[1], key, "failed", "b1") == ReleaseResult(True, 0, False)
@@ -576,9 +591,19 @@ def test_a_batch_completes_exactly_once(store: Store, r: redis.Redis, wake: Wake
     before = server_ms(r)
     assert store.release(ids[2], key, "succeeded", "b1") == ReleaseResult(True, 0, True)
     state = store.batch_state("b1")
-    assert state is not None and state.done and state.progress() == {
-        "total": 3, "waiting": 0, "running": 0, "succeeded": 2, "failed": 1, "cancelled": 0,
-    }
+    assert (
+        state is not None
+        and state.done
+        and state.progress()
+        == {
+            "total": 3,
+            "waiting": 0,
+            "running": 0,
+            "succeeded": 2,
+            "failed": 1,
+            "cancelled": 0,
+        }
+    )
     done = score(store, r, completion_id("b1"))
     assert done is not None and before - 256 <= done <= server_ms(r) - 256
     keys = store.keys.for_key(key)
@@ -884,7 +909,10 @@ def acl_admin(server_binary: tuple[str, str]) -> Iterator[tuple[EmbeddedRedis, r
         setup.execute_command("ACL", "SETUSER", "default", "off")
         setup.close()
         admin = redis.Redis(
-            host="127.0.0.1", port=server.port, username=ACL_ADMIN[0], password=ACL_ADMIN[1],
+            host="127.0.0.1",
+            port=server.port,
+            username=ACL_ADMIN[0],
+            password=ACL_ADMIN[1],
             decode_responses=True,
         )
         admin.execute_command("ACL", "SETUSER", *documented_rule("delayq", server=server_kind(admin)))
@@ -898,8 +926,13 @@ def test_the_documented_acl_user_runs_flow_control(acl_admin: tuple[EmbeddedRedi
     work and nothing is refused (the ACL log stays empty), the batch message included."""
     server, admin = acl_admin
     store = make_store(f"redis://delayq:{STORE_PASSWORD}@127.0.0.1:{server.port}/0", reclaim_ttl=30.0)
-    r = redis.Redis(host="127.0.0.1", port=server.port, username=ACL_ADMIN[0], password=ACL_ADMIN[1],
-                    decode_responses=True)
+    r = redis.Redis(
+        host="127.0.0.1",
+        port=server.port,
+        username=ACL_ADMIN[0],
+        password=ACL_ADMIN[1],
+        decode_responses=True,
+    )
     subscription = store.batch_subscription()
     try:
         ids = start(store, r, "k", 3, 1)
@@ -923,7 +956,8 @@ def test_the_documented_acl_user_runs_flow_control(acl_admin: tuple[EmbeddedRedi
         assert [s.batch_id for s in store.batch_states()] == ["b1"]
         message = wait_for(lambda: subscription.get_message(timeout=0.1), timeout=5)
         assert parse_batch_message(message["data"]) == (
-            "b1", {"total": 2, "succeeded": 0, "failed": 1, "cancelled": 1},
+            "b1",
+            {"total": 2, "succeeded": 0, "failed": 1, "cancelled": 1},
         )
         assert store.batch_state("b1").expires_ms is not None  # type: ignore[union-attr]
         assert store.sweep_batches() == 0 and store.delete_batch("b1") == "deleted"
@@ -960,4 +994,3 @@ def test_a_slot_expiry_earlier_than_the_marker_lowers_it(store: Store, r: redis.
     r.delete(wake)
     assert store.renew_slots([(job, "k")], 1_000) == {job: True}
     assert r.get(wake) is None
-

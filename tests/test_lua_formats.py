@@ -91,11 +91,37 @@ def run(client: redis.Redis, text: str, args: list[object]) -> list[object]:
 def lease_cases() -> list[str]:
     """Entries that read, corrupt ones, and random strings over the format's alphabet."""
     cases = [
-        "1767225600000|2|beat-1", "0|0|t", "-5|1|t", "-0|1|t", "007|01|t", "1|1|", "1|1||",
-        "1|1|a|b", "1|1", "1||t", "|1|t", "1|-1|t", "+1|1|t", " 1|1|t", "1 |1|t", "1.5|1|t",
-        "1e3|1|t", "x1|1|t", "1|x|t", "garbage", "", "|", "||", "--1|1|t", "-|1|t",
-        "\u0661\u0662|1|t", "1|\u0661|t", "\uff11|1|t", "9007199254740991|1|t",
-        "-9007199254740991|999999999|t", "123456789012345|123456789|é",
+        "1767225600000|2|beat-1",
+        "0|0|t",
+        "-5|1|t",
+        "-0|1|t",
+        "007|01|t",
+        "1|1|",
+        "1|1||",
+        "1|1|a|b",
+        "1|1",
+        "1||t",
+        "|1|t",
+        "1|-1|t",
+        "+1|1|t",
+        " 1|1|t",
+        "1 |1|t",
+        "1.5|1|t",
+        "1e3|1|t",
+        "x1|1|t",
+        "1|x|t",
+        "garbage",
+        "",
+        "|",
+        "||",
+        "--1|1|t",
+        "-|1|t",
+        "\u0661\u0662|1|t",
+        "1|\u0661|t",
+        "\uff11|1|t",
+        "9007199254740991|1|t",
+        "-9007199254740991|999999999|t",
+        "123456789012345|123456789|é",
     ]
     rng = random.Random(14)
 
@@ -137,8 +163,12 @@ def test_parse_lease_reads_as_lease_read(r: redis.Redis) -> None:
 
 def test_lease_entry_is_built_as_lua_builds_it(r: redis.Redis) -> None:
     triples = [
-        (1767225600000, 1, "beat-1"), (0, 0, "t"), (-5, 3, "host:1:abc"), (2**53 - 1, 999, "é"),
-        (-(2**53) + 1, 1, ""), (1, 1, "a b"),
+        (1767225600000, 1, "beat-1"),
+        (0, 0, "t"),
+        (-5, 3, "host:1:abc"),
+        (2**53 - 1, 999, "é"),
+        (-(2**53) + 1, 1, ""),
+        (1, 1, "a b"),
     ]
     args = [str(x) for triple in triples for x in triple]
     built = run(r, BUILD, args)
@@ -148,10 +178,18 @@ def test_lease_entry_is_built_as_lua_builds_it(r: redis.Redis) -> None:
 
 def test_lease_holds_as_lua_checks_it(r: redis.Redis) -> None:
     pairs = [
-        ("1|1|beat-1", "beat-1"), ("1|1|my-beat-1", "beat-1"), ("1|1|beat-1", "eat-1"),
-        ("1|1|beat-1", "1|beat-1"), ("1|1|beat-1", ""), ("garbage|beat-1", "beat-1"),
-        ("beat-1", "beat-1"), ("", "beat-1"), ("1|1|é", "é"), ("1|1|beat-12", "beat-1"),
-        ("|", ""), ("1|1|beat-1", "1|1|beat-1"),
+        ("1|1|beat-1", "beat-1"),
+        ("1|1|my-beat-1", "beat-1"),
+        ("1|1|beat-1", "eat-1"),
+        ("1|1|beat-1", "1|beat-1"),
+        ("1|1|beat-1", ""),
+        ("garbage|beat-1", "beat-1"),
+        ("beat-1", "beat-1"),
+        ("", "beat-1"),
+        ("1|1|é", "é"),
+        ("1|1|beat-12", "beat-1"),
+        ("|", ""),
+        ("1|1|beat-1", "1|1|beat-1"),
     ]
     replies = run(r, HOLDS, [x for pair in pairs for x in pair])
     assert replies[-1] == 0  # held: a job without a lease entry is held by nobody

@@ -233,8 +233,13 @@ class StoreMachine(RuleBasedStateMachine):
                 status = EnqueueOutcome.AFTER_HELD  # the lease is dropped, its holder holds nothing
             else:
                 status = EnqueueOutcome.REPLACED
-            self._count({EnqueueOutcome.NEW: "enqueue:new", EnqueueOutcome.AFTER_HELD: "enqueue:after-held",
-                         EnqueueOutcome.REPLACED: "enqueue:replaced"}[status])
+            self._count(
+                {
+                    EnqueueOutcome.NEW: "enqueue:new",
+                    EnqueueOutcome.AFTER_HELD: "enqueue:after-held",
+                    EnqueueOutcome.REPLACED: "enqueue:replaced",
+                }[status]
+            )
             self.jobs[job_id] = Job(envelope, stored, due, future=not past)
             expected.append((status, due))
             index = shard(job_id)
@@ -277,9 +282,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert model.token is not None or not model.future
             due = sorted(((j.score, i.encode()), i) for i, j in members if j.score <= now)
             taken = [i for _, i in due[:batch]]
-            expected = [
-                (i, self.jobs[i].envelope, self.jobs[i].due, self.jobs[i].tries + 1) for i in taken
-            ]
+            expected = [(i, self.jobs[i].envelope, self.jobs[i].due, self.jobs[i].tries + 1) for i in taken]
             assert [(j.id, j.envelope, j.due_ms, j.tries) for j in result.jobs] == expected
             repaired = [i for i in taken if self.jobs[i].token == CORRUPT]
             assert result.repaired == len(repaired)
@@ -496,8 +499,10 @@ class StoreMachine(RuleBasedStateMachine):
         job as not stored, in the call's order, and nothing changes."""
         self._count("enqueue:full")
         now = server_ms(self.client)
-        batch = [(job_id, self._due(now, past, k), self._envelope(job_id, kind)[0])
-                 for job_id, (past, k), kind in jobs]
+        batch = [
+            (job_id, self._due(now, past, k), self._envelope(job_id, kind)[0])
+            for job_id, (past, k), kind in jobs
+        ]
         with pytest.raises(StoreFull) as full:
             self.long.enqueue(batch, replace=replace)
         assert full.value.stored == []
@@ -521,13 +526,19 @@ class StoreMachine(RuleBasedStateMachine):
         if job is not None:
             leased = job.token is not None
             expected = JobRecord(
-                job_id, shard(job_id), job.due, job.envelope, "leased" if leased else "waiting",
-                job.tries, job.expiry if leased else None,
+                job_id,
+                shard(job_id),
+                job.due,
+                job.envelope,
+                "leased" if leased else "waiting",
+                job.tries,
+                job.expiry if leased else None,
             )
         elif job_id in self.dead:
             record = self.dead[job_id]
-            expected = JobRecord(job_id, shard(job_id), record["due"], record["envelope"], "dead",
-                                 record["tries"])
+            expected = JobRecord(
+                job_id, shard(job_id), record["due"], record["envelope"], "dead", record["tries"]
+            )
         assert self.long.get(job_id) == expected
         # Score order (ties: shard, then id, as heapq.merge over the shards gives them).
         order = sorted(self.jobs.items(), key=lambda p: (p[1].score, shard(p[0]), p[0].encode()))
@@ -604,6 +615,7 @@ def test_store_agrees_with_its_model(redis_url: str) -> None:
     short = make_store(redis_url, reclaim_ttl=SHORT_TTL_MS / 1000, shards=SHARDS)
     started = time.monotonic()
     try:
+
         def factory() -> StoreMachine:
             return StoreMachine(long, short, stats)
 
@@ -624,10 +636,15 @@ def test_store_agrees_with_its_model(redis_url: str) -> None:
     # 8 times or more in every run while this test was written; rarer ones, such as
     # push_claimed:push-error and bury:moved, are in the summary line only).
     needed = [
-        "claim:re-claimed-by-another", "not_the_holder:stale-token-now-held-by-another",
-        "enqueue:after-held", f"cancel:{CancelOutcome.DELIVERING}",
+        "claim:re-claimed-by-another",
+        "not_the_holder:stale-token-now-held-by-another",
+        "enqueue:after-held",
+        f"cancel:{CancelOutcome.DELIVERING}",
         f"reschedule:{RescheduleOutcome.DELIVERING}",
-        "push_claimed:pushed", "ack:removed", "claim:repaired", "enqueue:full",
+        "push_claimed:pushed",
+        "ack:removed",
+        "claim:repaired",
+        "enqueue:full",
     ]
     for name in needed:
         assert stats[name] > 0, name

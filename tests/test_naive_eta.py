@@ -111,24 +111,40 @@ def test_a_naive_eta_starts_when_plain_celery_starts_it(
     beat_conf = json.dumps({"delayq_intercept_eta": True})
     procs.start("beat", subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=beat_conf, **conf_env))
     for n, conf in enumerate(CONFIGS):
-        env = subprocess_env(redis_url, redis_url, **conf_env,
-                             DELAYQ_TEST_CONF=json.dumps({**conf, "delayq_intercept_eta": True}))
+        env = subprocess_env(
+            redis_url,
+            redis_url,
+            **conf_env,
+            DELAYQ_TEST_CONF=json.dumps({**conf, "delayq_intercept_eta": True}),
+        )
         procs.start("worker", env, "-Q", f"q{n}", pool="threads -c 2")
     ready = wait_for(
-        lambda: "delayq: beat" in _log(procs, 0)
-        and all("ready." in _log(procs, i) for i in range(1, len(CONFIGS) + 1)),
-        STARTUP, 0.2,
+        lambda: (
+            "delayq: beat" in _log(procs, 0)
+            and all("ready." in _log(procs, i) for i in range(1, len(CONFIGS) + 1))
+        ),
+        STARTUP,
+        0.2,
     )
     assert ready, f"worker(s) or beat did not start\n{procs.logs()}"
 
     producers = []
     for n, conf in enumerate(CONFIGS):
-        env = subprocess_env(redis_url, redis_url, **conf_env,
-                             DELAYQ_TEST_CONF=json.dumps({**conf, "delayq_intercept_eta": True}))
-        producers.append(subprocess.Popen(
-            [sys.executable, "-c", PRODUCER, f"q{n}", str(D)], env=env, cwd=str(ROOT),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        ))
+        env = subprocess_env(
+            redis_url,
+            redis_url,
+            **conf_env,
+            DELAYQ_TEST_CONF=json.dumps({**conf, "delayq_intercept_eta": True}),
+        )
+        producers.append(
+            subprocess.Popen(
+                [sys.executable, "-c", PRODUCER, f"q{n}", str(D)],
+                env=env,
+                cwd=str(ROOT),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     sent: dict[str, dict[str, Any]] = {}
     failures = []
     for n, proc in enumerate(producers):
@@ -161,9 +177,11 @@ def test_a_naive_eta_starts_when_plain_celery_starts_it(
             expected = None if expired or due > info["sent"] + D + TOL else max(due, info["sent"])
             plain_start = starts.get(f"q{n}-{case}-plain")
             dq_start = starts.get(f"q{n}-{case}-dq")
-            report.append(f"{conf} {case}: expected {None if expected is None else expected - info['sent']} "
-                          f"plain {None if plain_start is None else round(plain_start - info['sent'], 2)} "
-                          f"delayq {None if dq_start is None else round(dq_start - info['sent'], 2)}")
+            report.append(
+                f"{conf} {case}: expected {None if expected is None else expected - info['sent']} "
+                f"plain {None if plain_start is None else round(plain_start - info['sent'], 2)} "
+                f"delayq {None if dq_start is None else round(dq_start - info['sent'], 2)}"
+            )
             if (plain_start is None) != (expected is None) or (
                 plain_start is not None and expected is not None and abs(plain_start - expected) > TOL
             ):

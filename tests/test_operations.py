@@ -33,7 +33,15 @@ PUBLISH_KEY = "delayq:lateness:publish"
 START_KEY = "delayq:lateness:start"
 BEATS_KEY = "delayq:beats"
 HEARTBEAT_FIELDS = {
-    "token", "host", "pid", "started_ms", "seen_ms", "passes", "published", "dead_lettered", "errors",
+    "token",
+    "host",
+    "pid",
+    "started_ms",
+    "seen_ms",
+    "passes",
+    "published",
+    "dead_lettered",
+    "errors",
 }
 
 
@@ -192,14 +200,28 @@ def test_entries_of_beats_gone_for_ten_minutes_are_pruned(
     now = server_ms(r)
 
     def entry(token: str, seen: int) -> str:
-        return json.dumps({"token": token, "host": "h", "pid": 1, "started_ms": seen - 1000, "seen_ms": seen,
-                           "passes": 1, "published": 0, "dead_lettered": 0, "errors": 0})
+        return json.dumps(
+            {
+                "token": token,
+                "host": "h",
+                "pid": 1,
+                "started_ms": seen - 1000,
+                "seen_ms": seen,
+                "passes": 1,
+                "published": 0,
+                "dead_lettered": 0,
+                "errors": 0,
+            }
+        )
 
-    r.hset(BEATS_KEY, mapping={
-        "old": entry("old", now - BEAT_FORGET_MS - 60_000),
-        "recent": entry("recent", now - BEAT_FORGET_MS + 60_000),
-        "garbage": "{not json",
-    })
+    r.hset(
+        BEATS_KEY,
+        mapping={
+            "old": entry("old", now - BEAT_FORGET_MS - 60_000),
+            "recent": entry("recent", now - BEAT_FORGET_MS + 60_000),
+            "garbage": "{not json",
+        },
+    )
     dispatcher = dispatchers(app)
     dispatcher.run_once()
     assert sorted(r.hkeys(BEATS_KEY)) == sorted(["recent", dispatcher.token])
@@ -351,10 +373,22 @@ def test_two_dispatchers_serve_their_own_registries(
     server_one, server_two = serve_metrics(one, free_port()), serve_metrics(two, free_port())
     try:
         one.stats.published = 7
-        assert value(scrape(f"http://127.0.0.1:{server_one.port}/metrics"), "delayq_dispatched",
-                     "delayq_dispatched_total") == 7
-        assert value(scrape(f"http://127.0.0.1:{server_two.port}/metrics"), "delayq_dispatched",
-                     "delayq_dispatched_total") == 0
+        assert (
+            value(
+                scrape(f"http://127.0.0.1:{server_one.port}/metrics"),
+                "delayq_dispatched",
+                "delayq_dispatched_total",
+            )
+            == 7
+        )
+        assert (
+            value(
+                scrape(f"http://127.0.0.1:{server_two.port}/metrics"),
+                "delayq_dispatched",
+                "delayq_dispatched_total",
+            )
+            == 0
+        )
     finally:
         server_one.stop()
         server_two.stop()

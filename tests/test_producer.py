@@ -69,8 +69,13 @@ def stored_envelope(app: Celery, job_id: str) -> dict[str, Any]:
     record = get_store(app).get(job_id)
     assert record is not None, f"job {job_id} is not stored"
     envelope = decode_envelope(record.envelope)
-    return {"task": envelope.task, "headers": envelope.headers, "props": envelope.props,
-            "route": envelope.route, "expires": envelope.expires_ms}
+    return {
+        "task": envelope.task,
+        "headers": envelope.headers,
+        "props": envelope.props,
+        "route": envelope.route,
+        "expires": envelope.expires_ms,
+    }
 
 
 # -- due times --------------------------------------------------------------------------------
@@ -88,7 +93,11 @@ def test_apply_at_aware_datetime(app: Celery) -> None:
     job = DelayQ(app).get(res.id)
     assert job is not None
     assert (job.task, job.args, job.kwargs, job.state, job.queue) == (
-        "t.add", [1, 2], {}, "waiting", "celery",
+        "t.add",
+        [1, 2],
+        {},
+        "waiting",
+        "celery",
     )
     assert job.due == eta
 
@@ -197,8 +206,13 @@ def test_intercepted_naive_eta_and_expires_are_utc_as_in_celery(app_factory: App
         {"eta": datetime(2030, 1, 1, tzinfo=UTC), "expires": 60},
         {"countdown": -5, "eta": datetime(2030, 1, 1, tzinfo=UTC), "expires": 60},
     ],
-    ids=["countdown-and-eta", "expires-before-due", "expires-after-due", "eta-and-expires",
-         "negative-countdown"],
+    ids=[
+        "countdown-and-eta",
+        "expires-before-due",
+        "expires-after-due",
+        "eta-and-expires",
+        "negative-countdown",
+    ],
 )
 def test_intercepted_eta_countdown_expires_match_celerys_own_message(
     app_factory: AppFactory, given: dict[str, Any]
@@ -690,34 +704,57 @@ BAD_CALLS: list[tuple[str, Callable[[Any], Any], type[Exception], type[Exception
     ("delay-bool", lambda t: t.apply_in(True, (1, 2)), InvalidDueTime, ValueError),
     ("delay-str", lambda t: t.apply_in("10", (1, 2)), InvalidDueTime, ValueError),
     ("unserializable", lambda t: t.apply_in(10, (Unserializable(), 2)), SerializationError, TypeError),
-    ("unserializable-kw", lambda t: t.apply_in(10, kwargs={"x": 1, "y": {1, 2}}), SerializationError,
-     TypeError),
+    (
+        "unserializable-kw",
+        lambda t: t.apply_in(10, kwargs={"x": 1, "y": {1, 2}}),
+        SerializationError,
+        TypeError,
+    ),
     ("too-few-args", lambda t: t.apply_in(10, (1,)), TypeError, TypeError),
     ("too-many-args", lambda t: t.apply_in(10, (1, 2, 3)), TypeError, TypeError),
     ("unknown-kwarg", lambda t: t.apply_in(10, (1, 2), {"z": 1}), TypeError, TypeError),
     ("opt-eta", lambda t: t.apply_in(10, (1, 2), eta=datetime.now(UTC)), InvalidOptions, TypeError),
     ("opt-countdown", lambda t: t.apply_in(10, (1, 2), countdown=5), InvalidOptions, TypeError),
     ("opt-producer", lambda t: t.apply_in(10, (1, 2), producer=object()), InvalidOptions, TypeError),
-    ("opt-connection", lambda t: t.apply_in(10, (1, 2), connection=object()), InvalidOptions,
-     TypeError),
+    ("opt-connection", lambda t: t.apply_in(10, (1, 2), connection=object()), InvalidOptions, TypeError),
     ("opt-publisher", lambda t: t.apply_in(10, (1, 2), publisher=object()), InvalidOptions, TypeError),
     ("opt-router", lambda t: t.apply_in(10, (1, 2), router=object()), InvalidOptions, TypeError),
-    ("opt-not-json", lambda t: t.apply_in(10, (1, 2), custom=Unserializable()), InvalidOptions,
-     TypeError),
-    ("header-not-json", lambda t: t.apply_in(10, (1, 2), headers={"x": Unserializable()}),
-     InvalidOptions, TypeError),
+    ("opt-not-json", lambda t: t.apply_in(10, (1, 2), custom=Unserializable()), InvalidOptions, TypeError),
+    (
+        "header-not-json",
+        lambda t: t.apply_in(10, (1, 2), headers={"x": Unserializable()}),
+        InvalidOptions,
+        TypeError,
+    ),
     ("expires-negative", lambda t: t.apply_in(10, (1, 2), expires=-1), InvalidOptions, TypeError),
     ("expires-nan", lambda t: t.apply_in(10, (1, 2), expires=float("nan")), InvalidOptions, TypeError),
     ("expires-garbage", lambda t: t.apply_in(10, (1, 2), expires="soon"), InvalidOptions, TypeError),
-    ("many-bad-eta", lambda t: t.apply_at_many(
-        [(time.time() + 10, (1, 2), None), (float("nan"), (1, 2), None)]), InvalidDueTime, ValueError),
-    ("many-bad-args", lambda t: t.apply_at_many(
-        [(time.time() + 10, (1, 2), None), (time.time() + 10, (1,), None)]), TypeError, TypeError),
-    ("many-unserializable", lambda t: t.apply_at_many(
-        [(time.time() + 10, (1, 2), None), (time.time() + 10, (Unserializable(), 1), None)]),
-     SerializationError, TypeError),
-    ("many-opt-countdown", lambda t: t.apply_at_many(
-        [(time.time() + 10, (1, 2), None)], replace=True, countdown=1), InvalidOptions, TypeError),
+    (
+        "many-bad-eta",
+        lambda t: t.apply_at_many([(time.time() + 10, (1, 2), None), (float("nan"), (1, 2), None)]),
+        InvalidDueTime,
+        ValueError,
+    ),
+    (
+        "many-bad-args",
+        lambda t: t.apply_at_many([(time.time() + 10, (1, 2), None), (time.time() + 10, (1,), None)]),
+        TypeError,
+        TypeError,
+    ),
+    (
+        "many-unserializable",
+        lambda t: t.apply_at_many(
+            [(time.time() + 10, (1, 2), None), (time.time() + 10, (Unserializable(), 1), None)]
+        ),
+        SerializationError,
+        TypeError,
+    ),
+    (
+        "many-opt-countdown",
+        lambda t: t.apply_at_many([(time.time() + 10, (1, 2), None)], replace=True, countdown=1),
+        InvalidOptions,
+        TypeError,
+    ),
 ]
 
 

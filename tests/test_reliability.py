@@ -471,9 +471,7 @@ def soak(
         # most. Every message a worker did receive ran (again, after visibility_timeout, when
         # its worker died first).
         in_flight = {
-            job_id
-            for job_id in unseen
-            if any(0.0 <= t - due_of[job_id] <= BRPOP_WINDOW for t in kills.times)
+            job_id for job_id in unseen if any(0.0 <= t - due_of[job_id] <= BRPOP_WINDOW for t in kills.times)
         }
         assert lost == in_flight, f"lost beyond kombu's BRPOP window: {describe(lost - in_flight, 20)}"
         assert len(lost) <= len(kills), (len(lost), len(kills))
@@ -561,8 +559,10 @@ def test_soak_worker_kills_acks_late_rabbitmq_no_loss(
         first_due = time.time() + 3.0
         # Each task holds 50 ms after recording its start: a clump of 100 keeps the two workers
         # (8 threads each) busy for about 0.3 s, so an aimed kill finds messages unacked.
-        items = [(due, args, {"hold": 0.05}) for due, args, _ in clumped(size.jobs, first_due, size.seconds,
-                                                                          clump=RABBITMQ_CLUMP)]
+        items = [
+            (due, args, {"hold": 0.05})
+            for due, args, _ in clumped(size.jobs, first_due, size.seconds, clump=RABBITMQ_CLUMP)
+        ]
         results: list[ScheduledResult] = task.apply_at_many(items)
         due_of = {res.id: res.due.timestamp() for res in results if res.due is not None}
         ids = set(due_of)

@@ -202,7 +202,11 @@ def test_add_stores_the_definition_and_the_first_point(app: Celery) -> None:
     job = DelayQ(app).get(point)
     assert job is not None
     assert (job.state, job.task, job.args, job.queue, job.due) == (
-        "waiting", "t.add", [1, 2], "reports", created.next_run
+        "waiting",
+        "t.add",
+        [1, 2],
+        "reports",
+        created.next_run,
     )
     keys = get_store(app).keys
     assert job.shard == keys.shard_of("nightly")  # the braces put points on the schedule's shard
@@ -227,16 +231,25 @@ def _refusals(app: Celery) -> list[Refusal]:
         (lambda: s.add("x", "t.add", 60, (1,), enabled=False), TypeError, "missing 1 required"),
         (lambda: s.add("x", "t.add", 60, (1, 2, 3)), TypeError, "positional argument"),
         (lambda: s.add("x", "t.add", 60, (object(), 2)), (SerializationError, InvalidSchedule), "serializ"),
-        (lambda: s.add("x", "t.add", 60, kwargs={"x": {1}, "y": 2}), (SerializationError, InvalidSchedule),
-         "serializ"),
+        (
+            lambda: s.add("x", "t.add", 60, kwargs={"x": {1}, "y": 2}),
+            (SerializationError, InvalidSchedule),
+            "serializ",
+        ),
         (lambda: s.add("x", "t.add", "61 * * * *", (1, 2)), InvalidSchedule, "malformed cron"),
         (lambda: s.add("x", "t.add", "0 0 31 2 *", (1, 2)), InvalidSchedule, "never matches"),
-        (lambda: s.add("x", "t.add", "0 9 * * *", (1, 2), tz="Nowhere/Land"), InvalidSchedule,
-         "unknown timezone"),
+        (
+            lambda: s.add("x", "t.add", "0 9 * * *", (1, 2), tz="Nowhere/Land"),
+            InvalidSchedule,
+            "unknown timezone",
+        ),
         (lambda: s.add("x", "t.add", 0, (1, 2)), InvalidSchedule, "interval must be"),
         (lambda: s.add("x", "t.add", None, (1, 2)), InvalidSchedule, "cannot make a schedule rule"),
-        (lambda: s.add("x", "t.add", 60, (1, 2), missed="sometimes"), InvalidSchedule,
-         "missed must be one of"),
+        (
+            lambda: s.add("x", "t.add", 60, (1, 2), missed="sometimes"),
+            InvalidSchedule,
+            "missed must be one of",
+        ),
         (lambda: s.add("x", "t.add", 60, (1, 2), max_missed=0), InvalidSchedule, "max_missed"),
         (lambda: s.add("x", "t.add", 60, (1, 2), max_missed=2.5), InvalidSchedule, "max_missed"),  # type: ignore[arg-type]
         (lambda: s.add("x", "t.add", 60, (1, 2), max_missed=True), InvalidSchedule, "max_missed"),
@@ -304,7 +317,9 @@ def test_upsert_keeps_history_and_created(
     assert replaced.created == first.created
     assert replaced.updated > first.updated
     assert (replaced.run_count, replaced.last_run, replaced.last_task_id) == (
-        ran.run_count, ran.last_run, ran.last_task_id
+        ran.run_count,
+        ran.last_run,
+        ran.last_task_id,
     )
     assert (replaced.args, replaced.missed) == ([2, 2], "skip")
     assert replaced.rule == IntervalRule(HOUR_MS, ms_of(first.created))
@@ -508,9 +523,7 @@ def test_points_have_deterministic_ids_and_update_the_run_history(
 # -- fire.lua edges -------------------------------------------------------------------------------
 
 
-def _fire(
-    app: Celery, token: str, name: str, at_ms: int, published: str, next_ms: int | None
-) -> FireOutcome:
+def _fire(app: Celery, token: str, name: str, at_ms: int, published: str, next_ms: int | None) -> FireOutcome:
     schedules = Schedules(app)
     store = get_store(app)
     keys = store.keys
@@ -678,8 +691,14 @@ def test_missed_run_policies_after_downtime(
     every, grace, max_missed = 1000, 2000, 3
     anchor = server_ms(r) - 500  # the first point is anchor + 1000 (k = 1)
     for policy in ("once", "skip", "all"):
-        schedules.add(policy, "t.noop", IntervalRule(every, anchor), missed=policy,
-                      max_missed=max_missed, grace=grace / 1000)
+        schedules.add(
+            policy,
+            "t.noop",
+            IntervalRule(every, anchor),
+            missed=policy,
+            max_missed=max_missed,
+            grace=grace / 1000,
+        )
     for policy in ("once", "skip", "all"):
         assert ms_of(schedules.get(policy).next_run) == anchor + every  # type: ignore[union-attr]
 
@@ -741,7 +760,10 @@ def test_sync_config(app: Celery, r: redis.Redis) -> None:
     }
     report = sync_config(schedules, entries)
     assert report == {
-        "added": ["every-30s", "cron", "delta"], "updated": [], "removed": [], "kept_by_api": []
+        "added": ["every-30s", "cron", "delta"],
+        "updated": [],
+        "removed": [],
+        "kept_by_api": [],
     }
     every = schedules.get("every-30s")
     assert every is not None and every.origin == "config"
@@ -859,7 +881,7 @@ def test_a_pass_costs_the_same_with_10_or_10000_schedules_not_due(
             beat.close()
         assert beat.stats.claimed == 0
         delta = {
-            name[len("cmdstat_"):]: (after[name] - before.get(name, 0)) / passes
+            name[len("cmdstat_") :]: (after[name] - before.get(name, 0)) / passes
             for name in after
             if name != "cmdstat_info" and after[name] != before.get(name, 0)
         }

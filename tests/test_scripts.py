@@ -97,9 +97,7 @@ def test_enqueue_same_id_twice_in_one_call_keeps_the_first(store: Store, r: redi
 
 
 @pytest.mark.parametrize("replace", [False, True], ids=["keep", "replace"])
-def test_enqueue_onto_a_leased_job_stores_the_new_one(
-    store: Store, r: redis.Redis, replace: bool
-) -> None:
+def test_enqueue_onto_a_leased_job_stores_the_new_one(store: Store, r: redis.Redis, replace: bool) -> None:
     past = server_ms(r) - 1000
     store.enqueue([("a", past, "old")])
     shard = store.keys.shard_of("a")
@@ -108,13 +106,14 @@ def test_enqueue_onto_a_leased_job_stores_the_new_one(
 
     new_due = server_ms(r) + 60_000
     # Even in keep mode: the leased job is being delivered, so the new one is stored.
-    assert store.enqueue([("a", new_due, "new")], replace=replace) == [
-        (EnqueueOutcome.AFTER_HELD, new_due)
-    ]
+    assert store.enqueue([("a", new_due, "new")], replace=replace) == [(EnqueueOutcome.AFTER_HELD, new_due)]
     record = store.get("a")
     assert record is not None
     assert (record.state, record.due_ms, record.envelope, record.tries) == (
-        "waiting", new_due, "new", 0,
+        "waiting",
+        new_due,
+        "new",
+        0,
     )
     # The old holder's ack must not delete the new job.
     assert store.ack("beat-1", {shard: ["a"]}) == {"a": False}
@@ -230,7 +229,10 @@ def test_expired_lease_is_reclaimed_with_original_due(fast_store: Store, r: redi
     record = store.get("a")
     assert record is not None
     assert (record.state, record.due_ms, record.tries, record.lease_until_ms) == (
-        "leased", due, 1, lease_until,
+        "leased",
+        due,
+        1,
+        lease_until,
     )
     # Wait (on the server's clock) for the lease to expire.
     assert wait_for(lambda: server_ms(r) > lease_until + 5, timeout=10)
@@ -345,7 +347,9 @@ def test_cancel_while_leased_then_the_holders_ack_is_a_no_op(store: Store, r: re
     assert store.cancel("a") == CancelOutcome.DELIVERING
     keys = store.keys.shard(shard)
     assert (r.zscore(keys.due, "a"), r.hget(keys.jobs, "a"), r.hget(keys.leases, "a")) == (
-        None, None, None,
+        None,
+        None,
+        None,
     )
     assert store.ack("beat-1", {shard: ["a"]}) == {"a": False}
     assert store.get("a") is None
@@ -408,7 +412,11 @@ def test_get_waiting_leased_dead_missing(store: Store, r: redis.Redis) -> None:
     waiting = store.get("a")
     assert waiting is not None
     assert (waiting.id, waiting.shard, waiting.due_ms, waiting.envelope, waiting.state) == (
-        "a", shard, due, "env-a", "waiting",
+        "a",
+        shard,
+        due,
+        "env-a",
+        "waiting",
     )
     assert (waiting.tries, waiting.lease_until_ms) == (0, None)
 
@@ -416,7 +424,10 @@ def test_get_waiting_leased_dead_missing(store: Store, r: redis.Redis) -> None:
     leased = store.get("a")
     assert leased is not None
     assert (leased.due_ms, leased.envelope, leased.state, leased.tries) == (
-        due, "env-a", "leased", 1,
+        due,
+        "env-a",
+        "leased",
+        1,
     )
     assert leased.lease_until_ms == result.now_ms + 30_000
 
@@ -424,7 +435,11 @@ def test_get_waiting_leased_dead_missing(store: Store, r: redis.Redis) -> None:
     dead = store.get("a")
     assert dead is not None
     assert (dead.state, dead.due_ms, dead.tries, dead.envelope, dead.lease_until_ms) == (
-        "dead", due, 1, "env-a", None,
+        "dead",
+        due,
+        1,
+        "env-a",
+        None,
     )
     assert store.get("missing") is None
 
@@ -453,7 +468,9 @@ def test_bury_only_by_the_lease_holder(store: Store, r: redis.Redis) -> None:
     keys = store.keys.shard(shard)
     assert json.loads(r.hget(keys.dead, "a") or "null") == record
     assert (r.zscore(keys.due, "a"), r.hget(keys.jobs, "a"), r.hget(keys.leases, "a")) == (
-        None, None, None,
+        None,
+        None,
+        None,
     )
     assert store.count() == 0
     assert store.count_dead() == 1
@@ -567,9 +584,7 @@ def test_run_pipelined_repeats_only_the_noscript_calls(store: Store, r: redis.Re
     assert store.get("b") is not None
 
 
-def test_run_pipelined_raises_other_errors_after_reading_everything(
-    store: Store, r: redis.Redis
-) -> None:
+def test_run_pipelined_raises_other_errors_after_reading_everything(store: Store, r: redis.Redis) -> None:
     now = server_ms(r)
     [a] = ids_on_shard(store.keys, 0, 1)
     [b] = ids_on_shard(store.keys, 1, 1)
@@ -608,9 +623,7 @@ def test_enqueue_publishes_wake_only_when_earlier_than_the_marker(
     assert r.get(keys.wake) == str(due - 3000)
 
 
-def test_reschedule_earlier_than_the_marker_wakes(
-    store: Store, r: redis.Redis, wake: Wake
-) -> None:
+def test_reschedule_earlier_than_the_marker_wakes(store: Store, r: redis.Redis, wake: Wake) -> None:
     a, b = ids_on_shard(store.keys, 3, 2)
     due = server_ms(r) + 60_000
     store.enqueue([(a, due, "a"), (b, due + 10_000, "b")])

@@ -227,8 +227,14 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
     # Operations: the lateness flush (HINCRBY/HINCRBYFLOAT), the heartbeat (HSET, HGETALL to
     # prune, HDEL at stop), and the metrics' read of the store (ZCARD, ZCOUNT, HLEN, HGETALL).
     dispatcher.chores(force=True)
-    db1 = redis.Redis(host="127.0.0.1", port=acl_server.port, db=1, username=ADMIN[0], password=ADMIN[1],
-                      decode_responses=True)
+    db1 = redis.Redis(
+        host="127.0.0.1",
+        port=acl_server.port,
+        db=1,
+        username=ADMIN[0],
+        password=ADMIN[1],
+        decode_responses=True,
+    )
     try:
         assert int(db1.hget("delayq:lateness:publish", "count") or 0) == dispatcher.stats.published
         assert db1.hexists("delayq:beats", dispatcher.token)

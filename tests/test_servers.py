@@ -100,7 +100,12 @@ def test_the_security_tests_pass_without_redis_server_on_path(tmp_path: Path) ->
     env = {**os.environ, "PATH": str(shadow)}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/test_security.py", "-q", "-rs", "-p", "no:cacheprovider"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]

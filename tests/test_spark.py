@@ -236,8 +236,9 @@ def test_arrow_batches_take_timestamps_structs_maps_arrays_and_json(redis_url: s
             "due": pa.array([micros, micros], pa.timestamp("us", tz="UTC")),
             "uid": pa.array([1, 2], pa.int64()),
             "args": pa.array([[1, 2], [3]], pa.list_(pa.int64())),
-            "kw": pa.array([{"a": "x", "n": 1}, {"a": None, "n": 2}],
-                           pa.struct([("a", pa.string()), ("n", pa.int64())])),
+            "kw": pa.array(
+                [{"a": "x", "n": 1}, {"a": None, "n": 2}], pa.struct([("a", pa.string()), ("n", pa.int64())])
+            ),
         }
     )
     opts = WriteOptions.parse({"url": redis_url, "task": "t.f", "argsColumn": "args", "kwargsColumn": "kw",
@@ -314,7 +315,6 @@ def test_read_shard_reports_waiting_due_leased_and_dead_jobs(redis_url: str, r: 
     store.close()
 
 
-
 def test_read_shard_reports_gated_and_running_jobs(redis_url: str, r: redis.Redis) -> None:
     """Flow control's jobs: a capped job whose task runs ("running", lease_until its slot) and
     one parked for a slot of its key ("gated", no lease_until: its score is far beyond any
@@ -337,6 +337,7 @@ def test_read_shard_reports_gated_and_running_jobs(redis_url: str, r: redis.Redi
     assert parked["lease_until"] is None and abs(parked["due"].timestamp() - (now - 9)) < 0.002
     assert (running["tries"], parked["tries"]) == (1, 0)  # a parked job's claim is not a delivery
     store.close()
+
 
 def test_read_shard_window_edges_are_inclusive_and_pages_join_up(redis_url: str, r: redis.Redis) -> None:
     store = make_store(redis_url, shards=1)
@@ -418,6 +419,7 @@ def test_spark_read_pushes_a_due_window_down_to_a_score_range(spark: Any, redis_
 
     write_rows({"url": redis_url, "task": "t.remind", "kwargs": "user_id", "idTemplate": "r:{user_id}"},
                [{"user_id": i, "due": BASE.timestamp() + 60 * i} for i in range(1_000)])  # fmt: skip
+
     def load() -> Any:
         # A fresh DataFrame per filtered query: Spark 4.1-4.3 reuse the last pushed-down reader
         # of a DataFrame for its later queries that have no filter (docs/spark.md, "Filters").
@@ -491,7 +493,6 @@ def test_jobs_written_by_spark_are_delivered_by_a_real_beat_and_worker(
     assert DelayQ(producer).count() == 0
     get_store(producer).close()
     producer.close()
-
 
 
 @pytest.mark.spark

@@ -50,8 +50,10 @@ def main() -> int:
     # Existing code, unchanged: a countdown. With the intercept on it is stored in delayq.
     later = send_welcome.apply_async((42,), countdown=2)
     job = DelayQ(app).get(later.id)
-    print(f"apply_async(countdown=2) -> {type(later).__name__}, {due(later)}, "
-          f"in delayq: {job.state if job else 'no'} (shard {job.shard if job else '-'} of {config.shards})")
+    print(
+        f"apply_async(countdown=2) -> {type(later).__name__}, {due(later)}, "
+        f"in delayq: {job.state if job else 'no'} (shard {job.shard if job else '-'} of {config.shards})"
+    )
     # No countdown: published into the broker at once, exactly as without delayq.
     now = send_welcome.apply_async((43,))
     print(f"apply_async() -> {type(now).__name__}, in delayq: {'yes' if DelayQ(app).get(now.id) else 'no'}")
@@ -75,8 +77,10 @@ def main() -> int:
             via = f"a worker held it until its eta {e['eta']}"
         else:
             via = "published at once"
-        print(f"ran: {e['task']}({e.get('user', e.get('account'))}) try {e['retries'] + 1}, "
-              f"started {clock(e['ran'])} UTC: {via}")
+        print(
+            f"ran: {e['task']}({e.get('user', e.get('account'))}) try {e['retries'] + 1}, "
+            f"started {clock(e['ran'])} UTC: {via}"
+        )
 
     attempts = [e for e in log if e["id"] == sync.id]
     ok = (

@@ -20,6 +20,7 @@ from celery_delayq import DelayedTask, delayed_task
 RUNS = "examples:django:runs"  # hash: task id -> how many times it ran
 LOG = "examples:django:log"  # list: one JSON object per run
 
+
 @functools.cache
 def recorder(url: str) -> redis.Redis:
     """One client per process and URL (created in the worker child, after any fork)."""

@@ -60,10 +60,13 @@ def main() -> int:
     # user and the day, so scheduling it twice keeps one job (created=False the second time).
     tokyo = ZoneInfo("Asia/Tokyo")
     nine = (datetime.now(tokyo) + timedelta(days=1)).replace(hour=9, minute=0, second=0, microsecond=0)
-    ada = send_reminder.apply_at(nine, args=("ada", "team breakfast at 9:30"),
-                                 task_id=f"reminder:ada:{nine:%Y-%m-%d}")
-    print(f"one-off: ada's reminder at {nine:%a %H:%M %Z} her time = {ada.due:%a %H:%M} UTC, "
-          f"id {ada.id}, created={ada.created}")
+    ada = send_reminder.apply_at(
+        nine, args=("ada", "team breakfast at 9:30"), task_id=f"reminder:ada:{nine:%Y-%m-%d}"
+    )
+    print(
+        f"one-off: ada's reminder at {nine:%a %H:%M %Z} her time = {ada.due:%a %H:%M} UTC, "
+        f"id {ada.id}, created={ada.created}"
+    )
     # Any aware datetime works: two seconds from now, as Bob's clock in New York reads it.
     bob_at = datetime.now(ZoneInfo("America/New_York")) + timedelta(seconds=2)
     bob = send_reminder.apply_at(bob_at, args=("bob", "your export is ready"))
@@ -71,15 +74,19 @@ def main() -> int:
     # After a delay.
     cy = send_reminder.apply_in(timedelta(hours=1), args=("cy", "call the bank"))
     trial = expire_trial.apply_in(timedelta(days=14), args=(8,))
-    print(f"one-off: cy's reminder in 1 h ({utc(cy.due)}), "
-          f"trial of account 8 ends {trial.due:%Y-%m-%d %H:%M} UTC")
+    print(
+        f"one-off: cy's reminder in 1 h ({utc(cy.due)}), "
+        f"trial of account 8 ends {trial.due:%Y-%m-%d %H:%M} UTC"
+    )
 
     # -- recurring schedules (stored in Redis; beats fire each point once) ------------------------
     digest = schedules.upsert(DIGEST, daily_digest, "0 18 * * 1-5", args=("paris",), tz="Europe/Paris")
     stats = schedules.upsert(STATS, refresh_stats, timedelta(seconds=2), args=("sales",))
     assert digest.next_run is not None and stats.next_run is not None
-    print(f"recurring: {DIGEST} ({digest.rule.describe()}), next "
-          f"{digest.next_run.astimezone(ZoneInfo(digest.tz)):%a %d %b %H:%M %Z}")
+    print(
+        f"recurring: {DIGEST} ({digest.rule.describe()}), next "
+        f"{digest.next_run.astimezone(ZoneInfo(digest.tz)):%a %d %b %H:%M %Z}"
+    )
     print(f"recurring: {STATS} ({stats.rule.describe()}), next {utc(stats.next_run)}")
 
     # -- bulk: 3,000 trials ending over 3 s, stored in a few round trips ---------------------------
@@ -88,8 +95,10 @@ def main() -> int:
     began = time.perf_counter()
     bulk = expire_trial.apply_at_many(items)
     took = time.perf_counter() - began
-    print(f"bulk: {len(bulk):,} trial expiries due {utc(bulk[0].due)} to {utc(bulk[-1].due)}, "
-          f"stored in {took:.2f} s")
+    print(
+        f"bulk: {len(bulk):,} trial expiries due {utc(bulk[0].due)} to {utc(bulk[-1].due)}, "
+        f"stored in {took:.2f} s"
+    )
 
     # -- look at what is pending ------------------------------------------------------------------
     print(f"pending: {dq.count():,} jobs; reminders:")
@@ -124,13 +133,19 @@ def main() -> int:
             print(f"ran: {entry['user']}'s reminder ({entry['text']}), {late:.0f} ms after its due time")
     trial_lateness = [(e["ran"] - e["due"]) * 1000 for e in log if e["task"] == "expire_trial"]
     if trial_lateness:
-        print(f"ran: {len(trial_lateness):,} trial expiries, median "
-              f"{statistics.median(trial_lateness):.0f} ms after their due time")
-    print(f"ran: {STATS} {len(points(runs, STATS))} times, {PURGE} (beat_schedule) "
-          f"{len(points(runs, PURGE))} times")
+        print(
+            f"ran: {len(trial_lateness):,} trial expiries, median "
+            f"{statistics.median(trial_lateness):.0f} ms after their due time"
+        )
+    print(
+        f"ran: {STATS} {len(points(runs, STATS))} times, {PURGE} (beat_schedule) "
+        f"{len(points(runs, PURGE))} times"
+    )
     stored = dq.get(ada.id)
-    print(f"not run: cancelled trial expiry: {trial.id not in runs}; ada's reminder: "
-          f"{stored.state if stored else 'gone'}, due {ada.due:%Y-%m-%d %H:%M} UTC")
+    print(
+        f"not run: cancelled trial expiry: {trial.id not in runs}; ada's reminder: "
+        f"{stored.state if stored else 'gone'}, due {ada.due:%Y-%m-%d %H:%M} UTC"
+    )
 
     scheduled = set(points(runs, STATS)) | set(points(runs, PURGE))
     ok = (

@@ -66,9 +66,18 @@ def _record(task: Any) -> None:
     pipe = recorder().pipeline(transaction=False)
     pipe.hincrby("e2e:runs", task.request.id, 1)
     eta = task.request.eta  # the message's eta header (an ISO string), or None
-    pipe.rpush("e2e:starts", json.dumps({"id": task.request.id, "start": start, "due": due,
-                                          "retries": task.request.retries,
-                                          "eta": eta if eta is None else str(eta)}))
+    pipe.rpush(
+        "e2e:starts",
+        json.dumps(
+            {
+                "id": task.request.id,
+                "start": start,
+                "due": due,
+                "retries": task.request.retries,
+                "eta": eta if eta is None else str(eta),
+            }
+        ),
+    )
     pipe.execute()
 
 

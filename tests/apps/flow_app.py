@@ -54,12 +54,14 @@ def work(self: Any, seconds: float = 0.0, *args: Any) -> None:
     gate = getattr(self.request, "delayq_gate", None)
     key = gate.get("key") if isinstance(gate, dict) else None
     pid = os.getpid()
-    _recorder().rpush("flow:starts", json.dumps(
-        {"run": run, "id": self.request.id, "key": key, "pid": pid, "start": start}))
+    _recorder().rpush(
+        "flow:starts", json.dumps({"run": run, "id": self.request.id, "key": key, "pid": pid, "start": start})
+    )
     if seconds:
         time.sleep(float(seconds))
-    _recorder().rpush("flow:ends", json.dumps(
-        {"run": run, "id": self.request.id, "pid": pid, "end": time.time()}))
+    _recorder().rpush(
+        "flow:ends", json.dumps({"run": run, "id": self.request.id, "pid": pid, "end": time.time()})
+    )
 
 
 @app.task(base=DelayedTask, bind=True, name="flow.done")

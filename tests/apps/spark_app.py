@@ -12,7 +12,9 @@ from celery import Celery
 
 from celery_delayq import DelayedTask
 
-app = Celery("spark-app", set_as_current=False, broker=os.environ.get("DELAYQ_TEST_STORE", "redis://127.0.0.1:1/0"))
+app = Celery(
+    "spark-app", set_as_current=False, broker=os.environ.get("DELAYQ_TEST_STORE", "redis://127.0.0.1:1/0")
+)
 app.conf.update(task_ignore_result=True, delayq_prefix="sparkq", delayq_shards=8)
 
 

@@ -36,7 +36,7 @@ def documented_rule(user: str = "delayq", password: str = STORE_PASSWORD, server
 
 
 def server_kind(client: redis.Redis) -> str:
-    """"Redis 7.0" or "Redis 6.2" (the servers docs/security.md changes the rule for), else ""."""
+    """ "Redis 7.0" or "Redis 6.2" (the servers docs/security.md changes the rule for), else ""."""
     info = client.info("server")
     if "valkey_version" in info:
         return ""

@@ -66,17 +66,29 @@ class LocalCluster:
                 node = EmbeddedRedis(
                     port=port,
                     extra_args=[
-                        "--cluster-enabled", "yes",
-                        "--cluster-config-file", f"nodes-{port}.conf",
-                        "--cluster-node-timeout", str(self.node_timeout_ms),
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        f"nodes-{port}.conf",
+                        "--cluster-node-timeout",
+                        str(self.node_timeout_ms),
                     ],
                 )
                 self.nodes.append(node.start())
             if self.use_cli and shutil.which("redis-cli"):
                 subprocess.run(
-                    ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-                     "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                    check=True, capture_output=True, timeout=timeout,
+                    [
+                        "redis-cli",
+                        "--cluster",
+                        "create",
+                        *(f"127.0.0.1:{p}" for p in ports),
+                        "--cluster-replicas",
+                        str(self.replicas),
+                        "--cluster-yes",
+                    ],
+                    check=True,
+                    capture_output=True,
+                    timeout=timeout,
                 )
             else:
                 self._create(timeout)
@@ -99,7 +111,8 @@ class LocalCluster:
                 clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
             known = wait_for(
                 lambda: all(int(c.cluster("info")["cluster_known_nodes"]) == len(clients) for c in clients),
-                timeout, 0.1,
+                timeout,
+                0.1,
             )
             assert known, "the nodes did not meet"
             ids = [c.execute_command("CLUSTER", "MYID") for c in clients[: self.masters]]
@@ -131,8 +144,11 @@ class LocalCluster:
             try:
                 info = client.cluster("info")
                 replication = client.info("replication")
-                out[node.port] = {**info, "role": replication["role"],
-                                  "link": replication.get("master_link_status")}
+                out[node.port] = {
+                    **info,
+                    "role": replication["role"],
+                    "link": replication.get("master_link_status"),
+                }
             except redis.RedisError:
                 out[node.port] = {"cluster_state": "unreachable"}
             finally:

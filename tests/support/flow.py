@@ -112,8 +112,9 @@ def start_flow_stack(
 
     def ready() -> bool:
         logs = [(procs.procs[i][0].args, log_of(procs, i)) for i in indexes]
-        return all((" ready." in text) if "worker" in args else ("delayq: beat" in text)
-                   for args, text in logs)
+        return all(
+            (" ready." in text) if "worker" in args else ("delayq: beat" in text) for args, text in logs
+        )
 
     assert wait_for(ready, STARTUP, 0.1), f"worker(s)/beat(s) did not start\n{procs.logs()}"
 

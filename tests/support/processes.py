@@ -49,19 +49,30 @@ class Procs:
         log = self.tmp_path / f"{kind}-{n}.log"
         cmd = [sys.executable, "-m", "celery", "-A", app, kind, "-l", "info", *args]
         if kind == "worker":
-            cmd += ["-P", *pool.split(), "--without-gossip", "--without-mingle",
-                    "--without-heartbeat", "-n", f"w{n}@%h"]
+            cmd += [
+                "-P",
+                *pool.split(),
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-n",
+                f"w{n}@%h",
+            ]
         elif kind == "beat":
             cmd += ["-S", "celery_delayq.Scheduler", "--schedule", str(self.tmp_path / f"beat-{n}")]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=str(ROOT))
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT)
+            )
         self.procs.append((proc, log))
         return proc
 
     def logs(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}"
-                         for _, log in self.procs if log.exists())
+        return "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}"
+            for _, log in self.procs
+            if log.exists()
+        )
 
     def stop_all(self) -> None:
         stop_processes(proc for proc, _ in self.procs)

@@ -44,11 +44,19 @@ def server_binaries() -> list[Any]:
         if binary and os.access(binary, os.X_OK):
             params.append(pytest.param((label, binary), id=label))
         else:
-            params.append(pytest.param((label, ""), id=label,
-                                       marks=pytest.mark.skip(reason=f"no server binary in {module}")))
+            params.append(
+                pytest.param(
+                    (label, ""), id=label, marks=pytest.mark.skip(reason=f"no server binary in {module}")
+                )
+            )
     path = shutil.which("redis-server")
-    params.append(pytest.param(("redis-server", path or ""), id="redis-server",
-                               marks=() if path else pytest.mark.skip(reason="no redis-server on PATH")))
+    params.append(
+        pytest.param(
+            ("redis-server", path or ""),
+            id="redis-server",
+            marks=() if path else pytest.mark.skip(reason="no redis-server on PATH"),
+        )
+    )
     return params
 
 

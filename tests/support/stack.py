@@ -105,9 +105,7 @@ def start_stack(procs: Procs, env: dict[str, str], beats: int = 1) -> None:
     for _ in range(beats):
         procs.start("beat", env)
     beat_indexes = range(1, 1 + beats)
-    ready = wait_for(
-        lambda: all("delayq: beat" in log_of(procs, i) for i in beat_indexes), STARTUP, 0.1
-    )
+    ready = wait_for(lambda: all("delayq: beat" in log_of(procs, i) for i in beat_indexes), STARTUP, 0.1)
     assert ready, f"beat(s) did not start\n{procs.logs()}"
 
 
