@@ -189,8 +189,8 @@ def row_web(ctx: Context) -> RowResult:
     server = ctx.redis()
     url = server.url + "/0"
     with producer(url, url) as p:
-        from celery_delayq.lateness import key_for, tally
-        from celery_delayq.store import get_store
+        from celery_delayq.store.facade import get_store
+        from celery_delayq.store.lateness import key_for, tally
 
         start = time.time() + 600
         spread = 86_400.0 / n

@@ -7,10 +7,8 @@ when due and publish them into their tasks' normal queues.
 
 from __future__ import annotations
 
-from . import slots as _slots  # noqa: F401  (its task receivers: the slots of gated tasks)
-from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
-from .batch import BatchResult
-from .canvas import apply_at, apply_in
+from .admin.jobs import DelayQ, PendingJob
+from .beat.scheduler import Scheduler
 from .config import DelayQConfig
 from .exceptions import (
     BatchExists,
@@ -34,13 +32,15 @@ from .exceptions import (
     UnknownTask,
     UnsupportedServer,
 )
-from .jobs import DelayQ, PendingJob
-from .result import ScheduledResult
-from .rules import CronRule, IntervalRule, OnceRule
-from .schedule_spec import Schedule, ScheduleSpec
-from .scheduler import Scheduler
-from .schedules import Schedules
-from .task import DelayedTask, DelayQTaskMixin, delayed_task
+from .flow import slots as _slots  # noqa: F401  (its task receivers: the slots of gated tasks)
+from .flow.batch import BatchResult
+from .producer.canvas import apply_at, apply_in
+from .producer.result import ScheduledResult
+from .producer.task import DelayedTask, DelayQTaskMixin, delayed_task
+from .schedules.api import Schedules
+from .schedules.rules import CronRule, IntervalRule, OnceRule
+from .schedules.spec import Schedule, ScheduleSpec
+from .worker import lateness as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
 
 __version__ = "0.1.0"
 

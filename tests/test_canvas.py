@@ -28,8 +28,8 @@ from celery_delayq import (
     UnknownTask,
 )
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.store import get_store
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import get_store
 from tests.support.apps import forget_subscriptions, make_app
 
 

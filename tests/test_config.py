@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQ, DelayQConfig
 from celery_delayq.config import DEFAULTS
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from tests.support.store import snapshot
 
 

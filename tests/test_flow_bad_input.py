@@ -24,7 +24,7 @@ from celery_delayq import (
     SerializationError,
     UnknownTask,
 )
-from celery_delayq.gate import member_id
+from celery_delayq.flow.gate import member_id
 
 ETA = 4_000_000_000.0  # 2096: never due during a test
 

@@ -1,5 +1,5 @@
 """Operating a beat, in-process: lateness histograms in Redis, heartbeats, the metrics endpoint,
-and the worker-side lateness recorder (``celery_delayq.worker``) driven by Celery's signal."""
+and the worker-side lateness recorder (``celery_delayq.worker.lateness``) driven by Celery's signal."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from celery.signals import task_prerun
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig, lateness, worker
 from celery_delayq import dispatch as dispatch_module
+from celery_delayq.beat.dispatch import BEAT_FORGET_MS, Dispatcher
+from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.dispatch import BEAT_FORGET_MS, Dispatcher
-from celery_delayq.lateness import BOUNDS, Histogram
-from celery_delayq.scheduler import serve_metrics
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.lateness import BOUNDS, Histogram
 from tests.support.metrics import scrape, value
 from tests.support.store import broker_lists, server_ms
 

@@ -27,14 +27,14 @@ from celery import Celery
 
 import celery_delayq
 from celery_delayq import DelayQ, ReservedTaskId, Schedules
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.keys import is_point_id
-from celery_delayq.metrics import DispatcherCollector
-from celery_delayq.schedule_upkeep import STALL_AFTER_MS
-from celery_delayq.schedules import point_id
-from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import get_store
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.metrics import DispatcherCollector
+from celery_delayq.beat.upkeep import STALL_AFTER_MS
+from celery_delayq.schedules.api import point_id
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.keys import is_point_id
+from celery_delayq.store.scripts import SCRIPTS
 
 NAME = "tick"
 
@@ -182,7 +182,7 @@ def test_a_stalled_schedule_is_repaired_by_its_missed_run_policy_logged_and_coun
     healthy_before = point_of(app, "healthy")
     beat = dispatchers(app)
     assert repaired_metric(beat) == 0
-    with caplog.at_level(logging.WARNING, logger="celery_delayq.schedules"):
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.schedules.api"):
         assert beat.sweep_stalls() == 2
     lines = [rec.getMessage() for rec in caplog.records if "was stalled" in rec.getMessage()]
     assert len(lines) == 2, lines

@@ -28,11 +28,11 @@ from celery_delayq import (
     SerializationError,
     UnknownTask,
 )
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.rules import parse_rule
-from celery_delayq.schedule_upkeep import sync_config
-from celery_delayq.schedules import point_id
-from celery_delayq.store import ClaimedJob, FireOutcome, get_store
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.upkeep import sync_config
+from celery_delayq.schedules.api import point_id
+from celery_delayq.schedules.rules import parse_rule
+from celery_delayq.store.facade import ClaimedJob, FireOutcome, get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms, snapshot

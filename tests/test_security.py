@@ -24,11 +24,11 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads as kombu_loads
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.metrics import DispatcherCollector
+from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.metrics import DispatcherCollector
-from celery_delayq.schedule_upkeep import sync_config
-from celery_delayq.store import get_store, make_client
+from celery_delayq.store.facade import get_store, make_client
 from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster
@@ -268,7 +268,7 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     dispatcher = dispatchers(app)
     dispatcher.run_once()
     res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))  # its wake message is not read
-    with caplog.at_level(logging.WARNING, logger="celery_delayq.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.dispatch"):
         for _ in range(2):
             dispatcher._last_full -= dispatcher.config.max_sleep  # a safety poll now
             dispatcher.run_once()

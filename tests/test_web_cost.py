@@ -14,8 +14,8 @@ import redis
 from celery import Celery
 
 from celery_delayq import lateness
-from celery_delayq.lateness import WindowReader, key_for, tally
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.lateness import WindowReader, key_for, tally
 from celery_delayq.web.context import SharedReads
 from tests.support.store import gate_due
 from tests.support.web import Client

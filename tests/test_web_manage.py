@@ -18,9 +18,9 @@ from celery import Celery
 
 from celery_delayq import DelayedTask
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.gate import member_id
-from celery_delayq.schedules import Schedules
-from celery_delayq.store import Store, get_store
+from celery_delayq.flow.gate import member_id
+from celery_delayq.schedules.api import Schedules
+from celery_delayq.store.facade import Store, get_store
 from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke
 from tests.support.store import bury, gate_due, open_batch, server_ms, snapshot

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..build import build_envelopes
 from ..config import DEFAULTS, DelayQConfig, setting_name
 from ..due import MAX_DUE_MS, due_ms_from_eta
 from ..exceptions import ConfigurationError, InvalidDueTime, InvalidOptions, UnknownTask
+from ..producer.build import build_envelopes
 
 __all__ = ["ReadOptions", "StoreOptions", "WriteOptions"]
 

@@ -28,8 +28,8 @@ from flask import Flask, Response, g, jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 
-from ..connection import error_text, redis_error_kind
 from ..exceptions import DelayQError, StoreFull
+from ..store.connection import error_text, redis_error_kind
 from . import dead, flow, jobs, overview, schedules
 from .context import REFRESH_SECONDS, Dashboard, dashboard, nav_counts, relative, span, wants_json
 

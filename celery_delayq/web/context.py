@@ -13,13 +13,13 @@ from urllib.parse import urlsplit
 
 from flask import abort, current_app, flash, g, jsonify, redirect, request
 
+from ..admin.jobs import DelayQ
+from ..admin.views import local_text
 from ..config import DelayQConfig, redact_url
 from ..due import ms_to_datetime
-from ..jobs import DelayQ
-from ..lateness import WindowReader
-from ..schedules import Schedules
-from ..store import Store
-from ..views import local_text
+from ..schedules.api import Schedules
+from ..store.facade import Store
+from ..store.lateness import WindowReader
 
 __all__ = [
     "REFRESH_SECONDS",

@@ -2,7 +2,7 @@
 24 hours (per hour), the oldest overdue job, the beats and their heartbeats, the lateness
 histograms of the last hour (all-time p50/p99 beside them), the dead letters. ``/api/status``
 is ``celery delayq status --json`` plus ``due_24h`` and ``lateness_last_hour`` (the per-minute
-record of :mod:`celery_delayq.lateness`, summed over the last 60 minutes).
+record of :mod:`celery_delayq.store.lateness`, summed over the last 60 minutes).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from flask import Blueprint, jsonify, render_template
 
-from .. import lateness
-from ..views import GATED_BY, lateness_view, status_view
+from ..admin.views import GATED_BY, lateness_view, status_view
+from ..store import lateness
 from .charts import bar_chart
 from .context import dashboard
 
