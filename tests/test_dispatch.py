@@ -16,7 +16,7 @@ from celery.signals import before_task_publish
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq import dispatch as dispatch_module
+from celery_delayq.beat import dispatch as dispatch_module
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.store.facade import get_store

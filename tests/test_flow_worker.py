@@ -23,9 +23,10 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ, slots
+from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
+from celery_delayq.flow import slots
 from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, completion_id, gated_id, member_id
 from celery_delayq.flow.slots import SlotKeeper
 from celery_delayq.store.facade import Store, get_store
@@ -316,7 +317,7 @@ import json, os
 if os.environ.get("FLOW_STOP_BEFORE_HOLD"):
     import signal
     import redis
-    from celery_delayq import dispatch
+    from celery_delayq.beat import dispatch
     _hold = dispatch.Dispatcher._hold
     _stopped = []
     def _stop_then_hold(self, holds):

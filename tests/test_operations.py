@@ -18,13 +18,15 @@ import redis
 from celery import Celery
 from celery.signals import task_prerun
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig, lateness, worker
-from celery_delayq import dispatch as dispatch_module
+from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig
+from celery_delayq.beat import dispatch as dispatch_module
 from celery_delayq.beat.dispatch import BEAT_FORGET_MS, Dispatcher
 from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
+from celery_delayq.store import lateness
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.lateness import BOUNDS, Histogram
+from celery_delayq.worker import lateness as worker
 from tests.support.metrics import scrape, value
 from tests.support.store import broker_lists, server_ms
 

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_delayq import lateness
+from celery_delayq.store import lateness
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.lateness import WindowReader, key_for, tally
 from celery_delayq.web.context import SharedReads
