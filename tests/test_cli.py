@@ -33,7 +33,8 @@ from celery_delayq.exceptions import (
     ScheduleNotFound,
     UnknownTask,
 )
-from celery_delayq.store.facade import Store, get_store, stored_form
+from celery_delayq.store.envelope import stored_form
+from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.lateness import Histogram, key_for
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app

@@ -184,14 +184,14 @@ def test_an_apply_at_far_in_the_servers_past_is_logged_once(
 ) -> None:
     app = app_factory()
     add = app.tasks["t.add"]
-    caplog.set_level(logging.WARNING, logger="celery_delayq.store.facade")
+    caplog.set_level(logging.WARNING, logger="celery_delayq.store.jobs")
     now = server_ms(r) / 1000
     add.apply_at(now - 600, (1, 2))  # 10 min late: under the default hour, not logged
     assert not caplog.records
     first = add.apply_at(now - 7200, (1, 2))
     add.apply_at(now - 7200, (1, 2))
     add.apply_at_many([(now - 9000, (1, 2), None), (now + 60, (1, 2), None)])
-    warnings = [rec for rec in caplog.records if rec.name == "celery_delayq.store.facade"]
+    warnings = [rec for rec in caplog.records if rec.name == "celery_delayq.store.jobs"]
     assert len(warnings) == 1, [rec.getMessage() for rec in warnings]
     message = warnings[0].getMessage()
     assert first.id in message and "7200 s before the Redis server's now" in message
@@ -204,9 +204,9 @@ def test_a_producer_whose_clock_is_late_is_caught_by_the_past_warning(
 ) -> None:
     """``apply_at(time.time() + 60)`` on a machine 2 h late is due 2 h in the server's past."""
     app = app_factory()
-    caplog.set_level(logging.WARNING, logger="celery_delayq.store.facade")
+    caplog.set_level(logging.WARNING, logger="celery_delayq.store.jobs")
     app.tasks["t.add"].apply_at(time.time() + 60, (1, 2))
-    (record,) = [rec for rec in caplog.records if rec.name == "celery_delayq.store.facade"]
+    (record,) = [rec for rec in caplog.records if rec.name == "celery_delayq.store.jobs"]
     assert "differs from the server's by -7200" in record.getMessage()
 
 
@@ -215,9 +215,9 @@ def test_past_warning_off_or_higher(
     setting: Any, app_factory: Callable[..., Celery], r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     app = app_factory(delayq_past_warning=setting)
-    caplog.set_level(logging.WARNING, logger="celery_delayq.store.facade")
+    caplog.set_level(logging.WARNING, logger="celery_delayq.store.jobs")
     app.tasks["t.add"].apply_at(server_ms(r) / 1000 - 7200, (1, 2))
-    assert not [rec for rec in caplog.records if rec.name == "celery_delayq.store.facade"]
+    assert not [rec for rec in caplog.records if rec.name == "celery_delayq.store.jobs"]
 
 
 def test_apply_in_reads_the_servers_clock_with_its_own_enqueue(

@@ -28,7 +28,9 @@ from redis.crc import key_slot
 from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.upkeep import sync_config
-from celery_delayq.store.facade import REDIS_ERRORS, CancelOutcome, EnqueueOutcome, Store, get_store
+from celery_delayq.store.connection import REDIS_ERRORS
+from celery_delayq.store.facade import Store, get_store
+from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.scripts import SCRIPTS
 from tests import test_api, test_scripts
 from tests.support.apps import make_app

@@ -22,17 +22,13 @@ from celery_delayq.beat.upkeep import StallSweep, sync_config
 from celery_delayq.schedules.api import point_id
 from celery_delayq.schedules.rules import IntervalRule
 from celery_delayq.store.bounded import MAX_DEPTH, check_depth, load_json
+from celery_delayq.store.connection import redis_error_kind
+from celery_delayq.store.delivery import PushClaimedOutcome, PushClaimedReply
 from celery_delayq.store.envelope import decode_envelope, stored_form
-from celery_delayq.store.facade import (
-    FireOutcome,
-    PushClaimedOutcome,
-    PushClaimedReply,
-    Store,
-    get_store,
-    redis_error_kind,
-)
+from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.lateness import Snapshot, key_for
 from celery_delayq.store.lua_formats import parse_lease
+from celery_delayq.store.schedules import FireOutcome
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server

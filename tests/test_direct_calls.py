@@ -15,7 +15,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.store.facade import CancelOutcome, EnqueueOutcome, Store
+from celery_delayq.store.facade import Store
+from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.scripts import SCRIPTS, DirectCalls
 from tests.support.store import make_store, server_ms
 

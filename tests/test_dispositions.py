@@ -9,8 +9,8 @@ from celery_delayq.beat.dispositions import Disposition, PassResult, PassState, 
 from celery_delayq.beat.firing import FireCall
 from celery_delayq.beat.publish import GatePass, Outcome
 from celery_delayq.due import MAX_DUE_MS
+from celery_delayq.store.delivery import ClaimedJob, ClaimResult, PushResult
 from celery_delayq.store.envelope import Envelope
-from celery_delayq.store.facade import ClaimedJob, ClaimResult, PushResult
 
 DUE = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 KNOWN = frozenset({"t.add"})

@@ -37,11 +37,8 @@ from celery_delayq.producer.build import (
 )
 from celery_delayq.producer.options import clean_options
 from celery_delayq.store.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
-from celery_delayq.store.facade import (
-    MAX_STORED_SHAPES,
-    EnqueueOutcome,
-    get_store,
-)
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.jobs import MAX_STORED_SHAPES, EnqueueOutcome
 from tests.support.apps import make_app
 from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import server_ms

@@ -33,7 +33,8 @@ from celery_delayq.flow.gate import (
     member_id,
 )
 from celery_delayq.store.envelope import decode_envelope
-from celery_delayq.store.facade import GateDecision, KeyState, get_store
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.flow import GateDecision, KeyState
 from tests.support.store import server_ms
 
 ETA = datetime(2031, 1, 1, tzinfo=UTC)

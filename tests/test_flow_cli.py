@@ -19,7 +19,8 @@ from celery_delayq.cli import delayq
 from celery_delayq.cli.errors import cli_error
 from celery_delayq.exceptions import BatchExists, InvalidBatch
 from celery_delayq.flow.gate import member_id
-from celery_delayq.store.facade import GateDecision, Store, get_store
+from celery_delayq.store.facade import Store, get_store
+from celery_delayq.store.flow import GateDecision
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke

@@ -22,17 +22,10 @@ import redis
 
 from celery_delayq import DelayedTask, DelayQ, Schedules, StoreFull
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.store.facade import (
-    OOM_REPLY,
-    CancelOutcome,
-    EnqueueOutcome,
-    PushClaimedOutcome,
-    PushClaimedReply,
-    Store,
-    evicts_jobs,
-    get_store,
-    is_oom,
-)
+from celery_delayq.store.connection import OOM_REPLY, evicts_jobs, is_oom
+from celery_delayq.store.delivery import PushClaimedOutcome, PushClaimedReply
+from celery_delayq.store.facade import Store, get_store
+from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.scripts import _NO_FLAGS, SCRIPTS
 from tests.support.apps import make_app
 from tests.support.cli import invoke

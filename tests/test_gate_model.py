@@ -44,7 +44,9 @@ from hypothesis.stateful import (
 )
 
 from celery_delayq.flow.gate import PARK_MS, Gate
-from celery_delayq.store.facade import CancelOutcome, EnqueueOutcome, GateDecision, ReleaseResult, Store
+from celery_delayq.store.facade import Store
+from celery_delayq.store.flow import GateDecision, ReleaseResult
+from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.lua_formats import lease_entry, wait_score
 from tests.support.store import make_store, server_ms
 

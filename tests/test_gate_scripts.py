@@ -25,18 +25,12 @@ from celery_delayq.flow.gate import (
     member_id,
     parse_rate,
 )
-from celery_delayq.store.facade import (
-    BatchState,
-    CancelOutcome,
-    EnqueueOutcome,
-    GateDecision,
-    GateResult,
-    KeyState,
-    ReleaseResult,
-    Store,
-    is_oom,
-    read_marker,
-)
+from celery_delayq.store.batches import BatchState
+from celery_delayq.store.beats import read_marker
+from celery_delayq.store.connection import is_oom
+from celery_delayq.store.facade import Store
+from celery_delayq.store.flow import GateDecision, GateResult, KeyState, ReleaseResult
+from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.lua_formats import batch_message, parse_batch_message, wait_score
 from celery_delayq.store.scripts import _NO_FLAGS, SCRIPTS
 from tests.support.acl import STORE_PASSWORD, documented_rule, server_kind

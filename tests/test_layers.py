@@ -2,7 +2,8 @@
 others, and no test module imports another.
 
 An AST walk over every module of ``celery_delayq`` (imports inside functions included) fails
-when a module other than the store layer (``store.facade``, ``store.connection``) and the
+when a module other than the store layer (``store.facade`` and the store's parts it is made of,
+``store.connection``) and the
 script loader (``store.scripts``) imports ``redis``, imports the script table (``SCRIPTS``, ``ScriptCall``,
 ``run_pipelined``, ``run_replicated``, or the ``scripts`` module itself), reads the ``.client``
 of a store, or takes a raw client as a parameter named ``client``. Everything above the store
@@ -27,7 +28,23 @@ import pytest
 import celery_delayq
 
 #: The modules that may talk to Redis.
-STORE_LAYER = {"celery_delayq.store.facade", "celery_delayq.store.connection", "celery_delayq.store.scripts"}
+STORE_LAYER = {
+    f"celery_delayq.store.{name}"
+    for name in (
+        "facade",
+        "base",
+        "jobs",
+        "delivery",
+        "reads",
+        "dead",
+        "schedules",
+        "flow",
+        "batches",
+        "beats",
+        "connection",
+        "scripts",
+    )
+}
 
 #: Dev and demo tools (``celery_delayq.devtools``): the demo starts its own Redis and watches
 #: it with a client of its own (the runs recorded by its tasks). They are not on the runtime

@@ -41,16 +41,10 @@ from hypothesis.stateful import (
 )
 
 from celery_delayq.exceptions import StoreFull
-from celery_delayq.store.facade import (
-    OOM_REPLY,
-    CancelOutcome,
-    EnqueueOutcome,
-    JobRecord,
-    PushClaimedOutcome,
-    RescheduleOutcome,
-    Store,
-    is_oom,
-)
+from celery_delayq.store.connection import OOM_REPLY, is_oom
+from celery_delayq.store.delivery import PushClaimedOutcome
+from celery_delayq.store.facade import Store
+from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome, JobRecord, RescheduleOutcome
 from celery_delayq.store.keys import KeySpace, shard_of
 from celery_delayq.store.lua_formats import lease_entry
 from tests.support.store import make_store, server_ms

@@ -33,7 +33,8 @@ from celery_delayq.beat.wire import WireTemplates
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.flow.gate import BATCH_DONE_HEADER, GATE_HEADER
 from celery_delayq.schedules.api import Schedules
-from celery_delayq.store.facade import MAX_STORED_TEMPLATES, TEMPLATES_TTL_MS, get_store
+from celery_delayq.store.delivery import MAX_STORED_TEMPLATES, TEMPLATES_TTL_MS
+from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

@@ -32,7 +32,9 @@ from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.schedules.api import point_id
 from celery_delayq.schedules.rules import parse_rule
-from celery_delayq.store.facade import ClaimedJob, FireOutcome, get_store
+from celery_delayq.store.delivery import ClaimedJob
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.schedules import FireOutcome
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms, snapshot

@@ -15,12 +15,8 @@ from redis.crc import key_slot
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.exceptions import StoreError
-from celery_delayq.store.facade import (
-    CancelOutcome,
-    EnqueueOutcome,
-    RescheduleOutcome,
-    Store,
-)
+from celery_delayq.store.facade import Store
+from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome, RescheduleOutcome
 from celery_delayq.store.keys import KeySpace
 from celery_delayq.store.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
 from tests.support.polling import wait_for
@@ -496,10 +492,10 @@ def test_a_reply_that_is_none_of_the_scripts_codes_raises(
     monkeypatch.setattr(store, "_write", lambda *args: reply)
     with pytest.raises(StoreError, match=r"^delayq cancel: unexpected reply .* \(its codes are 0 to 2\)$"):
         store.cancel("a")
-    monkeypatch.setattr("celery_delayq.store.facade.run_pipelined", lambda client, calls, **kw: [reply])
+    monkeypatch.setattr("celery_delayq.store.schedules.run_pipelined", lambda client, calls, **kw: [reply])
     with pytest.raises(StoreError, match=r"^delayq fire: unexpected reply .* \(its codes are 0 to 3\)$"):
         store.fire("beat-1", [(0, ["p", "s", 0, "", "", 0, ""])])
-    monkeypatch.setattr("celery_delayq.store.facade.run_pipelined", lambda client, calls, **kw: [[reply]])
+    monkeypatch.setattr("celery_delayq.store.base.run_pipelined", lambda client, calls, **kw: [[reply]])
     with pytest.raises(StoreError, match=r"^delayq push_claimed: unexpected reply"):
         store.push_claimed("beat-1", {0: [("a", "celery", "{}")]})
 

@@ -28,7 +28,8 @@ from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.metrics import DispatcherCollector
 from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
-from celery_delayq.store.facade import get_store, make_client
+from celery_delayq.store.connection import make_client
+from celery_delayq.store.facade import get_store
 from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster

@@ -18,7 +18,8 @@ import redis
 from celery import Celery
 
 from celery_delayq.beat.dispatch import BATCH_SWEEP_EVERY, Dispatcher
-from celery_delayq.store.facade import Store, read_marker
+from celery_delayq.store.beats import read_marker
+from celery_delayq.store.facade import Store
 from tests.support.store import published_ids, server_ms
 
 MAX_SLEEP = 20.0

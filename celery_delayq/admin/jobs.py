@@ -19,13 +19,16 @@ from ..exceptions import InvalidSchedule
 from ..flow.batch import BatchResult, store_batch
 from ..flow.gate import PARK_MS, batch_of, check_key, check_limit, completion_id
 from ..store import lateness
+from ..store.dead import RequeueOutcome
 from ..store.envelope import decode_envelope
-from ..store.facade import CancelOutcome, JobRecord, RequeueOutcome, RescheduleOutcome, Store
+from ..store.facade import Store
+from ..store.jobs import CancelOutcome, JobRecord, RescheduleOutcome
 from ..store.keys import is_point_id
 from ..store.lateness import Snapshot
 
 if TYPE_CHECKING:
-    from ..store.facade import BatchState, KeyState
+    from ..store.batches import BatchState
+    from ..store.flow import KeyState
 
 __all__ = ["DelayQ", "PendingJob"]
 

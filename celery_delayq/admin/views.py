@@ -27,8 +27,12 @@ from ..exceptions import InvalidInput
 from ..flow.gate import GATE_HEADER, Gate, batch_of, completion_id
 from ..schedules.spec import Schedule
 from ..store import lateness
+from ..store.batches import BatchState
 from ..store.envelope import decode_envelope, loaded_form
-from ..store.facade import BatchState, JobRecord, KeyState, ShardStats, Store
+from ..store.facade import Store
+from ..store.flow import KeyState
+from ..store.jobs import JobRecord
+from ..store.reads import ShardStats
 from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
 
 __all__ = [

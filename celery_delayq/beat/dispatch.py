@@ -53,18 +53,11 @@ from kombu.exceptions import BatchPublishError
 from ..config import setting_name
 from ..flow.gate import BATCH_DONE_HEADER, GATE_HEADER
 from ..schedules.api import Schedules
+from ..store.beats import is_acl_refusal
+from ..store.connection import REDIS_ERRORS, error_text, redis_error_kind
+from ..store.delivery import ClaimedJob, ClaimResult, PushResult
 from ..store.envelope import Envelope, decode_envelope
-from ..store.facade import (
-    REDIS_ERRORS,
-    ClaimedJob,
-    ClaimResult,
-    PushResult,
-    Store,
-    error_text,
-    get_store,
-    is_acl_refusal,
-    redis_error_kind,
-)
+from ..store.facade import Store, get_store
 from ..store.lateness import LATENESS_FLUSH_EVERY, Histogram, PublishLateness
 from ..store.lua_formats import parse_wake
 from .backoff import Backoff

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ..due import MAX_DUE_MS
+from ..store.delivery import ClaimedJob
 from ..store.envelope import Envelope
-from ..store.facade import ClaimedJob
 from .firing import FireCall
 from .publish import GatePass, Publisher, Pusher
 

@@ -20,7 +20,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ..store.facade import REDIS_ERRORS, Store
+from ..store.connection import REDIS_ERRORS
+from ..store.facade import Store
 from .stats import DispatchStats
 
 __all__ = ["FENCE_FRACTION", "FENCE_WINDOWS_KEPT", "Fence", "LeaseLost"]

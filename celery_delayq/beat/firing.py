@@ -18,8 +18,11 @@ from ..exceptions import CorruptData
 from ..schedules.api import Schedules
 from ..schedules.rules import Rule, rule_from_json
 from ..store.bounded import MAX_SMALL, load_json
+from ..store.connection import error_text
+from ..store.delivery import ClaimedJob
 from ..store.envelope import Envelope
-from ..store.facade import ClaimedJob, FireOutcome, Store, error_text
+from ..store.facade import Store
+from ..store.schedules import FireOutcome
 from .publish import Outcome, Publisher, Publishing
 from .stats import DispatchStats
 

@@ -51,17 +51,11 @@ from kombu.common import Broadcast
 from kombu.exceptions import EncodeError, OperationalError
 
 from ..flow.gate import BATCH_DONE_HEADER, GATE_HEADER, Gate, batch_of
+from ..store.connection import OOM_REPLY, REDIS_ERRORS, error_text, redis_error_kind
+from ..store.delivery import ClaimedJob, PushClaimedOutcome
 from ..store.envelope import CLAIM_HEADER, UTF8, Envelope, decode_envelope
-from ..store.facade import (
-    OOM_REPLY,
-    REDIS_ERRORS,
-    ClaimedJob,
-    GateDecision,
-    PushClaimedOutcome,
-    Store,
-    error_text,
-    redis_error_kind,
-)
+from ..store.facade import Store
+from ..store.flow import GateDecision
 from ..worker.starts import claim_header
 from .fence import Fence, LeaseLost
 from .routing import can_publish_direct, direct_args, send_task, transport_batches

@@ -43,7 +43,8 @@ from ..config import DelayQConfig, setting_name
 from ..exceptions import ConfigurationError, ScheduleError, StoreFull
 from ..schedules.api import Schedules
 from ..schedules.rules import Rule, parse_rule
-from ..store.facade import REDIS_ERRORS, error_text, get_store, redis_error_kind
+from ..store.connection import REDIS_ERRORS, error_text, redis_error_kind
+from ..store.facade import get_store
 from .backoff import Backoff
 from .dispatch import Dispatcher
 from .upkeep import sync_config

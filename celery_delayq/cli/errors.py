@@ -31,8 +31,7 @@ from ..exceptions import (
     StoreError,
     UnknownTask,
 )
-from ..store.connection import UNREACHABLE_ERRORS
-from ..store.facade import REDIS_ERRORS
+from ..store.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 
 __all__ = [
     "ERRORS",

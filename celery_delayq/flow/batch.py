@@ -54,7 +54,7 @@ from .gate import (
 )
 
 if TYPE_CHECKING:
-    from ..store.facade import BatchState
+    from ..store.batches import BatchState
 
 __all__ = ["BatchResult", "check_batch_id", "store_batch"]
 

@@ -28,7 +28,8 @@ from ..due import (
 from ..exceptions import InvalidDueTime, InvalidOptions
 from ..flow.gate import GATE_HEADER, GATE_OPTIONS, Gate, check_key, gated_id, key_tag, pop_gate
 from ..store.envelope import DUE_HEADER
-from ..store.facade import EnqueueOutcome, Store
+from ..store.facade import Store
+from ..store.jobs import EnqueueOutcome
 from ..store.keys import is_point_id
 from .build import app_state, build_envelopes, new_task_ids
 from .options import TRANSPORT_OPTIONS, due_item, short_repr

@@ -41,7 +41,8 @@ from ..due import ms_to_datetime
 from ..exceptions import CorruptData, InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
 from ..producer.build import build_envelope
 from ..producer.result import ScheduledResult
-from ..store.facade import EnqueueOutcome, Store
+from ..store.facade import Store
+from ..store.jobs import EnqueueOutcome
 from ..store.keys import iso_ms as _iso_ms
 from ..store.keys import point_id
 from .rules import OnceRule, rule_from_json

@@ -20,7 +20,8 @@ from typing import Any
 from ..due import MAX_DUE_MS, due_ms_from_eta
 from ..exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions
 from ..producer.build import build_envelopes, new_task_ids
-from ..store.facade import EnqueueOutcome, Store
+from ..store.facade import Store
+from ..store.jobs import EnqueueOutcome
 from .options import WriteOptions
 
 __all__ = ["JobWriter", "WriteStats", "write_rows"]

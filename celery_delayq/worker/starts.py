@@ -42,8 +42,10 @@ from typing import Any
 from celery import bootsteps
 
 from ..config import DelayQConfig
+from ..store.connection import error_text
+from ..store.delivery import ClaimedJob
 from ..store.envelope import CLAIM_HEADER
-from ..store.facade import ClaimedJob, Store, error_text
+from ..store.facade import Store
 
 __all__ = [
     "CHECK_TIMEOUT",

@@ -17,7 +17,8 @@ from celery import Celery
 from celery_delayq.config import DelayQConfig
 from celery_delayq.flow.gate import Gate, member_id
 from celery_delayq.store import lateness
-from celery_delayq.store.facade import GateDecision, Store, get_store
+from celery_delayq.store.facade import Store, get_store
+from celery_delayq.store.flow import GateDecision
 from celery_delayq.store.keys import KeySpace
 
 

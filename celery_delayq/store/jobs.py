@@ -1,0 +1,340 @@
+"""The store's jobs by id: enqueue (one job or many, shapes shared), get, cancel, reschedule,
+and what each of those answers (:class:`EnqueueOutcome`, :class:`CancelOutcome`,
+:class:`RescheduleOutcome`, :class:`JobRecord`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import CorruptData, ReservedTaskId, StoreFull
+from ..flow.gate import (
+    BATCH_DONE_HEADER,
+    GATE_HEADER,
+    GATE_TOKEN,
+    PARK_MS,
+    RUN_TOKEN,
+)
+from .base import StoreBase, _decode, refused_when_full
+from .bounded import load_json
+from .connection import (
+    is_oom,
+)
+from .envelope import shared_form, stored_form
+from .keys import is_point_id, shard_of
+from .scripts import SCRIPTS, ScriptCall, run_pipelined, run_replicated
+
+
+class EnqueueOutcome(enum.StrEnum):
+    """What storing one job did (``lua/enqueue.lua``)."""
+
+    KEPT = "kept"  # a job with this id was stored already and is kept (not ``replace``)
+    NEW = "new"  # stored, no job had this id
+    REPLACED = "replaced"  # stored in place of the waiting job with this id (``replace``)
+    AFTER_HELD = "after-held"  # stored in place of a job a beat held (its lease is dropped)
+
+
+class CancelOutcome(enum.StrEnum):
+    """What cancelling a job did (``lua/cancel.lua``)."""
+
+    CANCELLED = "cancelled"  # it was waiting: it will never run
+    DELIVERING = "delivering"  # removed while a beat held it: it may already be in the broker
+    MISSING = "missing"  # no such job
+
+
+class RescheduleOutcome(enum.StrEnum):
+    """What moving a job did (``lua/reschedule.lua``)."""
+
+    MOVED = "moved"
+    DELIVERING = "delivering"  # refused: a beat holds the job now
+    MISSING = "missing"
+
+
+# The scripts' integer replies, by code (see each script's header).
+_ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held
+
+
+_CANCEL = (CancelOutcome.MISSING, CancelOutcome.CANCELLED, CancelOutcome.DELIVERING)
+
+
+_RESCHEDULE = (RescheduleOutcome.MISSING, RescheduleOutcome.MOVED, RescheduleOutcome.DELIVERING)
+
+
+logger = logging.getLogger(__name__)
+
+
+#: Jobs sent to one enqueue call at most (ARGV stays small, the server stays responsive). The
+#: script's ZADD of 2 values a job goes in slices of ``scripts.LUA_UNPACK_MAX`` values, as every
+#: script's ``unpack`` does (Lua's limit is about 8000), so the size of a call is not bound by it.
+ENQUEUE_CHUNK = 1000
+
+
+#: Most shapes a shard's shapes hash holds (one per task, options and producer process seen since
+#: the shard was last empty); past it, lua/enqueue.lua stores jobs whole.
+MAX_STORED_SHAPES = 1000
+
+
+#: Envelopes whose shape names one of these are stored whole (lua/push.lua leaves them to the beat
+#: by their shape, which it must then see).
+_KEEP_WHOLE = (GATE_HEADER, BATCH_DONE_HEADER)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One stored job as ``get``/``pending`` see it."""
+
+    id: str
+    shard: int
+    due_ms: int
+    envelope: str
+    state: str  # "waiting", "leased", "gated", "running" or "dead" (see _lease_state)
+    tries: int = 0
+    lease_until_ms: int | None = None
+
+
+#: The state of a job by its lease token, for the tokens of flow control (:mod:`.gate`).
+_GATE_STATES = {GATE_TOKEN: "gated", RUN_TOKEN: "running"}
+
+
+def _lease_state(lease: str) -> str:
+    """A stored job's state by its (readable) lease entry: "gated" (held back by the gate:
+    parked or deferred), "running" (a released gated job whose task runs) or "leased" (a beat
+    holds it).
+
+    >>> _lease_state("17|1|gate"), _lease_state("17|2|run"), _lease_state("17|2|beat:1:ab")
+    ('gated', 'running', 'leased')
+    """
+    return _GATE_STATES.get(lease.rsplit("|", 1)[-1], "leased")
+
+
+def refuse_point_id(job_id: str) -> None:
+    """Raise :class:`ReservedTaskId` when ``job_id`` is a schedule's point id (``is_point_id``).
+
+    >>> refuse_point_id("{nightly}@2026-01-01T00:00:00.000Z")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.ReservedTaskId: task id '{nightly}@2026-01-01T00:00:00.000Z' is reserved: ...
+    >>> refuse_point_id("{nightly}@run-now-2026-01-01T00:00:00.000Z")  # not a point id
+    """
+    if is_point_id(job_id):
+        name = job_id[1 : job_id.index("}")]
+        raise ReservedTaskId(
+            f"task id {job_id!r} is reserved: it is the form of an execution point of schedule "
+            f"{name!r} ({{name}}@<time>), and a job stored under it would take the point's place and "
+            f"stop the schedule; use another id (Schedules(app).run_now({name!r}) runs the "
+            "schedule's task now)"
+        )
+
+
+def _raise_store_full(
+    jobs: Sequence[tuple[str, int, str]], owners: Sequence[Sequence[int]], results: Sequence[Any]
+) -> None:
+    """Raise :class:`StoreFull` when Redis refused any enqueue call for memory, naming the jobs
+    of the calls that ran and of those it refused; raise any other error of a call as is.
+    A refused call wrote nothing: Redis refuses a script's first write (HSETNX/HSET) when it
+    was over maxmemory at the script's start, and never stops a script once it has written."""
+    refused = [isinstance(result, Exception) and is_oom(result) for result in results]
+    if not any(refused):
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return
+    for result, full in zip(results, refused, strict=True):
+        if isinstance(result, Exception) and not full:
+            raise result
+    not_stored = sorted(p for chunk, full in zip(owners, refused, strict=True) if full for p in chunk)
+    stored = sorted(p for chunk, full in zip(owners, refused, strict=True) if not full for p in chunk)
+    first = next(result for result, full in zip(results, refused, strict=True) if full)
+    raise StoreFull([jobs[p][0] for p in stored], [jobs[p][0] for p in not_stored], not_stored) from first
+
+
+def _shaped(args: list[Any], triples: list[tuple[str, int, str]]) -> None:
+    """Append ``lua/enqueue.lua``'s arguments for ``(id, due ms, stored envelope)`` jobs of one
+    shard to ``args``: the count of shapes, each shape's id and text once, then the triples, each
+    envelope with its shape's id in place of its shape where it has one
+    (:func:`~.envelope.shared_form`)."""
+    shapes: dict[str, str] = {}
+    out: list[Any] = []
+    for job_id, due_ms, stored in triples:
+        shared = shared_form(stored, _KEEP_WHOLE)
+        if shared is not None:
+            shape_id, shape, stored = shared
+            shapes[shape_id] = shape
+        out.extend((job_id, due_ms, stored))
+    args.append(len(shapes))
+    for item in shapes.items():
+        args.extend(item)
+    args.extend(out)
+
+
+class JobsPart(StoreBase):
+    """The store's jobs by id (a part of :class:`~celery_delayq.store.facade.Store`)."""
+
+    def enqueue(
+        self, jobs: Sequence[tuple[str, int, str]], replace: bool = False, relative: bool = False
+    ) -> list[tuple[EnqueueOutcome, int]]:
+        """Store ``(id, due ms, envelope)`` jobs; return ``(outcome, due ms)`` for each, in order.
+
+        Jobs are grouped by shard, ``ENQUEUE_CHUNK`` a call, and all calls go
+        in one pipeline (:meth:`~.base.StoreBase._per_shard`). With ``relative``,
+        each due is a delay in ms that the script adds to its server's ``TIME`` (``apply_in``,
+        ``countdown``): the returned due is that stored time. Otherwise each due is a time,
+        and one far in the past of the server's clock is logged once (``delayq_past_warning``).
+        An id of the form of a schedule's execution point raises :class:`ReservedTaskId`
+        and nothing is stored.
+        """
+        mode = "replace" if replace else "keep"
+        clock = "in" if relative else "at"
+        channel = self.keys.wake_channel
+        if len(jobs) == 1:  # one script call: no pipeline around it
+            job_id, due_ms, envelope = jobs[0]
+            refuse_point_id(job_id)
+            shard = self.keys.shard_of(job_id)
+            keys = self.keys.shard(shard)
+            one: list[Any] = [mode, channel, shard, clock]
+            _shaped(one, [(job_id, int(due_ms), stored_form(job_id, envelope))])
+            now, status, due = self._write(
+                SCRIPTS["enqueue"], [*keys.core, keys.shapes], one, "", not_stored=[job_id]
+            )
+            self._saw_server_time(int(now))
+            if not relative:
+                self._check_past(int(now), [(job_id, int(due_ms))])
+            return [(_decode("enqueue", _ENQUEUE, status), int(due))]
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        shards, crc32 = self.keys.shards, zlib.crc32
+        for position, (job_id, _, _) in enumerate(jobs):
+            # keys.shard_of, inline for the ids without a hash tag
+            if "{" in job_id:
+                refuse_point_id(job_id)
+                shard = shard_of(job_id, shards)
+            else:
+                shard = crc32(job_id.encode()) % shards
+            by_shard[shard].append(position)
+
+        def enqueue_args(shard: int, chunk: Sequence[int]) -> list[Any]:
+            args: list[Any] = [mode, channel, shard, clock]
+            triples: list[tuple[str, int, str]] = []
+            for p in chunk:
+                job_id, due_ms, envelope = jobs[p]
+                triples.append((job_id, int(due_ms), stored_form(job_id, envelope)))
+            _shaped(args, triples)
+            return args
+
+        def enqueue_keys(shard: int) -> list[str]:
+            shard_keys = self.keys.shard(shard)
+            return [*shard_keys.core, shard_keys.shapes]
+
+        replies = self._per_shard(
+            "enqueue",
+            by_shard,
+            ENQUEUE_CHUNK,
+            enqueue_args,
+            enqueue_keys,
+            raise_errors=False,
+            replicated=True,
+        )
+        _raise_store_full(jobs, [chunk for chunk, _ in replies], [result for _, result in replies])
+        out: list[tuple[EnqueueOutcome, int]] = [(EnqueueOutcome.KEPT, 0)] * len(jobs)
+        now = 0
+        for chunk, result in replies:
+            now = int(result[0])
+            pairs = iter(result[1:])
+            for p, status, due in zip(chunk, pairs, pairs, strict=True):
+                out[p] = (_decode("enqueue", _ENQUEUE, status), int(due))
+        if replies:
+            self._saw_server_time(now)
+            if not relative:
+                self._check_past(now, [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
+        return out
+
+    def _check_past(self, server_ms: int, jobs: Sequence[tuple[str, int]]) -> None:
+        """Log once (per store, so per app and process) a job due more than
+        ``delayq_past_warning`` seconds before the server's now: likely a producer whose clock
+        is wrong (an ``apply_at`` computed from ``time.time()``)."""
+        limit = self.config.past_warning
+        if limit is None or self._warned_past or not jobs:
+            return
+        job_id, due_ms = min(jobs, key=lambda job: job[1])
+        behind = (server_ms - due_ms) / 1000.0
+        if behind <= limit:
+            return
+        self._warned_past = True
+        skew = time.time() - server_ms / 1000.0
+        logger.warning(
+            "delayq: job %s was given a due time %.0f s before the Redis server's now (more than "
+            "delayq_past_warning = %g s); it runs at once. This process's clock differs from the "
+            "server's by %+.1f s: if that is large, this producer's clock is wrong. (Logged once "
+            "per process.)",
+            job_id,
+            behind,
+            limit,
+            skew,
+        )
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        """Remove a job (``lua/cancel.lua``)."""
+        return self._write_outcome(
+            "cancel", _CANCEL, self.keys.for_job(job_id).core, [job_id], f"job {job_id!r} not cancelled"
+        )
+
+    def cancel_many(self, shard: int, job_ids: Sequence[str]) -> list[CancelOutcome]:
+        """Remove jobs of one shard, one ``lua/cancel.lua`` call each, in one pipeline (with
+        ``delayq_wait_replicas``, once that many replicas have them); their outcomes in order."""
+        core = self.keys.shard(shard).core
+        calls = [ScriptCall(SCRIPTS["cancel"], core, [job_id]) for job_id in job_ids]
+        replicas = self.config.wait_replicas
+        with refused_when_full(f"{len(calls)} job(s) not cancelled"):
+            if replicas:
+                results = run_replicated(self.client, calls, replicas)
+            else:
+                results = run_pipelined(self.client, calls)
+        return [_decode("cancel", _CANCEL, code) for code in results]
+
+    def reschedule(self, job_id: str, due_ms: int) -> RescheduleOutcome:
+        """Move a waiting job (``lua/reschedule.lua``)."""
+        shard = self.keys.shard_of(job_id)
+        args = [job_id, int(due_ms), self.keys.wake_channel, shard]
+        return self._write_outcome(
+            "reschedule", _RESCHEDULE, self.keys.shard(shard).core, args, f"job {job_id!r} not moved"
+        )
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job (or dead letter) with this id, or None."""
+        shard = self.keys.shard_of(job_id)
+        raw = SCRIPTS["get"](self.client, self.keys.shard(shard).core, [job_id])
+        if raw is None:
+            return None
+        if raw[0] == "dead":
+            try:
+                record = load_json(raw[1], f"dead-letter record of {job_id!r}")
+            except CorruptData as exc:
+                record = {"envelope": "", "reason": str(exc)}
+            return JobRecord(
+                job_id,
+                shard,
+                int(record.get("due", 0)),
+                record.get("envelope", ""),
+                "dead",
+                int(record.get("tries", 0)),
+            )
+        lease_until = int(raw[4])
+        if lease_until < 0:
+            state = "waiting"
+        else:
+            state = _GATE_STATES.get(raw[5], "leased") if len(raw) > 5 else "leased"
+        return JobRecord(
+            job_id,
+            shard,
+            int(raw[2]),
+            self._loaded(job_id, raw[1]),
+            state,
+            int(raw[3]),
+            lease_until if 0 <= lease_until < PARK_MS else None,  # a parked job has no expiry
+        )

@@ -1,0 +1,123 @@
+"""Recurring schedules as stored: put and delete (``lua/sched_put.lua``, ``lua/sched_del.lua``),
+reads of definitions and run states, the registry of ``beat_schedule`` names, and firing a
+point (``lua/fire.lua``, :class:`FireOutcome`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+from .base import _DONE, StoreBase, _decode, refused_when_full
+from .scripts import SCRIPTS, ScriptCall, run_pipelined
+
+
+class FireOutcome(enum.StrEnum):
+    """What acking a schedule's point did (``lua/fire.lua``)."""
+
+    STALE = "stale"  # the point was no longer leased to this beat: nothing done
+    FIRED = "fired"  # acked, and the schedule moved to its next point
+    STOPPED = "stopped"  # acked, not advanced: the schedule was deleted, paused or replaced
+    HISTORY_RESET = "history-reset"  # fired, but the run state did not read and was reset
+
+
+_FIRE = (FireOutcome.STALE, FireOutcome.FIRED, FireOutcome.STOPPED, FireOutcome.HISTORY_RESET)
+
+
+_PUT = (False, True, False)  # sched_put: 0 refused (exists), 1 stored, 2 not stalled
+
+
+class SchedulesPart(StoreBase):
+    """Stored schedules (a part of :class:`~celery_delayq.store.facade.Store`)."""
+
+    def put_schedule(
+        self, name: str, mode: str, definition: str, point: tuple[str, int, str], stalled: str = ""
+    ) -> bool:
+        """Store a schedule's definition (JSON) and its next ``point`` ``(id, due ms,
+        envelope)``, or none when the id is empty (``lua/sched_put.lua``). ``mode`` is
+        ``"add"`` (refused when the name exists), ``"put"`` or ``"update"``; with ``stalled``,
+        only while the schedule still waits for that point and it is not stored. True when
+        it was stored."""
+        shard = self.keys.shard_of("{" + name + "}")
+        args: list[Any] = [name, mode, definition, *point, self.keys.wake_channel, shard]
+        if stalled:
+            args.append(stalled)
+        return self._write_outcome(
+            "sched_put", _PUT, self.keys.shard(shard).core, args, f"schedule {name!r} not stored"
+        )
+
+    def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule and its waiting point (``lua/sched_del.lua``); False when there
+        was none."""
+        shard = self.keys.shard_of("{" + name + "}")
+        return self._write_outcome(
+            "sched_del", _DONE, self.keys.shard(shard).core, [name], f"schedule {name!r} not deleted"
+        )
+
+    def schedule(self, name: str) -> tuple[str | None, str | None]:
+        """A schedule's definition and run state as stored (JSON), each None when absent."""
+        shard = self.keys.shard(self.keys.shard_of("{" + name + "}"))
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(shard.schedules, name)
+            pipe.hget(shard.history, name)
+            definition, state = pipe.execute()
+        return definition, state
+
+    def schedule_page(
+        self, shard: int, cursor: int, page: int
+    ) -> tuple[int, list[tuple[str, str, str | None]]]:
+        """One ``HSCAN`` step over a shard's schedules from ``cursor``, with their run states:
+        ``(next cursor, [(name, definition, state)])``; the next cursor is 0 at the end."""
+        keys = self.keys.shard(shard)
+        cursor, found = self.client.hscan(keys.schedules, cursor, count=page)
+        if not found:
+            return int(cursor), []
+        names = list(found)
+        states = self.client.hmget(keys.history, names)
+        return int(cursor), list(zip(names, found.values(), states, strict=True))
+
+    def may_hold_schedules(self) -> bool:
+        """Whether any shard may hold a schedule definition: on one server, one ``EXISTS`` of
+        every shard's hash; on a Cluster (keys of many slots), or for a user whose ACL has no
+        ``EXISTS`` (the rule of an older version), always True."""
+        return self._any_exists([shard.schedules for shard in self.keys.all_shards()])
+
+    def count_schedules(self) -> int:
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keys.all_shards():
+                pipe.hlen(shard.schedules)
+            return sum(int(n) for n in pipe.execute())
+
+    def config_schedule_names(self) -> set[str]:
+        """The names in the registry of schedules that came from ``beat_schedule``."""
+        names: set[str] = self.client.smembers(self.keys.config_registry)
+        return names
+
+    def mark_config_schedule(self, name: str, mark: bool = True) -> None:
+        """Add ``name`` to the registry of ``beat_schedule`` schedules (remove it: ``mark``
+        false)."""
+        with refused_when_full(f"registry of beat_schedule schedules: {name!r} not recorded"):
+            if mark:
+                self.client.sadd(self.keys.config_registry, name)
+            else:
+                self.client.srem(self.keys.config_registry, name)
+
+    def schedule_definitions(self, points: Sequence[tuple[int, str]]) -> list[str | None]:
+        """The stored definitions (raw JSON, None when gone) of ``(shard, schedule name)``."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard, name in points:
+                pipe.hget(self.keys.shard(shard).schedules, name)
+            return list(pipe.execute())
+
+    def fire(self, token: str, calls: Sequence[tuple[int, Sequence[Any]]]) -> list[FireOutcome]:
+        """Run ``lua/fire.lua`` for each ``(shard, args after the token)`` (args: id, name,
+        at_ms, published id, next id, next due, next envelope) in one pipeline; its answers
+        in order."""
+        script_calls = [
+            ScriptCall(
+                SCRIPTS["fire"], self.keys.shard(shard).core, [token, *args, self.keys.wake_channel, shard]
+            )
+            for shard, args in calls
+        ]
+        return [_decode("fire", _FIRE, result) for result in run_pipelined(self.client, script_calls)]
