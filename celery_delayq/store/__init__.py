@@ -1,6 +1,8 @@
 """The store: the one door to Redis, and everything that knows how data sits in it.
 
 ``facade`` (:class:`~celery_delayq.store.facade.Store`: enqueue, claim, ack, bury, cancel, ...),
+composed of its parts by seam (``jobs``, ``delivery``, ``reads``, ``dead``, ``schedules``,
+``flow``, ``batches``, ``beats``, over ``base``: the client, the script calls, the per-shard loop),
 ``connection`` (the client factory and Redis's errors), ``scripts`` (the Lua scripts of ``lua/``,
 called by SHA), ``keys`` (every key name), ``envelope`` (the stored format of a job), ``bounded``
 (bounded reads of stored data), ``lua_formats`` (the Python mirror of the Lua helpers' text

@@ -21,17 +21,12 @@ from redis.cluster import RedisCluster
 
 from ..config import DelayQConfig
 from ..exceptions import StoreError, StoreFull
-from .connection import (
-    REDIS_ERRORS,
-    is_oom,
-    make_client,
-)
+from .connection import REDIS_ERRORS, is_oom, make_client
 from .envelope import joined_form, loaded_form, shape_id_of
 from .keys import KeySpace
 from .scripts import SCRIPTS, DirectCalls, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 _DONE = (False, True)  # 0 nothing done, 1 done (bury, sched_del)
-
 
 _Code = TypeVar("_Code")
 _Item = TypeVar("_Item")
@@ -58,7 +53,6 @@ def _decode(script: str, table: Sequence[_Code], code: Any) -> _Code:
 #: Seconds :meth:`Store.server_now_ms` counts from one reading of the server's ``TIME`` at most
 #: (a monotonic clock drifts from the server's by well under 1 ms in that time).
 SERVER_CLOCK_MAX_AGE = 60.0
-
 
 #: Most shapes a process keeps read (they never change: an id names one text).
 MAX_KEPT_SHAPES = 10_000

@@ -13,10 +13,7 @@ from typing import Any
 import redis
 
 from ..exceptions import CorruptData
-from ..flow.gate import (
-    batch_key,
-    member_id,
-)
+from ..flow.gate import batch_key, member_id
 from .base import StoreBase, _int_or, refused_when_full
 from .delivery import ACK_CHUNK
 from .envelope import stored_form

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -18,11 +17,7 @@ from ..exceptions import CorruptData, UnsupportedServer
 from . import lateness
 from .base import StoreBase
 from .bounded import MAX_SMALL, load_json
-from .connection import (
-    REDIS_ERRORS,
-    evicts_jobs,
-    version_problem,
-)
+from .connection import REDIS_ERRORS, evicts_jobs, version_problem
 
 #: A wake marker as the scripts write it: ms, digits (a score Redis prints may have a fraction).
 _MARKER = re.compile(r"-?[0-9]{1,17}(\.[0-9]{1,17})?")
@@ -50,9 +45,6 @@ def read_marker(raw: Any) -> float | None:
     if not isinstance(raw, str) or not _MARKER.fullmatch(raw):
         return None
     return float(raw)
-
-
-logger = logging.getLogger(__name__)
 
 
 #: Longest wait (s) for the server's confirmation of the wake channel's SUBSCRIBE.

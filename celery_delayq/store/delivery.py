@@ -35,16 +35,12 @@ class PushClaimedReply:
 
 _PUSHED = PushClaimedReply(PushClaimedOutcome.PUSHED)
 
-
 _NOT_HELD = PushClaimedReply(PushClaimedOutcome.STALE)
-
 
 _PUSH_CLAIMED = (_NOT_HELD, _PUSHED)  # an error text stands for REFUSED
 
-
 #: Ids sent to one ack call at most.
 ACK_CHUNK = 5000
-
 
 #: Jobs per push_claimed script call (each carries its whole broker message).
 PUSH_CLAIMED_CHUNK = 1000
@@ -99,7 +95,6 @@ class PushResult:
 #: Most templates a shard's ``wire`` hash takes (one per job shape and beat settings): past it,
 #: new shapes go the beat's way (``lua/push.lua``), so a header unique to each job cannot grow it.
 MAX_STORED_TEMPLATES = 1000
-
 
 #: How long (ms) a shard's ``wire`` hash lives after the last template added to it. A job's shape
 #: names its producer (origin, reply-to), so each producer process adds its own shapes; the hash

@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import InvalidInput, StoreError
-from ..flow.gate import (
-    Gate,
-)
+from ..flow.gate import Gate
 from .base import StoreBase, _int_or
-from .connection import (
-    is_oom,
-)
+from .connection import is_oom
 from .scripts import SCRIPTS
 
 logger = logging.getLogger(__name__)
@@ -66,14 +62,11 @@ class KeyState:
 
 _GATE_DECISIONS = {d.value: d for d in GateDecision}
 
-
 #: Jobs per gate/hold/slot_renew call (each call's ARGV holds a few short strings a job).
 GATE_CHUNK = 1000
 
-
 #: The outcomes :meth:`Store.release` takes.
 RELEASE_OUTCOMES = ("succeeded", "failed", "retry")
-
 
 #: What each ``lua/gate_admin.lua`` operation changes, for :class:`StoreFull`'s message.
 _GATE_ADMIN_WORDS = {"unlimit": "limit", "clear": "limit", "resume": "pause"}

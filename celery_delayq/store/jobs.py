@@ -15,21 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import CorruptData, ReservedTaskId, StoreFull
-from ..flow.gate import (
-    BATCH_DONE_HEADER,
-    GATE_HEADER,
-    GATE_TOKEN,
-    PARK_MS,
-    RUN_TOKEN,
-)
+from ..flow.gate import BATCH_DONE_HEADER, GATE_HEADER, GATE_TOKEN, PARK_MS, RUN_TOKEN
 from .base import StoreBase, _decode, refused_when_full
 from .bounded import load_json
-from .connection import (
-    is_oom,
-)
+from .connection import is_oom
 from .envelope import shared_form, stored_form
 from .keys import is_point_id, shard_of
-from .scripts import SCRIPTS, ScriptCall, run_pipelined, run_replicated
+from .scripts import SCRIPTS
 
 
 class EnqueueOutcome(enum.StrEnum):
@@ -60,26 +52,20 @@ class RescheduleOutcome(enum.StrEnum):
 # The scripts' integer replies, by code (see each script's header).
 _ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held
 
-
 _CANCEL = (CancelOutcome.MISSING, CancelOutcome.CANCELLED, CancelOutcome.DELIVERING)
-
 
 _RESCHEDULE = (RescheduleOutcome.MISSING, RescheduleOutcome.MOVED, RescheduleOutcome.DELIVERING)
 
-
 logger = logging.getLogger(__name__)
-
 
 #: Jobs sent to one enqueue call at most (ARGV stays small, the server stays responsive). The
 #: script's ZADD of 2 values a job goes in slices of ``scripts.LUA_UNPACK_MAX`` values, as every
 #: script's ``unpack`` does (Lua's limit is about 8000), so the size of a call is not bound by it.
 ENQUEUE_CHUNK = 1000
 
-
 #: Most shapes a shard's shapes hash holds (one per task, options and producer process seen since
 #: the shard was last empty); past it, lua/enqueue.lua stores jobs whole.
 MAX_STORED_SHAPES = 1000
-
 
 #: Envelopes whose shape names one of these are stored whole (lua/push.lua leaves them to the beat
 #: by their shape, which it must then see).
@@ -287,15 +273,11 @@ class JobsPart(StoreBase):
     def cancel_many(self, shard: int, job_ids: Sequence[str]) -> list[CancelOutcome]:
         """Remove jobs of one shard, one ``lua/cancel.lua`` call each, in one pipeline (with
         ``delayq_wait_replicas``, once that many replicas have them); their outcomes in order."""
-        core = self.keys.shard(shard).core
-        calls = [ScriptCall(SCRIPTS["cancel"], core, [job_id]) for job_id in job_ids]
-        replicas = self.config.wait_replicas
-        with refused_when_full(f"{len(calls)} job(s) not cancelled"):
-            if replicas:
-                results = run_replicated(self.client, calls, replicas)
-            else:
-                results = run_pipelined(self.client, calls)
-        return [_decode("cancel", _CANCEL, code) for code in results]
+        with refused_when_full(f"{len(job_ids)} job(s) not cancelled"):
+            replies = self._per_shard(
+                "cancel", {shard: job_ids}, 1, lambda _, ids: list(ids), replicated=True
+            )
+        return [_decode("cancel", _CANCEL, code) for _, code in replies]
 
     def reschedule(self, job_id: str, due_ms: int) -> RescheduleOutcome:
         """Move a waiting job (``lua/reschedule.lua``)."""

@@ -11,9 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..flow.gate import (
-    PARK_MS,
-)
+from ..flow.gate import PARK_MS
 from .base import StoreBase, _int_or
 from .jobs import JobRecord, _lease_state
 from .lua_formats import parse_lease

@@ -24,7 +24,6 @@ class FireOutcome(enum.StrEnum):
 
 _FIRE = (FireOutcome.STALE, FireOutcome.FIRED, FireOutcome.STOPPED, FireOutcome.HISTORY_RESET)
 
-
 _PUT = (False, True, False)  # sched_put: 0 refused (exists), 1 stored, 2 not stalled
 
 
