@@ -1464,6 +1464,31 @@ class Store:
         except redis.exceptions.NoPermissionError:
             return True
 
+    def kept_counts(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        """What :meth:`keep_counts` kept under each of ``names`` and has not expired (one
+        ``GET`` a name, one round trip), None where nothing is kept or it does not read."""
+        if not names:
+            return []
+        raws = self.client.mget([self.keys.web_counts(name) for name in names])
+        out: list[dict[str, Any] | None] = []
+        for raw in raws:
+            try:
+                out.append(load_json(raw, "kept counts", dict, MAX_SMALL) if raw is not None else None)
+            except CorruptData:
+                out.append(None)
+        return out
+
+    def keep_counts(self, name: str, value: Mapping[str, Any], ttl_ms: int) -> None:
+        """Keep ``value`` (JSON) under ``name`` for ``ttl_ms`` for every reader of the store
+        (``SET ... PX``); a store that is full keeps nothing."""
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            self.client.set(self.keys.web_counts(name), json.dumps(value, separators=(",", ":")), px=ttl_ms)
+
+    def forget_counts(self, names: Sequence[str]) -> None:
+        """Drop what :meth:`keep_counts` kept under ``names``: the next reader reads again."""
+        if names:
+            self.client.delete(*(self.keys.web_counts(name) for name in names))
+
     def nav_counts(self) -> dict[str, int]:
         """Jobs stored, schedules, dead letters and gate keys over all shards, in one pipeline of
         ``ZCARD``/``HLEN`` a shard (4 commands a shard, whatever is stored): the dashboard's

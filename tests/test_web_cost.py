@@ -52,8 +52,8 @@ def some_jobs(app: Celery, n: int) -> list[str]:
 def without_times(view: dict[str, Any]) -> dict[str, Any]:
     """``/api/status`` less what moves with the clock (now, the charts' start)."""
     out = {k: v for k, v in view.items() if k not in ("now", "now_ms")}
-    out["due"] = {k: v for k, v in view["due"].items() if k != "start"}
-    out["due_24h"] = {k: v for k, v in view["due_24h"].items() if k != "start"}
+    out["due"] = {k: v for k, v in view["due"].items() if k not in ("start", "start_ms")}
+    out["due_24h"] = {k: v for k, v in view["due_24h"].items() if k not in ("start", "start_ms")}
     return out
 
 
