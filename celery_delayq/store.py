@@ -1466,10 +1466,13 @@ class Store:
 
     def kept_counts(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
         """What :meth:`keep_counts` kept under each of ``names`` and has not expired (one
-        ``GET`` a name, one round trip), None where nothing is kept or it does not read."""
+        ``MGET``), None where nothing is kept or it does not read (or ``MGET`` is refused)."""
         if not names:
             return []
-        raws = self.client.mget([self.keys.web_counts(name) for name in names])
+        try:
+            raws = self.client.mget([self.keys.web_counts(name) for name in names])
+        except redis.exceptions.NoPermissionError:  # an older ACL rule, without +mget
+            return [None for _ in names]
         out: list[dict[str, Any] | None] = []
         for raw in raws:
             try:
@@ -1480,14 +1483,17 @@ class Store:
 
     def keep_counts(self, name: str, value: Mapping[str, Any], ttl_ms: int) -> None:
         """Keep ``value`` (JSON) under ``name`` for ``ttl_ms`` for every reader of the store
-        (``SET ... PX``); a store that is full keeps nothing."""
+        (``SET ... PX``); a store that is full or a user refused ``SET`` keeps nothing."""
         with contextlib.suppress(redis.exceptions.ResponseError):
             self.client.set(self.keys.web_counts(name), json.dumps(value, separators=(",", ":")), px=ttl_ms)
 
     def forget_counts(self, names: Sequence[str]) -> None:
-        """Drop what :meth:`keep_counts` kept under ``names``: the next reader reads again."""
-        if names:
-            self.client.delete(*(self.keys.web_counts(name) for name in names))
+        """Drop what :meth:`keep_counts` kept under ``names``: the next reader reads again.
+        ``PEXPIRE key 0`` deletes the key, within the store's ACL rule (which has no ``DEL``)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.pexpire(self.keys.web_counts(name), 0)
+            pipe.execute()
 
     def nav_counts(self) -> dict[str, int]:
         """Jobs stored, schedules, dead letters and gate keys over all shards, in one pipeline of
