@@ -1466,13 +1466,14 @@ class Store:
 
     def kept_counts(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
         """What :meth:`keep_counts` kept under each of ``names`` and has not expired (one
-        ``MGET``), None where nothing is kept or it does not read (or ``MGET`` is refused)."""
+        pipeline of ``GET``: the keys may lie on different nodes of a cluster), None where
+        nothing is kept or it does not read."""
         if not names:
             return []
-        try:
-            raws = self.client.mget([self.keys.web_counts(name) for name in names])
-        except redis.exceptions.NoPermissionError:  # an older ACL rule, without +mget
-            return [None for _ in names]
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.get(self.keys.web_counts(name))
+            raws = pipe.execute()
         out: list[dict[str, Any] | None] = []
         for raw in raws:
             try:

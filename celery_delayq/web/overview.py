@@ -59,7 +59,7 @@ CHARTS = {
 
 def chart_counts(now_ms: int) -> dict[str, dict[str, Any]]:
     """The jobs due in each bucket of each chart of :data:`CHARTS` from ``now_ms``: what is kept
-    in Redis (:meth:`.Store.kept_counts`: one ``MGET``) when a dashboard read it less than
+    in Redis (:meth:`.Store.kept_counts`: a ``GET`` each) when a dashboard read it less than
     :attr:`.Dashboard.chart_seconds` ago, else read now (:meth:`.Store.due_count_series`: one
     script a shard for every chart read) and kept. Each: ``{"start", "start_ms",
     "bucket_seconds", "counts"}``, ``start_ms`` the time it was read from."""
