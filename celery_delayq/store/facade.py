@@ -1473,6 +1473,38 @@ class Store:
         except redis.exceptions.NoPermissionError:
             return True
 
+    def kept_counts(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        """What :meth:`keep_counts` kept under each of ``names`` and has not expired (one
+        pipeline of ``GET``: the keys may lie on different nodes of a cluster), None where
+        nothing is kept or it does not read."""
+        if not names:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.get(self.keys.web_counts(name))
+            raws = pipe.execute()
+        out: list[dict[str, Any] | None] = []
+        for raw in raws:
+            try:
+                out.append(load_json(raw, "kept counts", dict, MAX_SMALL) if raw is not None else None)
+            except CorruptData:
+                out.append(None)
+        return out
+
+    def keep_counts(self, name: str, value: Mapping[str, Any], ttl_ms: int) -> None:
+        """Keep ``value`` (JSON) under ``name`` for ``ttl_ms`` for every reader of the store
+        (``SET ... PX``); a store that is full or a user refused ``SET`` keeps nothing."""
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            self.client.set(self.keys.web_counts(name), json.dumps(value, separators=(",", ":")), px=ttl_ms)
+
+    def forget_counts(self, names: Sequence[str]) -> None:
+        """Drop what :meth:`keep_counts` kept under ``names``: the next reader reads again.
+        ``PEXPIRE key 0`` deletes the key, within the store's ACL rule (which has no ``DEL``)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.pexpire(self.keys.web_counts(name), 0)
+            pipe.execute()
+
     def nav_counts(self) -> dict[str, int]:
         """Jobs stored, schedules, dead letters and gate keys over all shards, in one pipeline of
         ``ZCARD``/``HLEN`` a shard (4 commands a shard, whatever is stored): the dashboard's
