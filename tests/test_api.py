@@ -11,7 +11,9 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ, InvalidDueTime, PendingJob
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.admin.jobs import PendingJob
+from celery_delayq.exceptions import InvalidDueTime
 from celery_delayq.store.facade import get_store
 from tests.support.store import server_ms, snapshot
 

@@ -22,19 +22,17 @@ import pytest
 from celery import Celery, group
 
 import celery_delayq
-from celery_delayq import (
-    DelayQ,
-    DelayQError,
+from celery_delayq import DelayQ, DelayQError, Schedules
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.exceptions import (
     InvalidArguments,
     InvalidDueTime,
     InvalidOptions,
     InvalidSchedule,
     InvalidTaskId,
     PayloadTooLarge,
-    Schedules,
+    ScheduleError,
 )
-from celery_delayq.beat.dispatch import Dispatcher
-from celery_delayq.exceptions import ScheduleError
 from celery_delayq.producer.options import MAX_TASK_ID_LENGTH
 from celery_delayq.store.facade import get_store
 from tests.support.store import store_raw_job

@@ -628,3 +628,16 @@ def test_the_chart_buckets_are_read_from_every_primary(store: Store, r: RedisClu
     hour, day = store.due_count_series([(start, 60_000, 60), (start, 3_600_000, 24)])
     assert hour == [2] * 60
     assert day == [120, 80] + [0] * 22
+
+
+def test_the_dashboards_kept_chart_counts_on_a_cluster(store: Store, r: RedisCluster) -> None:
+    """The charts' kept counts are keys of their own slots (no hash tag in common): kept, read
+    back and forgotten on a cluster, in a pipeline of single-key commands."""
+    names = ["hour", "day"]
+    assert key_slot(store.keys.web_counts("hour").encode()) != key_slot(store.keys.web_counts("day").encode())
+    store.keep_counts("hour", {"counts": [1]}, 60_000)
+    store.keep_counts("day", {"counts": [2]}, 60_000)
+    assert store.kept_counts(names) == [{"counts": [1]}, {"counts": [2]}]
+    assert 0 < r.pttl(store.keys.web_counts("day")) <= 60_000
+    store.forget_counts(names)
+    assert store.kept_counts(names) == [None, None]

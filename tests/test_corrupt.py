@@ -15,10 +15,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import CorruptData, DelayedTask, DelayQ, InvalidOptions, Schedules
+from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.beat.dispatch import CLUSTER_RETRY_MS, Dispatcher
 from celery_delayq.beat.metrics import DispatcherCollector
 from celery_delayq.beat.upkeep import StallSweep, sync_config
+from celery_delayq.exceptions import CorruptData, InvalidOptions
 from celery_delayq.schedules.api import point_id
 from celery_delayq.schedules.rules import IntervalRule
 from celery_delayq.store.bounded import MAX_DEPTH, check_depth, load_json

@@ -22,7 +22,8 @@ import redis
 import redis.connection
 from celery import Celery
 
-from celery_delayq import BatchResult, DelayQ, InvalidOptions
+from celery_delayq import BatchResult, DelayQ
+from celery_delayq.exceptions import InvalidOptions
 from celery_delayq.flow.gate import (
     BATCH_DONE_HEADER,
     GATE_HEADER,

@@ -16,9 +16,9 @@ import redis
 from celery import Celery, chain, group
 
 import celery_delayq
-from celery_delayq import (
+from celery_delayq import DelayQ
+from celery_delayq.exceptions import (
     BatchExists,
-    DelayQ,
     InvalidBatch,
     InvalidOptions,
     SerializationError,

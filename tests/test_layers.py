@@ -515,3 +515,19 @@ def test_the_check_finds_each_test_module_import() -> None:
         (5, "tests.test_model"),
         (10, "tests.test_cli"),
     ]
+
+
+def test_the_public_surface_is_what_a_caller_writes_or_catches() -> None:
+    """``celery_delayq.__all__`` keeps about fifteen names, each one there; every other error is
+    a :class:`DelayQError` importable from ``celery_delayq.exceptions``."""
+    import inspect
+
+    from celery_delayq import exceptions
+
+    assert len(celery_delayq.__all__) <= 16
+    assert all(hasattr(celery_delayq, name) for name in celery_delayq.__all__)
+    errors = [
+        c for _, c in inspect.getmembers(exceptions, inspect.isclass) if c.__module__ == exceptions.__name__
+    ]
+    assert len(errors) > 15
+    assert all(issubclass(error, celery_delayq.DelayQError) for error in errors)

@@ -18,11 +18,13 @@ import redis
 from celery import Celery
 from celery.signals import task_prerun
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig
+from celery_delayq import DelayedTask
 from celery_delayq.beat import dispatch as dispatch_module
 from celery_delayq.beat.dispatch import BEAT_FORGET_MS, Dispatcher
 from celery_delayq.beat.scheduler import serve_metrics
+from celery_delayq.config import DelayQConfig
 from celery_delayq.devtools.embedded import free_port
+from celery_delayq.exceptions import ConfigurationError
 from celery_delayq.store import lateness
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.lateness import BOUNDS, Histogram

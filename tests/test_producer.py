@@ -14,20 +14,10 @@ import redis
 from celery import Celery, Task
 from celery.result import AsyncResult, EagerResult
 
-from celery_delayq import (
-    DelayedTask,
-    DelayQ,
-    DelayQTaskMixin,
-    InvalidDueTime,
-    InvalidOptions,
-    PayloadTooLarge,
-    ScheduledResult,
-    ScheduleError,
-    SerializationError,
-    delayed_task,
-)
+from celery_delayq import DelayedTask, DelayQ, DelayQTaskMixin, ScheduledResult, ScheduleError, delayed_task
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.due import ms_to_datetime
+from celery_delayq.exceptions import InvalidDueTime, InvalidOptions, PayloadTooLarge, SerializationError
 from celery_delayq.store.envelope import decode_envelope
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.scripts import SCRIPTS

@@ -24,9 +24,9 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from celery_delayq import CronRule, IntervalRule, InvalidSchedule, OnceRule, Schedules
-from celery_delayq.exceptions import ScheduleError
-from celery_delayq.schedules.rules import parse_rule, rule_from_json, zone
+from celery_delayq import Schedules
+from celery_delayq.exceptions import InvalidSchedule, ScheduleError
+from celery_delayq.schedules.rules import CronRule, IntervalRule, OnceRule, parse_rule, rule_from_json, zone
 from tests.support.cron import offset_changes, reference_next
 
 HOUR_MS = 3_600_000

@@ -12,7 +12,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import InvalidSchedule, Schedules, ScheduleSpec, UnknownTask
+from celery_delayq import Schedules, ScheduleSpec
+from celery_delayq.exceptions import InvalidSchedule, UnknownTask
 from celery_delayq.store.facade import get_store
 
 

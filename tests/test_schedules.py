@@ -15,23 +15,18 @@ import redis
 from celery import Celery
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
-from celery_delayq import (
-    CronRule,
-    DelayedTask,
-    DelayQ,
-    IntervalRule,
+from celery_delayq import DelayedTask, DelayQ, Scheduler, Schedules
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.upkeep import sync_config
+from celery_delayq.exceptions import (
     InvalidSchedule,
     ScheduleExists,
     ScheduleNotFound,
-    Scheduler,
-    Schedules,
     SerializationError,
     UnknownTask,
 )
-from celery_delayq.beat.dispatch import Dispatcher
-from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.schedules.api import point_id
-from celery_delayq.schedules.rules import parse_rule
+from celery_delayq.schedules.rules import CronRule, IntervalRule, parse_rule
 from celery_delayq.store.delivery import ClaimedJob
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.schedules import FireOutcome

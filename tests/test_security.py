@@ -282,6 +282,19 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     assert top_level({obj for _, obj in denied(admin)}) == {"mget", "exists"}
 
 
+def test_the_dashboards_kept_chart_counts_under_the_documented_rule(
+    admin: redis.Redis, acl_server: EmbeddedRedis, redis_url: str, apps: AppFactory
+) -> None:
+    """The overview's chart counts are kept (SET PX), read (GET) and forgotten (PEXPIRE 0)
+    within the rule: nothing is refused."""
+    store = get_store(apps(redis_url, acl_url(acl_server, db=1)))
+    store.keep_counts("hour", {"counts": [1, 2]}, 60_000)
+    assert store.kept_counts(["hour", "day"]) == [{"counts": [1, 2]}, None]
+    store.forget_counts(["hour", "day"])
+    assert store.kept_counts(["hour"]) == [None]
+    assert denied(admin) == []
+
+
 def cluster_words() -> list[str]:
     """What docs/security.md says to add to the rule on a Redis Cluster."""
     found = re.search(r"On a Redis Cluster \(`delayq_cluster`\), add `([^`]*)`", SECURITY.read_text())

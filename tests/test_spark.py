@@ -17,7 +17,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQ, InvalidDueTime
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.exceptions import ConfigurationError, InvalidDueTime
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
 from celery_delayq.store.envelope import joined_form, loaded_form, shape_id_of
 from celery_delayq.store.facade import get_store

@@ -266,6 +266,11 @@ class KeySpace:
         """Hash: beat token -> JSON heartbeat (host, pid, times, counters), written by each beat."""
         return f"{self.prefix}:beats"
 
+    def web_counts(self, name: str) -> str:
+        """String: JSON of the dashboard's chart counts ``name`` (``hour``, ``day``), kept a
+        short while (a TTL) for every dashboard process (one key, no shard)."""
+        return f"{self.prefix}:web:counts:{name}"
+
     @cached_property
     def wake_channel(self) -> str:
         """Pub/sub channel on which enqueue announces ``"<shard>:<due ms>"``."""

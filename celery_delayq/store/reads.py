@@ -5,14 +5,20 @@ histograms and the overview the dashboard and CLI show (:class:`ShardStats`,
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
+from ..exceptions import CorruptData
 from ..flow.gate import PARK_MS
 from .base import StoreBase, _int_or
+from .bounded import MAX_SMALL, load_json
 from .jobs import JobRecord, _lease_state
 from .lua_formats import parse_lease
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
@@ -398,6 +404,38 @@ class ReadsPart(StoreBase):
             lateness=extra,
             dropped=sum(_int_or(n) for n in replies[4::5]),
         )
+
+    def kept_counts(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        """What :meth:`keep_counts` kept under each of ``names`` and has not expired (one
+        pipeline of ``GET``: the keys may lie on different nodes of a cluster), None where
+        nothing is kept or it does not read."""
+        if not names:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.get(self.keys.web_counts(name))
+            raws = pipe.execute()
+        out: list[dict[str, Any] | None] = []
+        for raw in raws:
+            try:
+                out.append(load_json(raw, "kept counts", dict, MAX_SMALL) if raw is not None else None)
+            except CorruptData:
+                out.append(None)
+        return out
+
+    def keep_counts(self, name: str, value: Mapping[str, Any], ttl_ms: int) -> None:
+        """Keep ``value`` (JSON) under ``name`` for ``ttl_ms`` for every reader of the store
+        (``SET ... PX``); a store that is full or a user refused ``SET`` keeps nothing."""
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            self.client.set(self.keys.web_counts(name), json.dumps(value, separators=(",", ":")), px=ttl_ms)
+
+    def forget_counts(self, names: Sequence[str]) -> None:
+        """Drop what :meth:`keep_counts` kept under ``names``: the next reader reads again.
+        ``PEXPIRE key 0`` deletes the key, within the store's ACL rule (which has no ``DEL``)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.pexpire(self.keys.web_counts(name), 0)
+            pipe.execute()
 
     def nav_counts(self) -> dict[str, int]:
         """Jobs stored, schedules, dead letters and gate keys over all shards, in one pipeline of

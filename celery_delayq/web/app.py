@@ -19,6 +19,7 @@ shown is redacted (:func:`..config.redact_url`).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import secrets
@@ -102,7 +103,10 @@ def create_app(
     @web.teardown_request
     def _forget_reads(exc: BaseException | None) -> None:
         if g.get("delayq_action"):  # an action ran (require_actions let it through)
-            dashboard().shared.clear()
+            board = dashboard()
+            board.shared.clear()
+            with contextlib.suppress(Exception):  # the page already answered
+                board.store.forget_counts(list(board.chart_seconds))
 
     @web.after_request
     def _headers(response: Response) -> Response:
