@@ -15,8 +15,9 @@ from redis.crc import key_slot
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.exceptions import StoreError
+from celery_delayq.store.delivery import ACK_CHUNK
 from celery_delayq.store.facade import Store
-from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome, RescheduleOutcome
+from celery_delayq.store.jobs import ENQUEUE_CHUNK, CancelOutcome, EnqueueOutcome, RescheduleOutcome
 from celery_delayq.store.keys import KeySpace
 from celery_delayq.store.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
 from tests.support.polling import wait_for
@@ -758,6 +759,35 @@ def test_enqueue_of_5000_jobs_in_one_script_call(store: Store, r: redis.Redis) -
         (job_id, 2_000_000_000_000 + i) for i, job_id in enumerate(ids)
     ]
     assert r.hlen(keys.jobs) == 5000
+
+
+def test_calls_split_into_chunks_answer_each_item_in_its_own_place(store: Store, r: redis.Redis) -> None:
+    """The store's one per-shard loop: an enqueue of jobs of two shards split into chunks of
+    ENQUEUE_CHUNK, every other job of shard 0 stored already (kept), answers each job in its place
+    in the input; an ack of more than ACK_CHUNK ids, every other one not leased, answers each id."""
+    due = server_ms(r) - 60_000  # every job due now, so that one claim leases them all
+    ids = ids_on_shard(store.keys, 0, 2 * ENQUEUE_CHUNK + 500)
+    others = ids_on_shard(store.keys, 1, 300, stem="other")
+    kept = set(ids[::2])
+    store.enqueue([(job_id, due, "env") for job_id in sorted(kept)])
+    jobs = [(job_id, due + n, "env") for n, job_id in enumerate(ids + others)]
+    jobs = jobs[::2] + jobs[1::2]  # shards and kept/new interleaved in the input
+    out = store.enqueue(jobs)
+    assert [outcome for outcome, _ in out] == [
+        EnqueueOutcome.KEPT if job_id in kept else EnqueueOutcome.NEW for job_id, _, _ in jobs
+    ]
+    assert [d for (outcome, d), (_, due_ms, _) in zip(out, jobs, strict=True) if outcome == "new"] == [
+        due_ms for job_id, due_ms, _ in jobs if job_id not in kept
+    ]
+    leased = [job.id for job in claim_one(store, 0, "beat-1", batch=len(ids)).jobs]
+    assert sorted(leased) == sorted(ids)
+    missing = ids_on_shard(store.keys, 0, ACK_CHUNK - len(ids) + 100, stem="missing")
+    pairs = zip(ids, missing[: len(ids)], strict=True)
+    asked = [job_id for pair in pairs for job_id in pair] + missing[len(ids) :]
+    assert len(asked) > ACK_CHUNK
+    held = set(ids)
+    assert store.ack("beat-1", {0: asked}) == {job_id: job_id in held for job_id in asked}
+    assert r.hlen(store.keys.shard(0).leases) == 0
 
 
 def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
