@@ -1,6 +1,7 @@
 """Reads over the stored jobs: counts, scans in due order, id search, per-shard stats, due
 histograms and the overview the dashboard and CLI show (:class:`ShardStats`,
-:class:`StoreOverview`, :class:`IdSearch`). Nothing here writes.
+:class:`StoreOverview`, :class:`IdSearch`), and the dashboard's chart counts kept a short while
+for every dashboard process (``keep_counts``, ``kept_counts``). Nothing here writes a job.
 """
 
 from __future__ import annotations
