@@ -7,8 +7,6 @@ when due and publish them into their tasks' normal queues.
 
 from __future__ import annotations
 
-from . import slots as _slots  # noqa: F401  (its task receivers: the slots of gated tasks)
-from . import worker as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
 from .batch import BatchResult
 from .canvas import apply_at, apply_in
 from .config import DelayQConfig
@@ -34,6 +32,7 @@ from .exceptions import (
     UnknownTask,
     UnsupportedServer,
 )
+from .extension import DelayQApp, install, reconfigure
 from .jobs import DelayQ, PendingJob
 from .result import ScheduledResult
 from .rules import CronRule, IntervalRule, OnceRule
@@ -51,6 +50,7 @@ __all__ = [
     "CorruptData",
     "CronRule",
     "DelayQ",
+    "DelayQApp",
     "DelayQConfig",
     "DelayQError",
     "DelayQTaskMixin",
@@ -83,4 +83,6 @@ __all__ = [
     "apply_at",
     "apply_in",
     "delayed_task",
+    "install",
+    "reconfigure",
 ]

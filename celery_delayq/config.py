@@ -2,7 +2,8 @@
 
 Settings live in the Celery app's configuration (``app.conf.delayq_url = ...``,
 or ``CELERY_DELAYQ_URL`` with Django's ``CELERY`` namespace) and are read once
-per app into a typed, validated :class:`DelayQConfig`.
+per app into a typed, validated :class:`DelayQConfig`, kept by the app's extension
+(:mod:`.extension`) and read again when the settings change.
 
 >>> from celery import Celery
 >>> app = Celery(broker="redis://127.0.0.1:6390/0")
@@ -263,13 +264,11 @@ class DelayQConfig:
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
-        """Read and validate the settings of ``app`` (cached on the app)."""
-        cached = app.__dict__.get("_delayq_config")
-        if isinstance(cached, cls):
-            return cached
-        config = cls.from_mapping({name: _conf_get(app, name) for name in DEFAULTS}, app=app)
-        app.__dict__["_delayq_config"] = config
-        return config
+        """The validated settings of ``app``: its extension's (:func:`.extension.extension`),
+        read once and again after a settings change)."""
+        from .extension import extension
+
+        return extension(app).config
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], app: Any = None) -> DelayQConfig:

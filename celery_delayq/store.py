@@ -590,12 +590,12 @@ class Store:
 
     @classmethod
     def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
-        """The app's store (one per app and process, kept on the app; redis-py pools are
-        fork-safe). ``connect_timeout`` applies when this call makes it (the CLI's)."""
-        store = app.__dict__.get("_delayq_store")
-        if not isinstance(store, Store):
-            store = cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
-            app.__dict__["_delayq_store"] = store
+        """The app's store (one per app and process, kept by the app's extension,
+        :mod:`.extension`; redis-py pools are fork-safe). ``connect_timeout`` applies when this
+        call makes it (the CLI's)."""
+        from .extension import extension
+
+        store: Store = extension(app).store(connect_timeout)
         return store
 
     @property

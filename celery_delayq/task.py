@@ -132,6 +132,18 @@ class DelayQTaskMixin:
 
     name: str
 
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Celery's hook when the task is bound to ``app``: attach delayq's worker side to
+        the app (:func:`celery_delayq.install`), so that a worker of the app gives gated
+        tasks' slots back, records lateness and checks starts."""
+        from .extension import install
+
+        install(app)
+        parent = getattr(super(), "on_bound", None)
+        if parent is not None:
+            parent(app)
+
     def _delayq_app(self) -> Any:
         return self._get_app()  # type: ignore[attr-defined]
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQ, InvalidDueTime
+from celery_delayq import ConfigurationError, DelayedTask, DelayQ, InvalidDueTime, reconfigure
 from celery_delayq.envelope import joined_form, loaded_form, shape_id_of
 from celery_delayq.keys import KeySpace
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
@@ -136,8 +136,7 @@ def test_with_an_app_the_task_s_own_options_are_stored(
     from tests.apps.spark_app import app as spark_app
 
     spark_app.conf.delayq_url = redis_url
-    spark_app.__dict__.pop("_delayq_config", None)
-    spark_app.__dict__.pop("_delayq_store", None)
+    reconfigure(spark_app)  # (seen within RECHECK_EVERY anyway)
     try:
         task = spark_app.tasks["spark.remind"]
         task.apply_at(BASE, (7,), {"text": "hi"}, task_id="direct")
@@ -152,8 +151,7 @@ def test_with_an_app_the_task_s_own_options_are_stored(
         assert set(pending_ids(r, "sparkq", 8)) == {"direct", "remind:7"}
     finally:
         get_store(spark_app).close()
-        spark_app.__dict__.pop("_delayq_store", None)
-        spark_app.__dict__.pop("_delayq_config", None)
+        reconfigure(spark_app)
 
 
 def test_writing_twice_keeps_the_same_pending_set_and_replace_moves_them(
