@@ -46,6 +46,7 @@ from .envelope import (
     shared_pieces,
 )
 from .exceptions import InvalidOptions, SerializationError
+from .extension import extension
 from .options import (
     MAX_TASK_ID_LENGTH,
     Route,
@@ -229,9 +230,10 @@ class _AppState:
 
 def app_state(app: Any) -> _AppState:
     """The app's :class:`_AppState`: its extension's (:func:`.extension.extension`)."""
-    from .extension import extension
-
-    state: _AppState = extension(app).state()
+    ext = extension(app)
+    state: _AppState = ext.part("state", lambda: _new_state(app))
+    if not _state_is_current(state):  # kombu's JSON codec was replaced
+        state = ext.parts["state"] = _new_state(app)
     return state
 
 

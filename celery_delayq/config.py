@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
+from .extension import extension, watch
 
 __all__ = ["DEFAULTS", "DelayQConfig", "redact_url", "setting_name"]
 
@@ -115,6 +116,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "batch never expires.",
     ),
 }
+
+
+watch(DEFAULTS)  # a change to a delayq_* setting makes the app's extension anew
 
 
 def setting_name(app: Any, name: str) -> str:
@@ -266,9 +270,11 @@ class DelayQConfig:
     def from_app(cls, app: Any) -> DelayQConfig:
         """The validated settings of ``app``: its extension's (:func:`.extension.extension`),
         read once and again after a settings change)."""
-        from .extension import extension
+        return extension(app).part("config", lambda: cls._read(app))
 
-        return extension(app).config
+    @classmethod
+    def _read(cls, app: Any) -> DelayQConfig:
+        return cls.from_mapping({name: _conf_get(app, name) for name in DEFAULTS}, app=app)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], app: Any = None) -> DelayQConfig:

@@ -1,8 +1,10 @@
 """One object per Celery app: what delayq keeps for it, rebuilt whole when its settings change.
 
-:func:`extension` returns the app's :class:`DelayQApp`: the validated settings
-(:class:`~.config.DelayQConfig`), the store, the message plans (:mod:`.build`) and the results
-cache (:mod:`.result`), each made on first use. They live and die together: when the app's
+:func:`extension` returns the app's :class:`DelayQApp`, whose parts are the validated
+settings (:class:`~.config.DelayQConfig`, part ``"config"``), the store (``"store"``), the
+message plans (:mod:`.build`, ``"state"``) and the results cache (:mod:`.result`,
+``"results"``), each made on first use by the module that owns it (this module, the lowest of
+the package, imports none of them). They live and die together: when the app's
 configuration changes, the next :func:`extension` call returns a new object (whoever still
 holds the old store, a running beat say, keeps using it).
 
@@ -18,7 +20,8 @@ A change is seen without reading anything private of Celery:
   :func:`reconfigure` rebuilds at once.
 
 The worker side (slots, lateness, the start check) is attached per app by :func:`install`:
-a worker bootstep (:class:`~.worker.DelayQWorker`) in ``app.steps['worker']``. An app that
+a worker bootstep (:class:`~.worker.DelayQWorker`, named by :data:`WORKER_STEP`) in
+``app.steps['worker']``. An app that
 uses ``DelayedTask`` (or the mixin) is installed when its task is bound to it; any other app
 calls ``celery_delayq.install(app)`` once, in the module the worker loads. An app never
 installed gets no delayq receiver and no step.
@@ -26,30 +29,44 @@ installed gets no delayq receiver and no step.
 >>> from celery import Celery
 >>> app = Celery(broker="redis://127.0.0.1:6390/0", set_as_current=False)
 >>> ext = extension(app)
->>> ext is extension(app), ext.config.prefix
-(True, 'delayq')
+>>> ext is extension(app), ext.part("answer", lambda: 42)
+(True, 42)
 >>> app.conf.delayq_prefix = "other"
->>> reconfigure(app).config.prefix, extension(app) is ext
-('other', False)
+>>> reconfigure(app) is ext, extension(app).parts
+(False, {})
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-from .config import DEFAULTS, DelayQConfig, _conf_get
+__all__ = [
+    "RECHECK_EVERY",
+    "WATCHED",
+    "WORKER_STEP",
+    "DelayQApp",
+    "extension",
+    "install",
+    "installed",
+    "reconfigure",
+    "watch",
+]
 
-__all__ = ["RECHECK_EVERY", "WATCHED", "DelayQApp", "extension", "install", "installed", "reconfigure"]
+T = TypeVar("T")
 
 #: Seconds between two reads of an app's fingerprint (see the module docstring); 0: every call.
 RECHECK_EVERY = 0.5
 
-#: The settings whose values make an app's fingerprint: every ``delayq_*`` setting, the broker
-#: URLs (``delayq_url``'s default) and the Celery settings a stored message is built from.
-WATCHED: tuple[str, ...] = (
-    *DEFAULTS,
+#: The worker bootstep :func:`install` adds, by name (Celery loads it when a worker is built).
+WORKER_STEP = "celery_delayq.worker:DelayQWorker"
+
+#: The settings whose values make an app's fingerprint: the broker URLs (``delayq_url``'s
+#: default), the Celery settings a stored message is built from, and every ``delayq_*``
+#: setting (:mod:`.config` adds them, :func:`watch`).
+WATCHED: list[str] = [
     "broker_url",
     "broker_write_url",
     "task_always_eager",
@@ -71,15 +88,21 @@ WATCHED: tuple[str, ...] = (
     "task_soft_time_limit",
     "task_annotations",
     "task_repr_maxlevels",
-)
+]
 
 _ATTRIBUTE = "delayq_extension"  # the one attribute delayq sets on an app
 _lock = threading.Lock()
 
 
+def watch(names: Iterable[str]) -> None:
+    """Add settings to :data:`WATCHED` (a change to any of them makes extensions anew)."""
+    for name in names:
+        if name not in WATCHED:
+            WATCHED.append(name)
+
+
 def _fingerprint(app: Any) -> tuple[Any, ...]:
-    conf = app.conf
-    get = conf.get
+    get = app.conf.get
     return (getattr(app, "namespace", None), *(get(name) for name in WATCHED))
 
 
@@ -90,46 +113,18 @@ class DelayQApp:
         self.conf = app.conf  # the configuration object it was made from
         self.fingerprint = _fingerprint(app)
         self.checked = time.monotonic()
-        self._app = app
-        self._config: DelayQConfig | None = None
-        self._store: Any = None
-        self._state: Any = None
-        #: (result class, id(backend)) -> (backend, shared attributes): :mod:`.result`'s cache
-        self.results: dict[Any, tuple[Any, dict[str, Any] | None]] = {}
-        self._lock = threading.Lock()
+        #: part name -> the part ("config", "store", "state", "results")
+        self.parts: dict[str, Any] = {}
 
-    @property
-    def config(self) -> DelayQConfig:
-        """The app's validated ``delayq_*`` settings."""
-        config = self._config
-        if config is None:
-            values = {name: _conf_get(self._app, name) for name in DEFAULTS}
-            config = self._config = DelayQConfig.from_mapping(values, app=self._app)
-        return config
-
-    def store(self, connect_timeout: float | None = None) -> Any:
-        """The app's :class:`~.store.Store` (one per app and process; redis-py pools are
-        fork-safe). ``connect_timeout`` applies when this call makes it (the CLI's)."""
-        store = self._store
-        if store is None:
-            from .store import Store
-
-            config = self.config
-            with self._lock:
-                store = self._store
-                if store is None:
-                    store = self._store = Store(config, connect_timeout=connect_timeout)
-        return store
-
-    def state(self) -> Any:
-        """:mod:`.build`'s per-app state (routes and plans), made anew when kombu's JSON codec
-        changed since."""
-        from .build import _new_state, _state_is_current
-
-        state = self._state
-        if state is None or not _state_is_current(state):
-            state = self._state = _new_state(self._app)
-        return state
+    def part(self, name: str, make: Callable[[], T]) -> T:
+        """The part ``name``, made by ``make()`` on first use (two threads may both make it:
+        one is kept)."""
+        try:
+            found: T = self.parts[name]
+            return found
+        except KeyError:
+            made: T = self.parts.setdefault(name, make())
+            return made
 
     def current(self, app: Any) -> bool:
         """Whether this is still ``app``'s extension (see the module docstring)."""
@@ -162,8 +157,8 @@ def reconfigure(app: Any) -> DelayQApp:
 
 def _rebuild(app: Any, old: DelayQApp | None) -> DelayQApp:
     with _lock:
-        if app.__dict__.get(_ATTRIBUTE) is not old:  # another thread made it meanwhile
-            ext: DelayQApp = app.__dict__[_ATTRIBUTE]
+        ext: DelayQApp | None = app.__dict__.get(_ATTRIBUTE)
+        if ext is not old and ext is not None:  # another thread made it meanwhile
             return ext
         ext = DelayQApp(app)
         app.__dict__[_ATTRIBUTE] = ext
@@ -175,14 +170,15 @@ def install(app: Any) -> Any:
     which, in a worker of this app, gives gated tasks' slots back, records start lateness
     (``delayq_record_lateness``) and checks task starts (``delayq_start_check``). Idempotent;
     returns the app. Call it before the worker is built (in the module the worker loads)."""
-    from .worker import DelayQWorker
-
-    app.steps["worker"].add(DelayQWorker)
+    steps = app.steps["worker"]
+    if not installed(app):
+        steps.add(WORKER_STEP)
     return app
 
 
 def installed(app: Any) -> bool:
     """Whether :func:`install` attached the worker side to ``app``."""
-    from .worker import DelayQWorker
-
-    return DelayQWorker in app.steps["worker"]
+    return any(
+        step == WORKER_STEP or getattr(step, "name", None) == "celery_delayq.worker.DelayQWorker"
+        for step in app.steps["worker"]
+    )

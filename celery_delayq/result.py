@@ -90,7 +90,7 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
 
     @classmethod
     def _shared_attributes(cls, backend: Any, task_name: str, app: Any) -> dict[str, Any] | None:
-        kept = extension(app).results
+        kept: dict[Any, tuple[Any, dict[str, Any] | None]] = extension(app).part("results", dict)
         key = (cls, id(backend))
         entry = kept.get(key)
         if entry is not None and entry[0] is backend:

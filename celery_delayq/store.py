@@ -51,6 +51,7 @@ from .connection import (
 )
 from .envelope import id_opening, joined_form, loaded_form, shape_id_of, shared_form, stored_form
 from .exceptions import CorruptData, InvalidInput, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
+from .extension import extension
 from .gate import BATCH_DONE_HEADER, GATE_HEADER, GATE_TOKEN, PARK_MS, RUN_TOKEN, Gate, batch_key, member_id
 from .keys import KeySpace, is_point_id, shard_of
 from .lua_formats import parse_lease
@@ -593,10 +594,9 @@ class Store:
         """The app's store (one per app and process, kept by the app's extension,
         :mod:`.extension`; redis-py pools are fork-safe). ``connect_timeout`` applies when this
         call makes it (the CLI's)."""
-        from .extension import extension
-
-        store: Store = extension(app).store(connect_timeout)
-        return store
+        return extension(app).part(
+            "store", lambda: cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
+        )
 
     @property
     def is_cluster(self) -> bool:

@@ -28,6 +28,7 @@ from .due import (
 )
 from .envelope import DUE_HEADER
 from .exceptions import InvalidDueTime, InvalidOptions
+from .extension import install
 from .gate import GATE_HEADER, GATE_OPTIONS, Gate, check_key, gated_id, key_tag, pop_gate
 from .keys import is_point_id
 from .options import TRANSPORT_OPTIONS, due_item, short_repr
@@ -137,8 +138,6 @@ class DelayQTaskMixin:
         """Celery's hook when the task is bound to ``app``: attach delayq's worker side to
         the app (:func:`celery_delayq.install`), so that a worker of the app gives gated
         tasks' slots back, records lateness and checks starts."""
-        from .extension import install
-
         install(app)
         parent = getattr(super(), "on_bound", None)
         if parent is not None:
