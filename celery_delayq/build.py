@@ -231,7 +231,9 @@ class _AppState:
 def app_state(app: Any) -> _AppState:
     """The app's :class:`_AppState`: its extension's (:func:`.extension.extension`)."""
     ext = extension(app)
-    state: _AppState = ext.part("state", lambda: _new_state(app))
+    state: _AppState | None = ext.parts.get("state")
+    if state is None:
+        state = ext.part("state", lambda: _new_state(app))
     if not _state_is_current(state):  # kombu's JSON codec was replaced
         state = ext.parts["state"] = _new_state(app)
     return state

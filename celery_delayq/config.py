@@ -270,7 +270,9 @@ class DelayQConfig:
     def from_app(cls, app: Any) -> DelayQConfig:
         """The validated settings of ``app``: its extension's (:func:`.extension.extension`),
         read once and again after a settings change)."""
-        return extension(app).part("config", lambda: cls._read(app))
+        ext = extension(app)
+        config: DelayQConfig | None = ext.parts.get("config")
+        return config if config is not None else ext.part("config", lambda: cls._read(app))
 
     @classmethod
     def _read(cls, app: Any) -> DelayQConfig:

@@ -110,8 +110,8 @@ class DelayQApp:
     """What delayq keeps for one app, valid while its settings are unchanged."""
 
     def __init__(self, app: Any) -> None:
+        self.fingerprint = _fingerprint(app)  # (first: reading a setting may load the config)
         self.conf = app.conf  # the configuration object it was made from
-        self.fingerprint = _fingerprint(app)
         self.checked = time.monotonic()
         #: part name -> the part ("config", "store", "state", "results")
         self.parts: dict[str, Any] = {}
@@ -145,7 +145,9 @@ class DelayQApp:
 def extension(app: Any) -> DelayQApp:
     """The app's :class:`DelayQApp`, made on first use and anew after a settings change."""
     ext: DelayQApp | None = app.__dict__.get(_ATTRIBUTE)
-    if ext is not None and ext.current(app):
+    if ext is not None and (
+        (app.conf is ext.conf and time.monotonic() - ext.checked < RECHECK_EVERY) or ext.current(app)
+    ):
         return ext
     return _rebuild(app, ext)
 

@@ -594,9 +594,13 @@ class Store:
         """The app's store (one per app and process, kept by the app's extension,
         :mod:`.extension`; redis-py pools are fork-safe). ``connect_timeout`` applies when this
         call makes it (the CLI's)."""
-        return extension(app).part(
-            "store", lambda: cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
-        )
+        ext = extension(app)
+        store: Store | None = ext.parts.get("store")
+        if store is None:
+            store = ext.part(
+                "store", lambda: cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
+            )
+        return store
 
     @property
     def is_cluster(self) -> bool:
