@@ -184,7 +184,7 @@ class RecordingScheduler(Scheduler):
         super().setup_schedule()
         if _log is None:
             return
-        from celery_delayq.dispatch import Dispatcher
+        from celery_delayq.beat.dispatch import Dispatcher
 
         assert self.dispatcher is not None
         try:

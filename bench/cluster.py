@@ -169,8 +169,8 @@ def row_cluster_dispatch(ctx: Context) -> RowResult:
 def _published_per_beat(p: Any) -> list[int]:
     """Each running beat's ``published`` count, from its heartbeat, once it has been refreshed
     after the drain (the beats refresh it every ``HEARTBEAT_EVERY`` seconds)."""
-    from celery_delayq.heartbeat import HEARTBEAT_EVERY
-    from celery_delayq.store import get_store
+    from celery_delayq.beat.heartbeat import HEARTBEAT_EVERY
+    from celery_delayq.store.facade import get_store
 
     time.sleep(HEARTBEAT_EVERY + 1.0)
     try:

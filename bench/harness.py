@@ -432,7 +432,7 @@ class Producer:
     client: redis.Redis
 
     def close(self) -> None:
-        from celery_delayq.store import get_store
+        from celery_delayq.store.facade import get_store
 
         with contextlib.suppress(Exception):
             get_store(self.app).close()
@@ -469,7 +469,7 @@ def producer(broker: str, store: str, **conf: Any) -> Iterator[Producer]:
 
 def wake_channel(p: Producer) -> str:
     """The pub/sub channel a beat subscribes to when it enters its claim loop."""
-    from celery_delayq.store import get_store
+    from celery_delayq.store.facade import get_store
 
     try:
         return str(get_store(p.app).keys.wake_channel)
@@ -533,7 +533,7 @@ def envelope_template(p: Producer, shape: str = REAL) -> Template | None:
     """A :class:`Template` of ``bench.job``'s stored envelope for ``shape``, or None if that
     cannot be had (the build's API or format changed)."""
     try:
-        from celery_delayq.build import build_envelope
+        from celery_delayq.producer.build import build_envelope
 
         marked = call_of(markers(shape))
         sample_id, sample, due_ms = uuid(), 123_457, int(time.time() * 1000) + 3_600_123
@@ -564,7 +564,7 @@ def fill(p: Producer, n: int, due_at: Callable[[int], float], budget_s: float, s
     calls after building each message) with a :class:`Template` of ``build_envelope()``'s
     output: byte for byte what ``apply_at_many`` stores, minus the per-job build.
     """
-    from celery_delayq.store import get_store
+    from celery_delayq.store.facade import get_store
 
     t0 = time.perf_counter()
     done = 0

@@ -4,7 +4,7 @@ A capped job released by a beat and not started by a worker yet is *held*; with 
 backend, a beat claims it again every ``delayq_slot_ttl`` and asks the backend whether its
 task ended (``lua/hold.lua``, ``publish.Ran``; see docs/guarantees.md, "Redis restored from an
 older snapshot"). This stores ``N`` (default 400) jobs of one key capped at ``N``, has one
-in-process :class:`~celery_delayq.dispatch.Dispatcher` release and hold them all (no worker:
+in-process :class:`~celery_delayq.beat.dispatch.Dispatcher` release and hold them all (no worker:
 their messages stay in the broker), waits until they are due again, and times the one pass
 that takes them all again:
 
@@ -28,8 +28,8 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.dispatch import Dispatcher
 
 
 def one_pass(url: str, n: int, backend: bool) -> tuple[float, dict[str, int]]:

@@ -32,8 +32,8 @@ WITHOUT = [name for name in os.environ.get("BENCH_APPLY_AT_WITHOUT", "").split("
 @contextlib.contextmanager
 def turned_off(p: Any, what: str) -> Iterator[None]:
     """``what`` (``direct`` or ``plans``) turned off in ``p``'s app while inside."""
-    from celery_delayq import build
-    from celery_delayq.store import get_store
+    from celery_delayq.producer import build
+    from celery_delayq.store.facade import get_store
 
     if what == "direct":
         store = get_store(p.app)

@@ -3,7 +3,7 @@ profile of the dispatch path.
 
 Starts a throwaway Redis server (the store, and by default the broker), stores ``N`` (default 100,000)
 no-argument jobs due now with ``apply_at_many``, then drains them with one in-process
-:class:`~celery_delayq.dispatch.Dispatcher` (``run_once()`` until all are published)
+:class:`~celery_delayq.beat.dispatch.Dispatcher` (``run_once()`` until all are published)
 under pyinstrument, and prints the call tree (frames under 2% of the time are left
 out) and the rate with and without the profiler. ``--kombu`` sets
 ``delayq_push=False`` to profile the path through kombu's publish batch.
@@ -11,7 +11,7 @@ out) and the rate with and without the profiler. ``--kombu`` sets
 on RabbitMQ at 127.0.0.1:5672 (a queue of its own, deleted after): both take the kombu path,
 as a deployment with the broker elsewhere does. It also
 prints the fence's figures of the plain run (see ``FENCE_FRACTION`` in
-:mod:`celery_delayq.dispatch`): renewals, and the residual window from the last lease check to
+:mod:`celery_delayq.beat.dispatch`): renewals, and the residual window from the last lease check to
 the end of each publish or batch flush.
 
 The profiler slows the Python side (often by half), so the profiled rate is lower
@@ -30,8 +30,8 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.dispatch import Dispatcher
 
 from .dispatch import RABBITMQ_URL
 

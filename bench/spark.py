@@ -329,7 +329,7 @@ def measure(ctx: Context, n: int, master: str) -> RowResult:
     import redis
 
     from celery_delayq.spark import JobWriter, WriteOptions, write_rows
-    from celery_delayq.store import Store
+    from celery_delayq.store.facade import Store
 
     cores = master_cores(master)
     server = ctx.redis()

@@ -4,7 +4,7 @@
 prints, side by side:
 
 * **in the consumer**: the time the worker's consumer spends per message in the strategy
-  that :class:`celery_delayq.starts.StartCheck` wraps, for N messages without the claim
+  that :class:`celery_delayq.worker.starts.StartCheck` wraps, for N messages without the claim
   header (never checked: the push path, plain Celery), N with one (the first start: one
   ``lua/start.lua`` call that writes a record), and N stale copies (the call that drops them);
   the inner strategy does nothing, so this is the check alone; and the memory each record
@@ -29,7 +29,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_delayq.envelope import CLAIM_HEADER
+from celery_delayq.store.envelope import CLAIM_HEADER
 
 BROKER = os.environ.get("START_CHECK_BROKER", "redis://127.0.0.1:1/0")
 app = Celery("start_check", broker=BROKER, set_as_current=False)
@@ -67,9 +67,9 @@ class _Message:
 
 
 def in_consumer(url: str, n: int) -> list[str]:
-    from celery_delayq.starts import StartCheck
+    from celery_delayq.worker.starts import StartCheck
 
-    logging.getLogger("celery_delayq.starts").setLevel(logging.ERROR)  # (a line per stale copy)
+    logging.getLogger("celery_delayq.worker.starts").setLevel(logging.ERROR)  # (a line per stale copy)
     application = Celery("start_check", broker=url, set_as_current=False)
     application.conf.update(delayq_url=url)
     consumer = _Consumer(application)

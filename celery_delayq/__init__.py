@@ -7,82 +7,38 @@ when due and publish them into their tasks' normal queues.
 
 from __future__ import annotations
 
-from .batch import BatchResult
-from .canvas import apply_at, apply_in
-from .config import DelayQConfig
-from .exceptions import (
-    BatchExists,
-    ConfigurationError,
-    CorruptData,
-    DelayQError,
-    InvalidArguments,
-    InvalidBatch,
-    InvalidDueTime,
-    InvalidOptions,
-    InvalidSchedule,
-    InvalidTaskId,
-    PayloadTooLarge,
-    ReservedTaskId,
-    ScheduleError,
-    ScheduleExists,
-    ScheduleNotFound,
-    SerializationError,
-    StoreError,
-    StoreFull,
-    UnknownTask,
-    UnsupportedServer,
-)
-from .extension import DelayQApp, install, reconfigure
-from .jobs import DelayQ, PendingJob
-from .result import ScheduledResult
-from .rules import CronRule, IntervalRule, OnceRule
-from .schedule_spec import Schedule, ScheduleSpec
-from .scheduler import Scheduler
-from .schedules import Schedules
-from .task import DelayedTask, DelayQTaskMixin, delayed_task
+from .admin.jobs import DelayQ
+from .beat.scheduler import Scheduler
+from .config import install
+from .exceptions import DelayQError, ScheduleError, StoreError, StoreFull
+from .flow.batch import BatchResult
+from .producer.canvas import apply_at, apply_in
+from .producer.result import ScheduledResult
+from .producer.task import DelayedTask, DelayQTaskMixin, delayed_task
+from .schedules.api import Schedules
+from .schedules.spec import ScheduleSpec
 
 __version__ = "0.1.0"
 
+#: What a caller writes or catches. Everything else is imported from its module: the other
+#: errors from :mod:`celery_delayq.exceptions` (each a :class:`DelayQError`), the rules from
+#: :mod:`celery_delayq.schedules.rules`, the settings' reader from :mod:`celery_delayq.config`.
 __all__ = [
-    "BatchExists",
     "BatchResult",
-    "ConfigurationError",
-    "CorruptData",
-    "CronRule",
     "DelayQ",
-    "DelayQApp",
-    "DelayQConfig",
     "DelayQError",
     "DelayQTaskMixin",
     "DelayedTask",
-    "IntervalRule",
-    "InvalidArguments",
-    "InvalidBatch",
-    "InvalidDueTime",
-    "InvalidOptions",
-    "InvalidSchedule",
-    "InvalidTaskId",
-    "OnceRule",
-    "PayloadTooLarge",
-    "PendingJob",
-    "ReservedTaskId",
-    "Schedule",
     "ScheduleError",
-    "ScheduleExists",
-    "ScheduleNotFound",
     "ScheduleSpec",
     "ScheduledResult",
     "Scheduler",
     "Schedules",
-    "SerializationError",
     "StoreError",
     "StoreFull",
-    "UnknownTask",
-    "UnsupportedServer",
     "__version__",
     "apply_at",
     "apply_in",
     "delayed_task",
     "install",
-    "reconfigure",
 ]

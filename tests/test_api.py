@@ -11,8 +11,10 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ, InvalidDueTime, PendingJob
-from celery_delayq.store import get_store
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.admin.jobs import PendingJob
+from celery_delayq.exceptions import InvalidDueTime
+from celery_delayq.store.facade import get_store
 from tests.support.store import server_ms, snapshot
 
 BASE = datetime(2031, 1, 1, tzinfo=UTC)
@@ -217,7 +219,7 @@ def test_count_and_dead(app: Celery) -> None:
 
 
 def test_lateness_reads_the_histograms_the_beat_and_workers_write(app: Celery, r: redis.Redis) -> None:
-    from celery_delayq.dispatch import Dispatcher
+    from celery_delayq.beat.dispatch import Dispatcher
 
     q = DelayQ(app)
     assert q.lateness("publish").count == 0

@@ -22,21 +22,19 @@ import pytest
 from celery import Celery, group
 
 import celery_delayq
-from celery_delayq import (
-    DelayQ,
-    DelayQError,
+from celery_delayq import DelayQ, DelayQError, Schedules
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.exceptions import (
     InvalidArguments,
     InvalidDueTime,
     InvalidOptions,
     InvalidSchedule,
     InvalidTaskId,
     PayloadTooLarge,
-    Schedules,
+    ScheduleError,
 )
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.exceptions import ScheduleError
-from celery_delayq.options import MAX_TASK_ID_LENGTH
-from celery_delayq.store import get_store
+from celery_delayq.producer.options import MAX_TASK_ID_LENGTH
+from celery_delayq.store.facade import get_store
 from tests.support.store import store_raw_job
 
 ETA = 4_000_000_000.0  # 2096: never due during a test
@@ -374,10 +372,10 @@ def test_every_checked_option_is_checked_for_every_value(app_factory: Callable[.
 def test_operator_inputs_and_a_gone_batch_raise_delayq_errors(app: Celery) -> None:
     """docs/errors.md: what an operator types (a duration, a time, a cursor) and a batch that is
     no longer stored raise under ``DelayQError``, still catchable as the builtin they refine."""
-    from celery_delayq.batch import BatchResult
+    from celery_delayq.admin.timeparse import parse_duration, parse_when
+    from celery_delayq.admin.views import parse_cursor
     from celery_delayq.exceptions import BatchNotFound, InvalidInput
-    from celery_delayq.timeparse import parse_duration, parse_when
-    from celery_delayq.views import parse_cursor
+    from celery_delayq.flow.batch import BatchResult
 
     for bad in (
         lambda: parse_duration("5 parsecs"),

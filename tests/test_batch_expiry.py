@@ -16,11 +16,11 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_delayq.beat.dispatch import BATCH_SWEEP_EVERY
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.dispatch import BATCH_SWEEP_EVERY
 from celery_delayq.exceptions import CorruptData, StoreFull
-from celery_delayq.gate import Gate, batch_key, completion_id, member_id
-from celery_delayq.store import GateDecision, Store, get_store
+from celery_delayq.flow.gate import Gate, batch_key, completion_id, member_id
+from celery_delayq.store.facade import GateDecision, Store, get_store
 from tests.support.cli import as_json, invoke
 from tests.support.flow import FlowProducer, read_done, start_flow_stack, warm_up_flow
 from tests.support.polling import wait_for
@@ -242,7 +242,7 @@ def test_a_corrupt_batch_hash(keep60: Store, r: redis.Redis, caplog: pytest.LogC
     open_with_members(store, r, "c3", 1)
     store.cancel_batch("c3")
     r.zadd(store.keys.for_key(batch_key("c3")).batch_expiry, {"c3": 1})
-    with caplog.at_level(logging.WARNING, logger="celery_delayq.store"):
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.store.facade"):
         assert store.sweep_batches() == 1
     assert "1 expired batch(es) not removed" in caplog.text and "is not a hash" in caplog.text
     assert leftovers(store, r, "c3") == [] and r.get(batch_hash(store, "c2")) == "not a hash"

@@ -18,18 +18,11 @@ from celery import Celery, chain, chord, group, signature
 from celery.result import AsyncResult, GroupResult
 
 import celery_delayq
-from celery_delayq import (
-    DelayedTask,
-    DelayQ,
-    InvalidDueTime,
-    InvalidOptions,
-    ScheduledResult,
-    StoreFull,
-    UnknownTask,
-)
+from celery_delayq import DelayedTask, DelayQ, ScheduledResult, StoreFull
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.store import get_store
+from celery_delayq.exceptions import InvalidDueTime, InvalidOptions, UnknownTask
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import get_store
 from tests.support.apps import forget_subscriptions, make_app
 
 

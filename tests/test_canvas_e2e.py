@@ -30,7 +30,7 @@ from celery.result import AsyncResult
 import celery_delayq
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from tests.support.apps import forget_subscriptions, make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

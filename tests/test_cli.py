@@ -33,8 +33,8 @@ from celery_delayq.exceptions import (
     ScheduleNotFound,
     UnknownTask,
 )
-from celery_delayq.lateness import Histogram, key_for
-from celery_delayq.store import Store, get_store, stored_form
+from celery_delayq.store.facade import Store, get_store, stored_form
+from celery_delayq.store.lateness import Histogram, key_for
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke
@@ -108,7 +108,8 @@ RUNTIME = sorted(
     info.name
     for info in pkgutil.walk_packages(celery_delayq.__path__, "celery_delayq.")
     if not info.name.startswith(("celery_delayq.cli", "celery_delayq.devtools", "celery_delayq.web"))
-    and info.name not in ("celery_delayq.__main__", "celery_delayq.spark.source", "celery_delayq.metrics")
+    and info.name
+    not in ("celery_delayq.__main__", "celery_delayq.spark.source", "celery_delayq.beat.metrics")
 )
 
 
@@ -153,7 +154,7 @@ except Exception as exc:
     print(type(exc).__name__, exc)
 """
     )
-    proc = subprocess.run([sys.executable, "-c", code, "celery_delayq.scheduler"],
+    proc = subprocess.run([sys.executable, "-c", code, "celery_delayq.beat.scheduler"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1:] == [

@@ -23,9 +23,9 @@ from celery.bin.base import CLIContext
 
 from celery_delayq import Schedules
 from celery_delayq import apply_in as canvas_apply_in
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.schedule_upkeep import sync_config
-from celery_delayq.store import get_store
+from celery_delayq.beat.upkeep import sync_config
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
@@ -184,14 +184,14 @@ def test_an_apply_at_far_in_the_servers_past_is_logged_once(
 ) -> None:
     app = app_factory()
     add = app.tasks["t.add"]
-    caplog.set_level(logging.WARNING, logger="celery_delayq.store")
+    caplog.set_level(logging.WARNING, logger="celery_delayq.store.facade")
     now = server_ms(r) / 1000
     add.apply_at(now - 600, (1, 2))  # 10 min late: under the default hour, not logged
     assert not caplog.records
     first = add.apply_at(now - 7200, (1, 2))
     add.apply_at(now - 7200, (1, 2))
     add.apply_at_many([(now - 9000, (1, 2), None), (now + 60, (1, 2), None)])
-    warnings = [rec for rec in caplog.records if rec.name == "celery_delayq.store"]
+    warnings = [rec for rec in caplog.records if rec.name == "celery_delayq.store.facade"]
     assert len(warnings) == 1, [rec.getMessage() for rec in warnings]
     message = warnings[0].getMessage()
     assert first.id in message and "7200 s before the Redis server's now" in message
@@ -204,9 +204,9 @@ def test_a_producer_whose_clock_is_late_is_caught_by_the_past_warning(
 ) -> None:
     """``apply_at(time.time() + 60)`` on a machine 2 h late is due 2 h in the server's past."""
     app = app_factory()
-    caplog.set_level(logging.WARNING, logger="celery_delayq.store")
+    caplog.set_level(logging.WARNING, logger="celery_delayq.store.facade")
     app.tasks["t.add"].apply_at(time.time() + 60, (1, 2))
-    (record,) = [rec for rec in caplog.records if rec.name == "celery_delayq.store"]
+    (record,) = [rec for rec in caplog.records if rec.name == "celery_delayq.store.facade"]
     assert "differs from the server's by -7200" in record.getMessage()
 
 
@@ -215,9 +215,9 @@ def test_past_warning_off_or_higher(
     setting: Any, app_factory: Callable[..., Celery], r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     app = app_factory(delayq_past_warning=setting)
-    caplog.set_level(logging.WARNING, logger="celery_delayq.store")
+    caplog.set_level(logging.WARNING, logger="celery_delayq.store.facade")
     app.tasks["t.add"].apply_at(server_ms(r) / 1000 - 7200, (1, 2))
-    assert not [rec for rec in caplog.records if rec.name == "celery_delayq.store"]
+    assert not [rec for rec in caplog.records if rec.name == "celery_delayq.store.facade"]
 
 
 def test_apply_in_reads_the_servers_clock_with_its_own_enqueue(

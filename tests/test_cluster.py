@@ -26,10 +26,10 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.schedule_upkeep import sync_config
-from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import REDIS_ERRORS, CancelOutcome, EnqueueOutcome, Store, get_store
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.upkeep import sync_config
+from celery_delayq.store.facade import REDIS_ERRORS, CancelOutcome, EnqueueOutcome, Store, get_store
+from celery_delayq.store.scripts import SCRIPTS
 from tests import test_api, test_scripts
 from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster
@@ -339,7 +339,7 @@ def test_wait_replicas_without_replicas_warns_and_keeps_the_job(
     s = make_store(cluster_url, cluster=True, wait_replicas=1)
     try:
         due = server_ms(r) + 60_000
-        caplog.set_level(logging.WARNING, logger="celery_delayq.scripts")
+        caplog.set_level(logging.WARNING, logger="celery_delayq.store.scripts")
         started = time.monotonic()
         stored = s.enqueue([("a", due, "a"), ("b", due, "b"), ("c", due, "c")])
         assert stored == [(EnqueueOutcome.NEW, due)] * 3
@@ -522,7 +522,7 @@ def test_wait_replicas_with_replicas_is_confirmed(
 ) -> None:
     s = make_store(six_node_cluster.url, cluster=True, wait_replicas=1)
     try:
-        caplog.set_level(logging.WARNING, logger="celery_delayq.scripts")
+        caplog.set_level(logging.WARNING, logger="celery_delayq.store.scripts")
         jobs = [(f"j{i}", 2_000_000_000_000 + i, "env") for i in range(100)]
         started = time.monotonic()
         assert s.enqueue(jobs) == [(EnqueueOutcome.NEW, due) for _, due, _ in jobs]
@@ -626,3 +626,16 @@ def test_the_chart_buckets_are_read_from_every_primary(store: Store, r: RedisClu
     hour, day = store.due_count_series([(start, 60_000, 60), (start, 3_600_000, 24)])
     assert hour == [2] * 60
     assert day == [120, 80] + [0] * 22
+
+
+def test_the_dashboards_kept_chart_counts_on_a_cluster(store: Store, r: RedisCluster) -> None:
+    """The charts' kept counts are keys of their own slots (no hash tag in common): kept, read
+    back and forgotten on a cluster, in a pipeline of single-key commands."""
+    names = ["hour", "day"]
+    assert key_slot(store.keys.web_counts("hour").encode()) != key_slot(store.keys.web_counts("day").encode())
+    store.keep_counts("hour", {"counts": [1]}, 60_000)
+    store.keep_counts("day", {"counts": [2]}, 60_000)
+    assert store.kept_counts(names) == [{"counts": [1]}, {"counts": [2]}]
+    assert 0 < r.pttl(store.keys.web_counts("day")) <= 60_000
+    store.forget_counts(names)
+    assert store.kept_counts(names) == [None, None]

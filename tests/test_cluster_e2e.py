@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.store import REDIS_ERRORS
+from celery_delayq.store.facade import REDIS_ERRORS
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

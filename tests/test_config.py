@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQ, DelayQConfig
-from celery_delayq.config import DEFAULTS
-from celery_delayq.store import get_store
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.config import DEFAULTS, DelayQConfig
+from celery_delayq.exceptions import ConfigurationError
+from celery_delayq.store.facade import get_store
 from tests.support.store import snapshot
 
 

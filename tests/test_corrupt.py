@@ -1,4 +1,4 @@
-"""Corrupt stored data, piece by piece: the bounded decode (:mod:`celery_delayq.bounded`), the
+"""Corrupt stored data, piece by piece: the bounded decode (:mod:`celery_delayq.store.bounded`), the
 scripts in front of malformed lease entries and run states (on every server kind), the kinds of
 Redis error the beat tells apart, and their metrics. The end-to-end table is tests/test_poison.py.
 """
@@ -15,17 +15,16 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import CorruptData, DelayedTask, DelayQ, InvalidOptions, Schedules
-from celery_delayq.bounded import MAX_DEPTH, check_depth, load_json
-from celery_delayq.dispatch import CLUSTER_RETRY_MS, Dispatcher
-from celery_delayq.envelope import decode_envelope, stored_form
-from celery_delayq.lateness import Snapshot, key_for
-from celery_delayq.lua_formats import parse_lease
-from celery_delayq.metrics import DispatcherCollector
-from celery_delayq.rules import IntervalRule
-from celery_delayq.schedule_upkeep import StallSweep, sync_config
-from celery_delayq.schedules import point_id
-from celery_delayq.store import (
+from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq.beat.dispatch import CLUSTER_RETRY_MS, Dispatcher
+from celery_delayq.beat.metrics import DispatcherCollector
+from celery_delayq.beat.upkeep import StallSweep, sync_config
+from celery_delayq.exceptions import CorruptData, InvalidOptions
+from celery_delayq.schedules.api import point_id
+from celery_delayq.schedules.rules import IntervalRule
+from celery_delayq.store.bounded import MAX_DEPTH, check_depth, load_json
+from celery_delayq.store.envelope import decode_envelope, stored_form
+from celery_delayq.store.facade import (
     FireOutcome,
     PushClaimedOutcome,
     PushClaimedReply,
@@ -33,6 +32,8 @@ from celery_delayq.store import (
     get_store,
     redis_error_kind,
 )
+from celery_delayq.store.lateness import Snapshot, key_for
+from celery_delayq.store.lua_formats import parse_lease
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
@@ -267,7 +268,7 @@ def test_readers_skip_a_definition_that_does_not_read(
     for name in ("ok", "bad"):
         schedules.add(name, "t.noop", 3600)
     r.hset(store.keys.for_job("{bad}").schedules, "bad", nested(5000))
-    with caplog.at_level(logging.ERROR, "celery_delayq.schedules"):
+    with caplog.at_level(logging.ERROR, "celery_delayq.schedules.api"):
         assert [s.name for s in schedules.list()] == ["ok"]
     assert "schedule 'bad' is not listed: schedule definition is nested more than" in caplog.text
     with pytest.raises(CorruptData):
@@ -376,7 +377,7 @@ def test_beat_schedule_sync_replaces_a_definition_that_does_not_read(
     key = get_store(sched_app).keys.for_job("{tick}").schedules
     for text in ("not json", nested(5000)):
         r.hset(key, "tick", text)
-        with caplog.at_level(logging.ERROR, "celery_delayq.schedules"):
+        with caplog.at_level(logging.ERROR, "celery_delayq.schedules.api"):
             assert sync_config(schedules, entries)["updated"] == ["tick"]
         assert "replaced by its beat_schedule entry" in caplog.text
         stored = schedules.get("tick")

@@ -16,10 +16,10 @@ from celery.signals import before_task_publish
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq import dispatch as dispatch_module
+from celery_delayq.beat import dispatch as dispatch_module
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, published_ids, server_ms, store_raw_job
@@ -400,8 +400,8 @@ def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
 ) -> None:
     """A (real) Redis broker answering OOM: kombu reports it as OperationalError, so the job
     stays stored and is retried after every lease, however many times, and goes out on recovery."""
+    from celery_delayq.beat.dispatch import PUBLISH_ATTEMPTS
     from celery_delayq.devtools.embedded import EmbeddedRedis
-    from celery_delayq.dispatch import PUBLISH_ATTEMPTS
 
     with EmbeddedRedis() as broker_server:
         broker = redis.Redis.from_url(broker_server.url)
@@ -436,7 +436,7 @@ def test_other_publish_errors_are_retried_then_dead_lettered(
     through the lease; the claim that makes PUBLISH_ATTEMPTS attempts dead-letters the job."""
     from kombu import compression
 
-    from celery_delayq.dispatch import PUBLISH_ATTEMPTS
+    from celery_delayq.beat.dispatch import PUBLISH_ATTEMPTS
 
     calls = {"n": 0}
 
@@ -524,7 +524,7 @@ def test_direct_and_signal_paths_publish_the_same_message(
     (key,) = [k for k in r.keys("q2*") if not k.startswith("_kombu")]
     a, b = (json.loads(m) for m in r.lrange(key, 0, -1))
     # Only the message published through kombu carries its claim (the direct one went through
-    # push_claimed.lua, which needs none: see celery_delayq/starts.py).
+    # push_claimed.lua, which needs none: see celery_delayq/worker/starts.py).
     claims = {m["headers"]["id"]: m["headers"].pop("delayq_claim", None) for m in (a, b)}
     assert claims["direct"] is None and claims["signal"].startswith(f"1|{via_signal.token}|")
     for message in (a, b):
@@ -542,7 +542,7 @@ def test_the_fence_renews_a_pass_that_outlived_its_fraction_of_the_lease(
     """The fence reads the dispatcher's (injected) monotonic clock: a pass whose clock has moved
     past FENCE_FRACTION of the lease since its claim renews the leases before publishing, and
     publishes what it still holds; within the fraction it asks Redis nothing."""
-    from celery_delayq.fence import FENCE_FRACTION
+    from celery_delayq.beat.fence import FENCE_FRACTION
 
     app = app_factory(delayq_push=False, delayq_reclaim_ttl=30.0)
     jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(3)]
@@ -582,7 +582,7 @@ def test_a_refused_wake_subscription_never_stops_the_claims(
 
         first = add.apply_in(0, (1, 2))
         dispatcher = dispatchers(app)
-        with caplog.at_level(logging.WARNING, logger="celery_delayq.dispatch"):
+        with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.dispatch"):
             dispatcher.run_once()
         assert dispatcher.subscription is None
         assert published_ids(r) == [first.id]

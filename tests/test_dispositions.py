@@ -1,16 +1,16 @@
 """What a pass does with each claimed job, decided from plain values (no Redis, no broker):
-:func:`celery_delayq.dispositions.disposition`, and the pass's state and result."""
+:func:`celery_delayq.beat.dispositions.disposition`, and the pass's state and result."""
 
 from __future__ import annotations
 
 import pytest
 
-from celery_delayq.dispositions import Disposition, PassResult, PassState, disposition, due_in_range
+from celery_delayq.beat.dispositions import Disposition, PassResult, PassState, disposition, due_in_range
+from celery_delayq.beat.firing import FireCall
+from celery_delayq.beat.publish import GatePass, Outcome
 from celery_delayq.due import MAX_DUE_MS
-from celery_delayq.envelope import Envelope
-from celery_delayq.firing import FireCall
-from celery_delayq.publish import GatePass, Outcome
-from celery_delayq.store import ClaimedJob, ClaimResult, PushResult
+from celery_delayq.store.envelope import Envelope
+from celery_delayq.store.facade import ClaimedJob, ClaimResult, PushResult
 
 DUE = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 KNOWN = frozenset({"t.add"})

@@ -161,19 +161,26 @@ def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
 
 
 def test_the_module_map_names_every_module_once() -> None:
-    """docs/how-it-works.md's module map has one row per module of the package (a subpackage's
-    row names its modules), and no row for a module that is gone."""
+    """docs/how-it-works.md's module map has one row per root module and sub-package
+    (``producer/``), and every module of a sub-package has a row of its own
+    (``producer/task``) or is named in its package's row; no row names a module or folder that
+    is gone."""
     import pkgutil
 
     import celery_delayq
 
+    package_dir = Path(celery_delayq.__file__).parent
     text = (ROOT / "docs" / "how-it-works.md").read_text()
     section = text.split("## The module map", 1)[1].split("\n## ", 1)[0]
-    rows = dict(re.findall(r"^\| `([\w.]+)` \| (.*) \|$", section, flags=re.M))
-    top = {info.name for info in pkgutil.iter_modules(celery_delayq.__path__)} | {"__init__"}
-    assert set(rows) == top
-    for info in pkgutil.iter_modules(celery_delayq.__path__):
-        if info.ispkg:
-            package = __import__(f"celery_delayq.{info.name}", fromlist=["_"])
-            for sub in pkgutil.iter_modules(package.__path__):
-                assert f"`{sub.name}`" in rows[info.name], f"{info.name}.{sub.name} is not in the map"
+    rows = dict(re.findall(r"^\| (?:\*\*)?`([\w./]+)`(?:\*\*)? \| (.*) \|$", section, flags=re.M))
+    modules = {info.name for info in pkgutil.iter_modules(celery_delayq.__path__) if not info.ispkg}
+    packages = {info.name for info in pkgutil.iter_modules(celery_delayq.__path__) if info.ispkg}
+    top = {name for name in rows if "/" not in name or (name.endswith("/") and name.count("/") == 1)}
+    assert top == modules | {"__init__"} | {f"{name}/" for name in packages}
+    for name in rows:
+        assert (package_dir / name).exists() or (package_dir / f"{name}.py").exists(), f"{name} is gone"
+    for package in sorted(packages):
+        sub_package = __import__(f"celery_delayq.{package}", fromlist=["_"])
+        for sub in pkgutil.iter_modules(sub_package.__path__):
+            named = f"{package}/{sub.name}" in rows or f"`{sub.name}`" in rows[f"{package}/"]
+            assert named, f"{package}.{sub.name} is not in the map"

@@ -23,7 +23,7 @@ import redis
 
 from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import (

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.rules import IntervalRule, Rule
-from celery_delayq.schedules import Schedules
-from celery_delayq.store import get_store
+from celery_delayq.schedules.api import Schedules
+from celery_delayq.schedules.rules import IntervalRule, Rule
+from celery_delayq.store.facade import get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import (

@@ -26,8 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_delayq import DelayedTask, ScheduledResult
-from celery_delayq import extension as extension_module
-from celery_delayq.build import (
+from celery_delayq import config as extension_module
+from celery_delayq.exceptions import CorruptData
+from celery_delayq.producer.build import (
     _build_one,
     _plan_for,
     _quick_saferepr,
@@ -35,10 +36,9 @@ from celery_delayq.build import (
     build_envelopes,
     new_task_ids,
 )
-from celery_delayq.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
-from celery_delayq.exceptions import CorruptData
-from celery_delayq.options import clean_options
-from celery_delayq.store import (
+from celery_delayq.producer.options import clean_options
+from celery_delayq.store.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
+from celery_delayq.store.facade import (
     MAX_STORED_SHAPES,
     EnqueueOutcome,
     get_store,

@@ -1,4 +1,4 @@
-"""The per-app extension (``celery_delayq.extension``): one object per app, made anew when the
+"""The per-app extension (``celery_delayq.config.extension``): one object per app, made anew when the
 app's settings change; and the worker side attached per app, so that an app without delayq in
 the same process gets no delayq receiver, step or state."""
 
@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from celery_delayq import extension as extension_module
-from celery_delayq.build import app_state
-from celery_delayq.config import DelayQConfig
-from celery_delayq.extension import extension, installed, reconfigure
-from celery_delayq.store import get_store
+from celery_delayq import config as extension_module
+from celery_delayq.config import DelayQConfig, extension, installed, reconfigure
+from celery_delayq.producer.build import app_state
+from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +34,9 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 from celery.worker import WorkController
 
 import celery_delayq
-from celery_delayq import DelayedTask, slots, worker
-from celery_delayq.starts import StartCheck
+from celery_delayq import DelayedTask
+from celery_delayq.flow import slots
+from celery_delayq.worker import lateness as worker
 
 SIGNALS = {"task_prerun": task_prerun, "task_postrun": task_postrun, "task_revoked": task_revoked,
            "worker_init": worker_init, "worker_ready": worker_ready,
@@ -125,8 +125,10 @@ def test_two_apps_in_one_process_only_the_delayq_one_gets_receivers_and_steps() 
     every = [uid for uids in receivers.values() for uid in uids]
     assert all(uid.endswith(":" + dq_id) for uid in every), every
     assert not any(plain_id in uid for uid in every)
-    assert "DelayQWorker" in seen["steps"]["with_dq"] and "StartCheck" in seen["steps"]["with_dq"]
-    assert not any("DelayQ" in s or "StartCheck" in s for s in seen["steps"]["plain"]), seen["steps"]["plain"]
+    assert {"DelayQWorker", "SlotReceivers", "StartCheck"} <= set(seen["steps"]["with_dq"])
+    assert not {"DelayQWorker", "SlotReceivers", "StartCheck"} & set(seen["steps"]["plain"]), seen["steps"][
+        "plain"
+    ]
     # the gated, delayq-due run of the plain app's task met no delayq code; the other's did
     assert seen["keepers"] == {"with_dq": True, "plain": False}
     assert seen["recorders"] == {"with_dq": True, "plain": False}
@@ -143,7 +145,7 @@ def test_installed_by_a_delayed_task_or_by_install_and_not_otherwise(redis_url: 
     assert not installed(bare)  # settings alone attach nothing
     assert celery_delayq.install(bare) is bare and installed(bare)
     celery_delayq.install(bare)  # idempotent
-    assert len(bare.steps["worker"]) == 1
+    assert len(bare.steps["worker"]) == 2  # the slot receivers' step and DelayQWorker
 
     with_task = make_app(redis_url)
 

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import redis
 
+from celery_delayq.beat.dispatch import FENCE_FRACTION, Dispatcher
+from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.dispatch import FENCE_FRACTION, Dispatcher
-from celery_delayq.scheduler import serve_metrics
-from celery_delayq.schedules import Schedules
-from celery_delayq.store import get_store
+from celery_delayq.schedules.api import Schedules
+from celery_delayq.store.facade import get_store
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
 from tests.support.processes import Procs

@@ -22,9 +22,9 @@ import redis
 import redis.connection
 from celery import Celery
 
-from celery_delayq import BatchResult, DelayQ, InvalidOptions
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.gate import (
+from celery_delayq import BatchResult, DelayQ
+from celery_delayq.exceptions import InvalidOptions
+from celery_delayq.flow.gate import (
     BATCH_DONE_HEADER,
     GATE_HEADER,
     Gate,
@@ -33,7 +33,8 @@ from celery_delayq.gate import (
     key_tag,
     member_id,
 )
-from celery_delayq.store import GateDecision, KeyState, get_store
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import GateDecision, KeyState, get_store
 from tests.support.store import server_ms
 
 ETA = datetime(2031, 1, 1, tzinfo=UTC)
@@ -235,7 +236,7 @@ def test_a_batch_stores_its_members_with_ids_headers_and_priorities(app: Celery,
 def test_members_of_one_task_and_options_share_one_build(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import celery_delayq.batch as batch_module
+    import celery_delayq.flow.batch as batch_module
 
     calls: list[int] = []
     real = batch_module.build_envelopes

@@ -16,15 +16,15 @@ import redis
 from celery import Celery, chain, group
 
 import celery_delayq
-from celery_delayq import (
+from celery_delayq import DelayQ
+from celery_delayq.exceptions import (
     BatchExists,
-    DelayQ,
     InvalidBatch,
     InvalidOptions,
     SerializationError,
     UnknownTask,
 )
-from celery_delayq.gate import member_id
+from celery_delayq.flow.gate import member_id
 
 ETA = 4_000_000_000.0  # 2096: never due during a test
 

@@ -18,8 +18,8 @@ from click.testing import CliRunner, Result
 from celery_delayq.cli import delayq
 from celery_delayq.cli.errors import cli_error
 from celery_delayq.exceptions import BatchExists, InvalidBatch
-from celery_delayq.gate import member_id
-from celery_delayq.store import GateDecision, Store, get_store
+from celery_delayq.flow.gate import member_id
+from celery_delayq.store.facade import GateDecision, Store, get_store
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cli import as_json, invoke

@@ -16,9 +16,10 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.gate import (
+from celery_delayq.flow.gate import (
     BATCH_DONE_HEADER,
     GATE_HEADER,
     GATE_TOKEN,
@@ -30,8 +31,7 @@ from celery_delayq.gate import (
     gated_id,
     member_id,
 )
-from celery_delayq.scheduler import serve_metrics
-from celery_delayq.store import Store, get_store
+from celery_delayq.store.facade import Store, get_store
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, published_ids

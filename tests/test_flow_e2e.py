@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.gate import member_id
+from celery_delayq.flow.gate import member_id
 from tests.support.flow import (
     FlowProducer,
     Run,

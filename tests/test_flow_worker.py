@@ -1,4 +1,4 @@
-"""Flow control in the worker (:mod:`celery_delayq.slots`): a real ``celery worker`` and
+"""Flow control in the worker (:mod:`celery_delayq.flow.slots`): a real ``celery worker`` and
 ``celery beat`` of ``tests/apps/e2e_app.py``, the gated jobs stored by a producer here.
 
 What the worker's receivers see (found with celery 5.7, solo and prefork pools, and
@@ -23,12 +23,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ, slots
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.gate import GATE_HEADER, Gate, batch_key, completion_id, gated_id, member_id
-from celery_delayq.slots import SlotKeeper
-from celery_delayq.store import Store, get_store
+from celery_delayq.flow import slots
+from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, completion_id, gated_id, member_id
+from celery_delayq.flow.slots import SlotKeeper
+from celery_delayq.store.facade import Store, get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
@@ -154,7 +155,7 @@ def test_a_release_redis_refuses_is_logged_not_raised(
     header = Gate("k", limit=1).header()
     assert keeper.started("{k}1", header)
     assert keeper.running == {"{k}1": ("k", None)}
-    with caplog.at_level(logging.WARNING, logger="celery_delayq.slots"):
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.flow.slots"):
         assert keeper.renew() == 0
         assert keeper.finished("{k}1", header, "succeeded") is False
     assert keeper.running == {}
@@ -316,7 +317,7 @@ import json, os
 if os.environ.get("FLOW_STOP_BEFORE_HOLD"):
     import signal
     import redis
-    from celery_delayq import dispatch
+    from celery_delayq.beat import dispatch
     _hold = dispatch.Dispatcher._hold
     _stopped = []
     def _stop_then_hold(self, holds):

@@ -22,8 +22,7 @@ import redis
 
 from celery_delayq import DelayedTask, DelayQ, Schedules, StoreFull
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
-from celery_delayq.store import (
+from celery_delayq.store.facade import (
     OOM_REPLY,
     CancelOutcome,
     EnqueueOutcome,
@@ -34,6 +33,7 @@ from celery_delayq.store import (
     get_store,
     is_oom,
 )
+from celery_delayq.store.scripts import _NO_FLAGS, SCRIPTS
 from tests.support.apps import make_app
 from tests.support.cli import invoke
 from tests.support.polling import wait_for

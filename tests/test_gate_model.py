@@ -43,9 +43,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from celery_delayq.gate import PARK_MS, Gate
-from celery_delayq.lua_formats import lease_entry, wait_score
-from celery_delayq.store import CancelOutcome, EnqueueOutcome, GateDecision, ReleaseResult, Store
+from celery_delayq.flow.gate import PARK_MS, Gate
+from celery_delayq.store.facade import CancelOutcome, EnqueueOutcome, GateDecision, ReleaseResult, Store
+from celery_delayq.store.lua_formats import lease_entry, wait_score
 from tests.support.store import make_store, server_ms
 
 SHARDS = 2

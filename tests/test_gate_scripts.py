@@ -17,7 +17,7 @@ import redis
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.exceptions import StoreFull
-from celery_delayq.gate import (
+from celery_delayq.flow.gate import (
     PARK_MS,
     Gate,
     batch_key,
@@ -25,9 +25,7 @@ from celery_delayq.gate import (
     member_id,
     parse_rate,
 )
-from celery_delayq.lua_formats import batch_message, parse_batch_message, wait_score
-from celery_delayq.scripts import _NO_FLAGS, SCRIPTS
-from celery_delayq.store import (
+from celery_delayq.store.facade import (
     BatchState,
     CancelOutcome,
     EnqueueOutcome,
@@ -39,6 +37,8 @@ from celery_delayq.store import (
     is_oom,
     read_marker,
 )
+from celery_delayq.store.lua_formats import batch_message, parse_batch_message, wait_score
+from celery_delayq.store.scripts import _NO_FLAGS, SCRIPTS
 from tests.support.acl import STORE_PASSWORD, documented_rule, server_kind
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server

@@ -2,11 +2,11 @@
 others, and no test module imports another.
 
 An AST walk over every module of ``celery_delayq`` (imports inside functions included) fails
-when a module other than the store (``store``, ``connection``) and the script loader
-(``scripts``) imports ``redis``, imports the script table (``SCRIPTS``, ``ScriptCall``,
+when a module other than the store layer (``store.facade``, ``store.connection``) and the
+script loader (``store.scripts``) imports ``redis``, imports the script table (``SCRIPTS``, ``ScriptCall``,
 ``run_pipelined``, ``run_replicated``, or the ``scripts`` module itself), reads the ``.client``
 of a store, or takes a raw client as a parameter named ``client``. Everything above the store
-goes through :class:`celery_delayq.store.Store`'s methods.
+goes through :class:`celery_delayq.store.facade.Store`'s methods.
 
 The same walk builds the package's import graph and fails on any cycle in it, lazy imports
 included, and on an import across the rule of a sub-package (:data:`SUBPACKAGES`: what each may
@@ -17,6 +17,7 @@ test module (shared helpers and fixtures belong in ``tests/support``).
 from __future__ import annotations
 
 import ast
+import functools
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 import celery_delayq
 
 #: The modules that may talk to Redis.
-STORE_LAYER = {"celery_delayq.store", "celery_delayq.connection", "celery_delayq.scripts"}
+STORE_LAYER = {"celery_delayq.store.facade", "celery_delayq.store.connection", "celery_delayq.store.scripts"}
 
 #: Dev and demo tools (``celery_delayq.devtools``): the demo starts its own Redis and watches
 #: it with a client of its own (the runs recorded by its tasks). They are not on the runtime
@@ -35,7 +36,7 @@ STORE_LAYER = {"celery_delayq.store", "celery_delayq.connection", "celery_delayq
 DEVTOOLS = "celery_delayq.devtools."
 
 
-#: What only the store layer may import from ``celery_delayq.scripts``.
+#: What only the store layer may import from ``celery_delayq.store.scripts``.
 SCRIPT_TABLE = {"SCRIPTS", "ScriptCall", "run_pipelined", "run_replicated"}
 
 
@@ -60,17 +61,17 @@ def violations(source: str, module: str) -> list[str]:
             for alias in node.names:
                 if alias.name == "redis" or alias.name.startswith("redis."):
                     found.append(f"line {node.lineno}: import {alias.name}")
-                if alias.name == "celery_delayq.scripts":
+                if alias.name == "celery_delayq.store.scripts":
                     found.append(f"line {node.lineno}: import {alias.name}")
         elif isinstance(node, ast.ImportFrom):
             name = imported_from(node, package)
             if name == "redis" or name.startswith("redis."):
                 found.append(f"line {node.lineno}: from {name} import ...")
-            elif name == "celery_delayq.scripts":
+            elif name == "celery_delayq.store.scripts":
                 bad = sorted(a.name for a in node.names if a.name in SCRIPT_TABLE or a.name == "*")
                 if bad:
                     found.append(f"line {node.lineno}: from {name} import {', '.join(bad)}")
-            elif name == "celery_delayq" and any(a.name == "scripts" for a in node.names):
+            elif name == "celery_delayq.store" and any(a.name == "scripts" for a in node.names):
                 found.append(f"line {node.lineno}: from {name} import scripts")
         elif isinstance(node, ast.Attribute) and node.attr == "client":
             found.append(f"line {node.lineno}: .client")
@@ -107,8 +108,8 @@ def test_the_allow_lists_name_real_modules() -> None:
 
 
 BAD_EXAMPLE = """import redis.cluster
-from .scripts import LuaScript, SCRIPTS
-from . import scripts
+from .store.scripts import LuaScript, SCRIPTS
+from .store import scripts
 
 def count(store):
     from redis import Redis
@@ -119,7 +120,7 @@ def flush(client, key):
 """
 
 GOOD_EXAMPLE = """from celery.backends.redis import RedisBackend
-from .scripts import LuaScript
+from .store.scripts import LuaScript
 from .store import Store
 
 def count(store: Store) -> int:
@@ -132,8 +133,8 @@ def test_the_check_finds_each_way_in() -> None:
     found = violations(BAD_EXAMPLE, "celery_delayq.example")
     assert set(found) == {
         "line 1: import redis.cluster",
-        "line 2: from celery_delayq.scripts import SCRIPTS",
-        "line 3: from celery_delayq import scripts",
+        "line 2: from celery_delayq.store.scripts import SCRIPTS",
+        "line 3: from celery_delayq.store import scripts",
         "line 6: from redis import ...",
         "line 7: .client",
         "line 9: a raw client parameter",
@@ -209,10 +210,16 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
+@functools.cache
+def package_graph() -> dict[str, set[str]]:
+    """The import graph of the whole package, built once a session."""
+    return import_graph({key: path.read_text() for key, path in MODULES.items()})
+
+
 def test_the_package_has_no_import_cycles() -> None:
     """No two modules of ``celery_delayq`` import each other, directly or through others, not
     even from inside a function (a lazy import that dodges a cycle is still a cycle)."""
-    graph = import_graph({key: path.read_text() for key, path in MODULES.items()})
+    graph = package_graph()
     assert len(graph) == len(MODULES)
     found = cycles(graph)
     edges = [sorted(f"{a} -> {b}" for a in sorted(c) for b in sorted(graph[a] & c)) for c in found]
@@ -260,27 +267,78 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 @dataclass(frozen=True)
 class SubPackage:
     """The import rule of one sub-package (as its docstring states it): the modules of the rest
-    of the package it may import (a name covers a package and everything under it), and the
-    modules outside it that may import it."""
+    of the package it may import, and the modules outside it that may import it. A dotted name
+    covers a package and everything under it; a name without a dot (the package root, e.g.
+    ``celery_delayq``) covers that one module only; :data:`ANYONE` lets every module in."""
 
     may_import: frozenset[str]
     imported_by: frozenset[str] = frozenset()
 
 
+#: ``imported_by`` of a sub-package every layer above may use (the store, flow control's names).
+ANYONE = frozenset({"*"})
+
+
+def _names(*names: str) -> frozenset[str]:
+    return frozenset(name if name in ("*", "celery_delayq") else f"celery_delayq.{name}" for name in names)
+
+
+#: What every sub-package may import: the root modules beneath everything.
+BASE = ("config", "exceptions", "due")
+
 SUBPACKAGES = {
+    #: The one door to Redis. Beneath everything but the root modules and the names a gated
+    #: job carries (``flow.gate``, which imports nothing of ours but ``exceptions``).
+    "celery_delayq.store": SubPackage(may_import=_names(*BASE, "flow.gate"), imported_by=ANYONE),
+    #: The caller's side; ``producer.result`` moves or cancels its job through ``admin.jobs``.
+    "celery_delayq.producer": SubPackage(
+        may_import=_names(*BASE, "store", "flow.gate", "admin.jobs"),
+        imported_by=_names("celery_delayq", "flow", "schedules", "spark", "devtools"),
+    ),
+    #: Flow control: its names (``gate``) are read by every layer; a batch builds envelopes.
+    "celery_delayq.flow": SubPackage(may_import=_names(*BASE, "store", "producer"), imported_by=ANYONE),
+    #: What runs in a worker; the beat arms the start check it runs.
+    "celery_delayq.worker": SubPackage(
+        may_import=_names(*BASE, "store"), imported_by=_names("celery_delayq", "beat")
+    ),
+    "celery_delayq.schedules": SubPackage(
+        may_import=_names(*BASE, "store", "producer"),
+        imported_by=_names("celery_delayq", "beat", "admin", "cli", "web"),
+    ),
+    #: The beat: nothing but the package root (``Scheduler``) imports it.
+    "celery_delayq.beat": SubPackage(
+        may_import=_names(*BASE, "store", "flow.gate", "schedules", "worker.starts"),
+        imported_by=_names("celery_delayq"),
+    ),
+    #: The operator's side, under the CLI and the dashboard.
+    "celery_delayq.admin": SubPackage(
+        may_import=_names(*BASE, "store", "flow", "schedules"),
+        imported_by=_names("celery_delayq", "producer.result", "cli", "web"),
+    ),
+    "celery_delayq.cli": SubPackage(
+        may_import=_names(*BASE, "store", "flow.gate", "schedules", "admin", "web", "devtools"),
+        imported_by=_names("__main__"),
+    ),
+    "celery_delayq.web": SubPackage(
+        may_import=_names(*BASE, "store", "flow.gate", "schedules", "admin"), imported_by=_names("cli")
+    ),
     #: Spark: rows in through the store's enqueue, the schedule out through its reads. Nothing
     #: else in the package needs it (``pyspark_delayq``, outside the package, loads its source).
-    "celery_delayq.spark": SubPackage(
-        may_import=frozenset(
-            f"celery_delayq.{name}"
-            for name in ("build", "config", "due", "envelope", "exceptions", "gate", "store")
-        ),
+    "celery_delayq.spark": SubPackage(may_import=_names(*BASE, "store", "flow.gate", "producer.build")),
+    #: Dev tools: only the CLI's demo command reaches them.
+    "celery_delayq.devtools": SubPackage(
+        may_import=_names("config", "store", "producer"), imported_by=_names("cli.demo")
     ),
 }
 
 
 def inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+def covers(name: str, module: str) -> bool:
+    """Whether the rule entry ``name`` covers ``module`` (see :class:`SubPackage`)."""
+    return name == "*" or (inside(module, name) if "." in name else module == name)
 
 
 def subpackage_violations(graph: dict[str, set[str]], package: str, rule: SubPackage) -> list[str]:
@@ -290,9 +348,13 @@ def subpackage_violations(graph: dict[str, set[str]], package: str, rule: SubPac
     for module in sorted(graph):
         for target in sorted(graph[module]):
             if inside(module, package) and not inside(target, package):
-                if not any(inside(target, allowed) for allowed in rule.may_import):
+                if not any(covers(allowed, target) for allowed in rule.may_import):
                     found.append(f"{module} imports {target}")
-            elif inside(target, package) and not inside(module, package) and module not in rule.imported_by:
+            elif (
+                inside(target, package)
+                and not inside(module, package)
+                and not any(covers(allowed, module) for allowed in rule.imported_by)
+            ):
                 found.append(f"{module} imports {target}")
     return found
 
@@ -301,10 +363,44 @@ def subpackage_violations(graph: dict[str, set[str]], package: str, rule: SubPac
 def test_each_subpackage_keeps_its_import_rule(package: str) -> None:
     rule = SUBPACKAGES[package]
     known = {module_name(key) for key in MODULES}
-    assert package in known and rule.may_import <= known and rule.imported_by <= known
-    graph = import_graph({key: path.read_text() for key, path in MODULES.items()})
+    assert package in known
+    assert rule.may_import <= known and rule.imported_by - ANYONE <= known | {"celery_delayq.__main__"}
+    graph = package_graph()
     found = subpackage_violations(graph, package, rule)
     assert not found, f"{package}: imports its docstring does not allow: {found}"
+
+
+def test_the_root_holds_about_a_dozen_entries() -> None:
+    """The package shows the data flow: the root keeps the settings, the errors and due times
+    (beneath everything), the entry points, and one sub-package per concept."""
+    root = Path(celery_delayq.__file__).parent
+    entries = {p.name for p in root.iterdir() if p.name != "__pycache__"}
+    packages = {name for name in entries if (root / name / "__init__.py").exists()}
+    assert packages == {name.rsplit(".", 1)[1] for name in SUBPACKAGES}
+    assert entries - packages == {
+        "__init__.py",
+        "__main__.py",
+        "py.typed",
+        "config.py",
+        "exceptions.py",
+        "due.py",
+    }
+
+
+@pytest.mark.parametrize("package", sorted(SUBPACKAGES))
+def test_each_rule_fails_on_an_import_it_does_not_allow(package: str) -> None:
+    """The check itself, per rule: a module of ``package`` importing a sub-package its rule does
+    not name, and (where the rule is not open to anyone) a sub-package it does not name importing
+    ``package``, are both found."""
+    rule = SUBPACKAGES[package]
+    others = sorted(set(SUBPACKAGES) - {package})
+    target = next(o for o in others if not any(covers(a, o) or inside(a, o) for a in rule.may_import))
+    graph = {f"{package}.x": {f"{target}.y"}, f"{target}.y": set()}
+    assert subpackage_violations(graph, package, rule) == [f"{package}.x imports {target}.y"]
+    if rule.imported_by != ANYONE:
+        importer = next(o for o in others if not any(covers(a, o) or inside(a, o) for a in rule.imported_by))
+        graph = {f"{importer}.y": {f"{package}.x"}, f"{package}.x": set()}
+        assert subpackage_violations(graph, package, rule) == [f"{importer}.y imports {package}.x"]
 
 
 SUBPACKAGE_EXAMPLE = {
@@ -402,3 +498,19 @@ def test_the_check_finds_each_test_module_import() -> None:
         (5, "tests.test_model"),
         (10, "tests.test_cli"),
     ]
+
+
+def test_the_public_surface_is_what_a_caller_writes_or_catches() -> None:
+    """``celery_delayq.__all__`` keeps about fifteen names, each one there; every other error is
+    a :class:`DelayQError` importable from ``celery_delayq.exceptions``."""
+    import inspect
+
+    from celery_delayq import exceptions
+
+    assert len(celery_delayq.__all__) <= 17  # (16, and install: what a worker of plain tasks calls)
+    assert all(hasattr(celery_delayq, name) for name in celery_delayq.__all__)
+    errors = [
+        c for _, c in inspect.getmembers(exceptions, inspect.isclass) if c.__module__ == exceptions.__name__
+    ]
+    assert len(errors) > 15
+    assert all(issubclass(error, celery_delayq.DelayQError) for error in errors)

@@ -1,4 +1,4 @@
-"""The Python mirror (:mod:`celery_delayq.lua_formats`) against the Lua helpers it mirrors
+"""The Python mirror (:mod:`celery_delayq.store.lua_formats`) against the Lua helpers it mirrors
 (``lua/includes/lease.lua``, ``lua/includes/wake.lua``): small probe scripts include the helpers
 through the loader, run on a real server (each supported kind in turn), and the two sides must
 agree on every case."""
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_delayq.keys import KeySpace
-from celery_delayq.lua_formats import lease_entry, lease_holds, parse_lease, parse_wake, wake_message
-from celery_delayq.scripts import script_from_text
+from celery_delayq.store.keys import KeySpace
+from celery_delayq.store.lua_formats import lease_entry, lease_holds, parse_lease, parse_wake, wake_message
+from celery_delayq.store.scripts import script_from_text
 from tests.support.server_kinds import redis_server
 
 __all__ = ["redis_server"]  # a fixture, used by name

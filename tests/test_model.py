@@ -41,9 +41,7 @@ from hypothesis.stateful import (
 )
 
 from celery_delayq.exceptions import StoreFull
-from celery_delayq.keys import KeySpace, shard_of
-from celery_delayq.lua_formats import lease_entry
-from celery_delayq.store import (
+from celery_delayq.store.facade import (
     OOM_REPLY,
     CancelOutcome,
     EnqueueOutcome,
@@ -53,6 +51,8 @@ from celery_delayq.store import (
     Store,
     is_oom,
 )
+from celery_delayq.store.keys import KeySpace, shard_of
+from celery_delayq.store.lua_formats import lease_entry
 from tests.support.store import make_store, server_ms
 
 SHARDS = 3

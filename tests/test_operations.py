@@ -1,5 +1,5 @@
 """Operating a beat, in-process: lateness histograms in Redis, heartbeats, the metrics endpoint,
-and the worker-side lateness recorder (``celery_delayq.worker``) driven by Celery's signal."""
+and the worker-side lateness recorder (``celery_delayq.worker.lateness``) driven by Celery's signal."""
 
 from __future__ import annotations
 
@@ -18,13 +18,17 @@ import redis
 from celery import Celery
 from celery.signals import task_prerun
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQConfig, lateness, slots, worker
-from celery_delayq import dispatch as dispatch_module
+from celery_delayq import DelayedTask
+from celery_delayq.beat import dispatch as dispatch_module
+from celery_delayq.beat.dispatch import BEAT_FORGET_MS, Dispatcher
+from celery_delayq.beat.scheduler import serve_metrics
+from celery_delayq.config import DelayQConfig
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.dispatch import BEAT_FORGET_MS, Dispatcher
-from celery_delayq.lateness import BOUNDS, Histogram
-from celery_delayq.scheduler import serve_metrics
-from celery_delayq.store import get_store
+from celery_delayq.exceptions import ConfigurationError
+from celery_delayq.store import lateness
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.lateness import BOUNDS, Histogram
+from celery_delayq.worker import lateness as worker
 from tests.support.metrics import scrape, value
 from tests.support.store import broker_lists, server_ms
 
@@ -480,8 +484,6 @@ def test_the_setting_installs_the_recorder_when_the_worker_is_built(
         assert task_prerun.has_listeners()
     finally:
         worker.uninstall(on)
-        slots.disconnect(on)
-        slots.disconnect(off)
     assert worker.recorder_for(on) is None
 
 

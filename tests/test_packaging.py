@@ -103,7 +103,7 @@ def test_the_wheel_carries_the_licence_and_the_package_pages_metadata(dists: tup
     }
     package = ROOT / "celery_delayq"
     data = {f"celery_delayq/{p}" for p in ("py.typed",)}
-    for folder in ("lua", "web/templates", "web/static"):
+    for folder in ("store/lua", "web/templates", "web/static"):
         data |= {f"celery_delayq/{f}" for f in _files_under(package, folder)}
     assert data <= set(names), data - set(names)
     # Every module, sub-packages included (celery_delayq/spark/...): packages.find's pattern takes them.

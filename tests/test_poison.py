@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from celery_delayq import Schedules
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import Producer, assert_alive, log_of, start_stack, warm_up

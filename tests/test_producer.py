@@ -14,23 +14,13 @@ import redis
 from celery import Celery, Task
 from celery.result import AsyncResult, EagerResult
 
-from celery_delayq import (
-    DelayedTask,
-    DelayQ,
-    DelayQTaskMixin,
-    InvalidDueTime,
-    InvalidOptions,
-    PayloadTooLarge,
-    ScheduledResult,
-    ScheduleError,
-    SerializationError,
-    delayed_task,
-)
-from celery_delayq.dispatch import Dispatcher
+from celery_delayq import DelayedTask, DelayQ, DelayQTaskMixin, ScheduledResult, ScheduleError, delayed_task
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.due import ms_to_datetime
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import get_store
+from celery_delayq.exceptions import InvalidDueTime, InvalidOptions, PayloadTooLarge, SerializationError
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.scripts import SCRIPTS
 from tests.support.apps import make_app
 from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import broker_lists, command_calls, snapshot

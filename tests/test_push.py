@@ -28,12 +28,12 @@ from hypothesis import example, settings
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.wire import WireTemplates
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.gate import BATCH_DONE_HEADER, GATE_HEADER
-from celery_delayq.schedules import Schedules
-from celery_delayq.store import MAX_STORED_TEMPLATES, TEMPLATES_TTL_MS, get_store
-from celery_delayq.wire import WireTemplates
+from celery_delayq.flow.gate import BATCH_DONE_HEADER, GATE_HEADER
+from celery_delayq.schedules.api import Schedules
+from celery_delayq.store.facade import MAX_STORED_TEMPLATES, TEMPLATES_TTL_MS, get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

@@ -51,7 +51,7 @@ import redis
 
 from celery_delayq import DelayedTask, ScheduledResult
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.store import Store, get_store
+from celery_delayq.store.facade import Store, get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs
 from tests.support.stack import (

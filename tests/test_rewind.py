@@ -4,7 +4,7 @@ The store is db 0 of the session server, the broker db 1, Celery's result backen
 rewind of the store alone is made the way a restore makes it: every key of db 0 is DUMPed at
 one moment, and later db 0 is emptied and every key RESTOREd with its remaining TTL, while
 the broker and the result backend go on. The worker is played by this process, doing what
-a Celery worker and :mod:`celery_delayq.slots` do when a task ends: it pops the message from
+a Celery worker and :mod:`celery_delayq.flow.slots` do when a task ends: it pops the message from
 the broker, records the task's result in the backend (Celery's ``store_result``) and gives
 the slot back (``Store.release``). The beat is a real :class:`Dispatcher`.
 
@@ -30,9 +30,9 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.gate import GATE_HEADER, Gate, batch_key, batch_of, completion_id, member_id
-from celery_delayq.store import Store, get_store
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, batch_of, completion_id, member_id
+from celery_delayq.store.facade import Store, get_store
 from tests.support.apps import make_app
 from tests.support.store import broker_lists
 
@@ -240,7 +240,7 @@ def test_without_a_result_backend_a_held_job_waits_for_its_start_ttl(
 
 def test_a_result_older_than_the_jobs_due_time_is_not_taken_for_its_run(urls: tuple[str, str, str]) -> None:
     """An id used again: the result of the earlier job does not release the new one."""
-    from celery_delayq.publish import Ran
+    from celery_delayq.beat.publish import Ran
 
     app = rewind_app(urls)
     ran = Ran(app)

@@ -20,7 +20,7 @@ from collections import Counter
 import pytest
 import redis
 
-from celery_delayq.gate import batch_key, completion_id, member_id
+from celery_delayq.flow.gate import batch_key, completion_id, member_id
 from tests.support.flow import FLOW_APP, FlowProducer, read_done, read_runs
 from tests.support.polling import wait_for
 from tests.support.processes import Procs

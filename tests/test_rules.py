@@ -1,4 +1,5 @@
-"""Schedule rules (``celery_delayq.rules``): cron with timezones and the DST rule, intervals, one-shots.
+"""Schedule rules (``celery_delayq.schedules.rules``): cron with timezones and the DST rule,
+intervals, one-shots.
 
 Every DST test runs on a fixed clock: ``next_after``/``points_after`` get an explicit
 ``after_ms``; nothing here depends on today's date except the 10,000-schedule test, which
@@ -23,9 +24,9 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from celery_delayq import CronRule, IntervalRule, InvalidSchedule, OnceRule, Schedules
-from celery_delayq.exceptions import ScheduleError
-from celery_delayq.rules import parse_rule, rule_from_json, zone
+from celery_delayq import Schedules
+from celery_delayq.exceptions import InvalidSchedule, ScheduleError
+from celery_delayq.schedules.rules import CronRule, IntervalRule, OnceRule, parse_rule, rule_from_json, zone
 from tests.support.cron import offset_changes, reference_next
 
 HOUR_MS = 3_600_000
@@ -407,7 +408,7 @@ def test_zone_without_dst_runs_every_day_and_every_hour(day: date) -> None:
 # -- random schedules against an independent reference ---------------------------------------
 #
 # ``tests/support/cron.py`` finds each next point by walking real instants in the zone with
-# zoneinfo and applying the DST rule as ``celery_delayq/rules.py``'s docstring states it; it
+# zoneinfo and applying the DST rule as ``celery_delayq/schedules/rules.py``'s docstring states it; it
 # takes only croniter's reading of the fields, nothing of its search or of our DST code.
 
 _MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]

@@ -12,8 +12,9 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import InvalidSchedule, Schedules, ScheduleSpec, UnknownTask
-from celery_delayq.store import get_store
+from celery_delayq import Schedules, ScheduleSpec
+from celery_delayq.exceptions import InvalidSchedule, UnknownTask
+from celery_delayq.store.facade import get_store
 
 
 def spec(**fields: Any) -> ScheduleSpec:

@@ -26,15 +26,16 @@ import redis
 from celery import Celery
 
 import celery_delayq
-from celery_delayq import DelayQ, ReservedTaskId, Schedules
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.keys import is_point_id
-from celery_delayq.metrics import DispatcherCollector
-from celery_delayq.schedule_upkeep import STALL_AFTER_MS
-from celery_delayq.schedules import point_id
-from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import get_store
+from celery_delayq import DelayQ, Schedules
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.metrics import DispatcherCollector
+from celery_delayq.beat.upkeep import STALL_AFTER_MS
+from celery_delayq.exceptions import ReservedTaskId
+from celery_delayq.schedules.api import point_id
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.keys import is_point_id
+from celery_delayq.store.scripts import SCRIPTS
 
 NAME = "tick"
 
@@ -88,14 +89,14 @@ def test_a_point_id_is_refused_by_every_way_of_storing_a_job(app: Celery, r: red
                 call(tid)
             assert tid in str(caught.value), what
     # apply_at_many makes one id per job and takes no task_id at all
-    with pytest.raises(celery_delayq.InvalidOptions, match="task_id is not allowed"):
+    with pytest.raises(celery_delayq.exceptions.InvalidOptions, match="task_id is not allowed"):
         add.apply_at_many([(time.time() + 5, (1, 2), {})], task_id=pid)
     # Nothing was stored, and the point is untouched.
     assert stored_ids(r) == ids_before == {pid}
     assert point_of(app) == (pid, before)
     assert decode_envelope(before["envelope"]).schedule is not None
     # cancel refuses it too (as before), through the same test of the id
-    with pytest.raises(celery_delayq.InvalidSchedule, match="next run of schedule"):
+    with pytest.raises(celery_delayq.exceptions.InvalidSchedule, match="next run of schedule"):
         DelayQ(app).cancel(pid)
     # Ids that only look alike are ordinary ids.
     for tid in (f"{pid}:retry-1", "{tick}@run-now-2026-01-01T00:00:00.000Z", "{tick}@later", "tick@x"):
@@ -182,7 +183,7 @@ def test_a_stalled_schedule_is_repaired_by_its_missed_run_policy_logged_and_coun
     healthy_before = point_of(app, "healthy")
     beat = dispatchers(app)
     assert repaired_metric(beat) == 0
-    with caplog.at_level(logging.WARNING, logger="celery_delayq.schedules"):
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.schedules.api"):
         assert beat.sweep_stalls() == 2
     lines = [rec.getMessage() for rec in caplog.records if "was stalled" in rec.getMessage()]
     assert len(lines) == 2, lines

@@ -15,24 +15,19 @@ import redis
 from celery import Celery
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
-from celery_delayq import (
-    CronRule,
-    DelayedTask,
-    DelayQ,
-    IntervalRule,
+from celery_delayq import DelayedTask, DelayQ, Scheduler, Schedules
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.upkeep import sync_config
+from celery_delayq.exceptions import (
     InvalidSchedule,
     ScheduleExists,
     ScheduleNotFound,
-    Scheduler,
-    Schedules,
     SerializationError,
     UnknownTask,
 )
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.rules import parse_rule
-from celery_delayq.schedule_upkeep import sync_config
-from celery_delayq.schedules import point_id
-from celery_delayq.store import ClaimedJob, FireOutcome, get_store
+from celery_delayq.schedules.api import point_id
+from celery_delayq.schedules.rules import CronRule, IntervalRule, parse_rule
+from celery_delayq.store.facade import ClaimedJob, FireOutcome, get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms, snapshot

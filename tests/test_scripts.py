@@ -15,14 +15,14 @@ from redis.crc import key_slot
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.exceptions import StoreError
-from celery_delayq.keys import KeySpace
-from celery_delayq.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
-from celery_delayq.store import (
+from celery_delayq.store.facade import (
     CancelOutcome,
     EnqueueOutcome,
     RescheduleOutcome,
     Store,
 )
+from celery_delayq.store.keys import KeySpace
+from celery_delayq.store.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
 from tests.support.store import command_calls, ids_on_shard, make_store, server_ms
@@ -496,10 +496,10 @@ def test_a_reply_that_is_none_of_the_scripts_codes_raises(
     monkeypatch.setattr(store, "_write", lambda *args: reply)
     with pytest.raises(StoreError, match=r"^delayq cancel: unexpected reply .* \(its codes are 0 to 2\)$"):
         store.cancel("a")
-    monkeypatch.setattr("celery_delayq.store.run_pipelined", lambda client, calls, **kw: [reply])
+    monkeypatch.setattr("celery_delayq.store.facade.run_pipelined", lambda client, calls, **kw: [reply])
     with pytest.raises(StoreError, match=r"^delayq fire: unexpected reply .* \(its codes are 0 to 3\)$"):
         store.fire("beat-1", [(0, ["p", "s", 0, "", "", 0, ""])])
-    monkeypatch.setattr("celery_delayq.store.run_pipelined", lambda client, calls, **kw: [[reply]])
+    monkeypatch.setattr("celery_delayq.store.facade.run_pipelined", lambda client, calls, **kw: [[reply]])
     with pytest.raises(StoreError, match=r"^delayq push_claimed: unexpected reply"):
         store.push_claimed("beat-1", {0: [("a", "celery", "{}")]})
 
@@ -701,7 +701,7 @@ def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
 ) -> None:
     """Producer writes are followed by ``WAIT n 1000`` on their connection: at once with a
     replica attached; after the timeout, with a warning, without one (the write is stored)."""
-    caplog.set_level("WARNING", logger="celery_delayq.scripts")
+    caplog.set_level("WARNING", logger="celery_delayq.store.scripts")
     store = make_store(redis_url, wait_replicas=1)
     try:
         started = time.monotonic()
@@ -828,7 +828,7 @@ def test_a_writing_script_refuses_bad_input_before_writing_anything(
 
 def _header(name: str) -> str:
     """The opening comment of ``lua/<name>.lua``: what the script documents."""
-    text = resources.files("celery_delayq").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    text = resources.files("celery_delayq.store").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
     return text[text.index("--[[") : text.index("]]")]
 
 
@@ -858,7 +858,7 @@ def test_every_script_header_lists_each_key_its_caller_passes(name: str) -> None
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_a_script_keeps_its_line_count_and_its_flags_line_first(name: str) -> None:
-    text = resources.files("celery_delayq").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    text = resources.files("celery_delayq.store").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
     script = SCRIPTS[name]
     assert script.source.count("\n") == script.legacy_source.count("\n") == text.count("\n")
     assert script.source.startswith("#!lua flags=allow-oom\n") == text.startswith("#!")

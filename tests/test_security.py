@@ -24,11 +24,11 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads as kombu_loads
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.metrics import DispatcherCollector
+from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.metrics import DispatcherCollector
-from celery_delayq.schedule_upkeep import sync_config
-from celery_delayq.store import get_store, make_client
+from celery_delayq.store.facade import get_store, make_client
 from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
 from tests.support.apps import make_app
 from tests.support.cluster import LocalCluster
@@ -268,7 +268,7 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     dispatcher = dispatchers(app)
     dispatcher.run_once()
     res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))  # its wake message is not read
-    with caplog.at_level(logging.WARNING, logger="celery_delayq.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.dispatch"):
         for _ in range(2):
             dispatcher._last_full -= dispatcher.config.max_sleep  # a safety poll now
             dispatcher.run_once()
@@ -279,6 +279,19 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     assert not [line for line in lines if "sweep for stalled schedules failed" in line]
     assert dispatcher.sweep_stalls() == 0
     assert top_level({obj for _, obj in denied(admin)}) == {"mget", "exists"}
+
+
+def test_the_dashboards_kept_chart_counts_under_the_documented_rule(
+    admin: redis.Redis, acl_server: EmbeddedRedis, redis_url: str, apps: AppFactory
+) -> None:
+    """The overview's chart counts are kept (SET PX), read (GET) and forgotten (PEXPIRE 0)
+    within the rule: nothing is refused."""
+    store = get_store(apps(redis_url, acl_url(acl_server, db=1)))
+    store.keep_counts("hour", {"counts": [1, 2]}, 60_000)
+    assert store.kept_counts(["hour", "day"]) == [{"counts": [1, 2]}, None]
+    store.forget_counts(["hour", "day"])
+    assert store.kept_counts(["hour"]) == [None]
+    assert denied(admin) == []
 
 
 def cluster_words() -> list[str]:

@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.dispatch import Dispatcher
+from celery_delayq.beat.dispatch import Dispatcher
 from tests.support.processes import ROOT, Procs, subprocess_env
 from tests.support.server_kinds import redis_server
 from tests.support.stack import MAX_LATE, Producer, check_exactly_once, spread, start_stack, warm_up

@@ -17,11 +17,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQ, InvalidDueTime, reconfigure
-from celery_delayq.envelope import joined_form, loaded_form, shape_id_of
-from celery_delayq.keys import KeySpace
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.config import reconfigure
+from celery_delayq.exceptions import ConfigurationError, InvalidDueTime
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
-from celery_delayq.store import get_store
+from celery_delayq.store.envelope import joined_form, loaded_form, shape_id_of
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.keys import KeySpace
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
@@ -317,7 +319,7 @@ def test_read_shard_reports_gated_and_running_jobs(redis_url: str, r: redis.Redi
     """Flow control's jobs: a capped job whose task runs ("running", lease_until its slot) and
     one parked for a slot of its key ("gated", no lease_until: its score is far beyond any
     timestamp Spark takes)."""
-    from celery_delayq.gate import Gate, gated_id
+    from celery_delayq.flow.gate import Gate, gated_id
 
     store = make_store(redis_url, shards=1, reclaim_ttl=600)
     now = time.time()

@@ -27,7 +27,7 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayQ
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from examples import spark_reminders as ex
 from tests.support.apps import make_app
 from tests.support.polling import wait_for

@@ -22,12 +22,12 @@ import pytest
 import redis
 
 from celery_delayq import DelayedTask
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
-from celery_delayq.dispatch import Dispatcher
-from celery_delayq.envelope import CLAIM_HEADER
-from celery_delayq.scheduler import serve_metrics
-from celery_delayq.starts import CHECK_TIMEOUT, RETRY_AFTER, StartCheck, read_claim
-from celery_delayq.store import get_store
+from celery_delayq.store.envelope import CLAIM_HEADER
+from celery_delayq.store.facade import get_store
+from celery_delayq.worker.starts import CHECK_TIMEOUT, RETRY_AFTER, StartCheck, read_claim
 from tests.support.apps import make_app
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
@@ -250,20 +250,15 @@ def test_the_beat_metrics_count_the_copies_dropped(
 
 
 def test_the_check_is_added_to_the_worker_of_the_app_that_has_it_on(app_factory: Callable[..., Any]) -> None:
-    from celery_delayq import slots
-    from celery_delayq.worker import DelayQWorker
+    from celery_delayq.worker.lateness import DelayQWorker
 
     class Worker:
         def __init__(self, app: Any) -> None:
             self.app = app
 
     on, off = app_factory(), app_factory(delayq_start_check=False)
-    try:
-        DelayQWorker(Worker(on))
-        DelayQWorker(Worker(off))
-    finally:
-        slots.disconnect(on)
-        slots.disconnect(off)
+    DelayQWorker(Worker(on))
+    DelayQWorker(Worker(off))
     assert StartCheck in on.steps["consumer"]
     assert StartCheck not in off.steps["consumer"]
 

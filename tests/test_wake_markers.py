@@ -17,8 +17,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq.dispatch import BATCH_SWEEP_EVERY, Dispatcher
-from celery_delayq.store import Store, read_marker
+from celery_delayq.beat.dispatch import BATCH_SWEEP_EVERY, Dispatcher
+from celery_delayq.store.facade import Store, read_marker
 from tests.support.store import published_ids, server_ms
 
 MAX_SLEEP = 20.0

@@ -24,10 +24,10 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq.admin.views import keys_view
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.spark import write_rows
-from celery_delayq.store import get_store
-from celery_delayq.views import keys_view
+from celery_delayq.store.facade import get_store
 from tests.support.browser import WINDOW, Browser
 from tests.support.processes import Procs
 from tests.support.stack import Producer, env_for, runs, start_stack, starts_by_id, warm_up

@@ -6,16 +6,19 @@ may still change, with the same figures as the reads they replace."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import lateness
-from celery_delayq.lateness import WindowReader, key_for, tally
-from celery_delayq.store import get_store
+from celery_delayq.store import lateness
+from celery_delayq.store.facade import get_store
+from celery_delayq.store.lateness import WindowReader, key_for, tally
+from celery_delayq.web import context
 from celery_delayq.web.context import SharedReads
 from tests.support.store import gate_due
 from tests.support.web import Client
@@ -52,8 +55,8 @@ def some_jobs(app: Celery, n: int) -> list[str]:
 def without_times(view: dict[str, Any]) -> dict[str, Any]:
     """``/api/status`` less what moves with the clock (now, the charts' start)."""
     out = {k: v for k, v in view.items() if k not in ("now", "now_ms")}
-    out["due"] = {k: v for k, v in view["due"].items() if k != "start"}
-    out["due_24h"] = {k: v for k, v in view["due_24h"].items() if k != "start"}
+    out["due"] = {k: v for k, v in view["due"].items() if k not in ("start", "start_ms")}
+    out["due_24h"] = {k: v for k, v in view["due_24h"].items() if k not in ("start", "start_ms")}
     return out
 
 
@@ -199,3 +202,90 @@ def test_the_window_reader_sums_what_read_window_sums_and_reads_two_minutes_agai
     assert reader.read_window(store, "delayq", "start", now_ms=later) == lateness.read_window(
         store, "delayq", "start", now_ms=later
     )
+
+
+def test_the_charts_are_counted_once_in_their_window_for_every_dashboard(
+    app: Celery, r: redis.Redis, dashboard: Callable[..., Client]
+) -> None:
+    some_jobs(app, 5)
+    shards = len(get_store(app).keys.all_shards())
+    first = dashboard(refresh_seconds=LONG)
+    read = cost(r, lambda: first.get("/"))
+    assert read["zcount"] >= shards * (60 + 24) and read["set"] == 2  # both charts, kept
+    assert r.pttl("delayq:web:counts:hour") > (LONG * 11) * 1000  # 12 refreshes, less the read
+    assert r.pttl("delayq:web:counts:day") > (LONG * 59) * 1000
+
+    other = dashboard(refresh_seconds=LONG)  # another process: its own shared reads, no charts
+    again = cost(r, lambda: other.get("/", LIVE))
+    assert again["evalsha"] == shards and again["get"] == 2  # the stats only, and the kept charts
+    assert again["zcount"] <= shards  # the stats' overdue count: no bucket counted
+    assert again["set"] == 0
+    assert without_times(other.get("/api/status").json()) == without_times(first.get("/api/status").json())
+
+
+def test_the_charts_show_a_new_job_once_their_window_passes(
+    app: Celery, r: redis.Redis, dashboard: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(context.CHART_REFRESHES, "hour", 4)
+    monkeypatch.setitem(context.CHART_REFRESHES, "day", 4)
+    some_jobs(app, 5)
+    page = dashboard(refresh_seconds=0.25)  # the charts kept 1 s, the rest 0.2 s
+    fresh = dashboard(refresh_seconds=0)
+    kept = page.get("/api/status").json()
+    assert sum(kept["due"]["counts"]) == sum(kept["due_24h"]["counts"]) == 5
+    some_jobs(app, 1)  # one more, due 10.5 min from now
+    shown = page.get("/api/status").json()  # counted before it, kept: the same charts
+    assert (shown["due"], shown["due_24h"]) == (kept["due"], kept["due_24h"])
+
+    def counted_anew() -> bool:
+        view = page.get("/api/status").json()
+        return bool(view["due"]["start_ms"] != kept["due"]["start_ms"])
+
+    deadline = time.monotonic() + 10
+    while not counted_anew():
+        assert time.monotonic() < deadline, "the kept charts did not expire"
+        time.sleep(0.1)
+    after = page.get("/api/status").json()
+    assert sum(after["due"]["counts"]) == sum(after["due_24h"]["counts"]) == 6
+    now = fresh.get("/api/status").json()
+    assert (after["due"]["counts"], after["due_24h"]["counts"]) == (
+        now["due"]["counts"],
+        now["due_24h"]["counts"],
+    )
+    assert 'id="chart-hour"' in page.get("/").text
+
+
+def test_an_action_counts_the_charts_again(
+    app: Celery, r: redis.Redis, dashboard: Callable[..., Client]
+) -> None:
+    ids = some_jobs(app, 3)
+    client = dashboard(allow_actions=True, refresh_seconds=LONG)
+    assert sum(client.get("/api/status").json()["due"]["counts"]) == 3
+    assert client.action("/jobs/action", [("action", "cancel"), ("ids", ids[0])]).status == 303
+    assert r.exists("delayq:web:counts:hour", "delayq:web:counts:day") == 0
+    view = client.get("/api/status").json()
+    assert sum(view["due"]["counts"]) == sum(view["due_24h"]["counts"]) == 2
+
+
+def test_a_kept_chart_that_does_not_read_is_counted_again(
+    app: Celery, r: redis.Redis, dashboard: Callable[..., Client]
+) -> None:
+    some_jobs(app, 2)
+    r.set("delayq:web:counts:hour", "not json", px=600_000)
+    r.set(
+        "delayq:web:counts:day", '{"start":"x","start_ms":1,"bucket_seconds":3600,"counts":[1]}', px=600_000
+    )
+    view = dashboard(refresh_seconds=LONG).get("/api/status").json()
+    assert sum(view["due"]["counts"]) == sum(view["due_24h"]["counts"]) == 2
+    assert len(view["due"]["counts"]) == 60 and len(view["due_24h"]["counts"]) == 24
+
+
+def test_the_stats_of_a_shard_without_lease_entries_read_no_gate_key(app: Celery, r: redis.Redis) -> None:
+    store = get_store(app)
+    some_jobs(app, 3)
+    shards = len(store.keys.all_shards())
+    read = cost(r, store.shard_stats)
+    assert read["evalsha"] == shards
+    assert not (read["smembers"] or read["hgetall"] or read["hexists"] or read["hget"])
+    assert read["zcount"] == shards and read["zrange"] == shards  # nothing overdue: no head read
+    assert sum(s.waiting for s in store.shard_stats()) == 3

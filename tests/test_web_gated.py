@@ -15,11 +15,11 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayQ
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.gate import GATE_HEADER, Gate, completion_id
-from celery_delayq.publish import message_headers
-from celery_delayq.store import GateDecision, Store, get_store
-from celery_delayq.views import status_view
+from celery_delayq.admin.views import status_view
+from celery_delayq.beat.publish import message_headers
+from celery_delayq.flow.gate import GATE_HEADER, Gate, completion_id
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import GateDecision, Store, get_store
 from tests.support.cli import as_json, invoke
 from tests.support.store import server_ms
 from tests.support.web import Client

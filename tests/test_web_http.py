@@ -1,5 +1,5 @@
 """The dashboard over HTTP: each page and its JSON twin answer, and the JSON API serves the
-shapes ``celery delayq ... --json`` prints (one definition, :mod:`celery_delayq.views`)."""
+shapes ``celery delayq ... --json`` prints (one definition, :mod:`celery_delayq.admin.views`)."""
 
 from __future__ import annotations
 

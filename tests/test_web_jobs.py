@@ -19,7 +19,7 @@ from celery import Celery
 from celery_delayq import DelayedTask, Schedules
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.spark import write_rows
-from celery_delayq.store import Store, get_store
+from celery_delayq.store.facade import Store, get_store
 from tests.support.apps import make_app
 from tests.support.store import bury
 from tests.support.web import Answer, Client

@@ -1,5 +1,5 @@
 """The overview page and ``/api/status`` over real HTTP: the lateness histograms of the last hour
-(the per-minute record of :mod:`celery_delayq.lateness`) beside the all-time ones, the beats
+(the per-minute record of :mod:`celery_delayq.store.lateness`) beside the all-time ones, the beats
 with their last heartbeat, the oldest overdue job, pending jobs by shard, the dead letters and
 the charts."""
 
@@ -11,12 +11,12 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
-from celery_delayq import lateness
+from celery_delayq.admin.views import lateness_view, lateness_window_view
 from celery_delayq.due import ms_to_datetime
-from celery_delayq.lateness import Histogram, PublishLateness, key_for, minute_key, tally
-from celery_delayq.store import Store, get_store
-from celery_delayq.views import lateness_view, lateness_window_view
-from celery_delayq.worker import LatenessRecorder
+from celery_delayq.store import lateness
+from celery_delayq.store.facade import Store, get_store
+from celery_delayq.store.lateness import Histogram, PublishLateness, key_for, minute_key, tally
+from celery_delayq.worker.lateness import LatenessRecorder
 from tests.support.store import bury
 from tests.support.web import Client
 

@@ -102,10 +102,13 @@ def stored(app: Celery) -> dict[str, str]:
 
 
 def snapshot(url: str) -> dict[bytes, bytes | None]:
-    """Every key of the store's database and its serialized value (``DUMP``)."""
+    """Every key of the store's database and its serialized value (``DUMP``), but the chart
+    counts the overview keeps a while (``<prefix>:web:counts:*``, the one thing a read-only
+    dashboard writes)."""
     client = redis.Redis.from_url(url)
     try:
-        return {key: client.dump(key) for key in sorted(client.scan_iter(count=1000))}
+        keys = sorted(key for key in client.scan_iter(count=1000) if b":web:counts:" not in key)
+        return {key: client.dump(key) for key in keys}
     finally:
         client.close()
 

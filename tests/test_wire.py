@@ -22,14 +22,14 @@ from celery import Celery
 from hypothesis import settings
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.build import build_envelope
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.wire import WireTemplates, wire_message
 from celery_delayq.devtools.embedded import EmbeddedRedis
-from celery_delayq.dispatch import Dispatcher
 from celery_delayq.due import due_iso
-from celery_delayq.envelope import decode_envelope
-from celery_delayq.schedules import Schedules, point_id
-from celery_delayq.store import get_store
-from celery_delayq.wire import WireTemplates, wire_message
+from celery_delayq.producer.build import build_envelope
+from celery_delayq.schedules.api import Schedules, point_id
+from celery_delayq.store.envelope import decode_envelope
+from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 from tests.support.wire import (
     JOB_VALUES,

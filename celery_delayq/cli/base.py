@@ -12,14 +12,14 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from .. import inputs
+from ..admin import inputs
+from ..admin.jobs import DelayQ
+from ..admin.views import local_text
 from ..config import DelayQConfig, redact_url, setting_name
 from ..due import ms_to_datetime
 from ..exceptions import ConfigurationError
-from ..jobs import DelayQ
-from ..schedules import Schedules
-from ..store import Store
-from ..views import local_text
+from ..schedules.api import Schedules
+from ..store.facade import Store
 from .errors import EXIT_NOT_DONE, StoreProblem, cli_error, rule_for, usage
 from .render import emit_json, make_console
 from .timeparse import is_relative, parse_when

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from ..jobs import MISSING, NO_ENVELOPE, REQUEUED
-from ..views import dead_page, dead_view
+from ..admin.jobs import MISSING, NO_ENVELOPE, REQUEUED
+from ..admin.views import dead_page, dead_view
 from .base import DelayqGroup, Session, json_option, report, session
 from .errors import CliError, usage
 from .jobs import print_job

@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 
 import click
 
-from ..connection import UNREACHABLE_ERRORS
 from ..exceptions import (
     BatchExists,
     ConfigurationError,
@@ -32,7 +31,8 @@ from ..exceptions import (
     StoreError,
     UnknownTask,
 )
-from ..store import REDIS_ERRORS
+from ..store.connection import UNREACHABLE_ERRORS
+from ..store.facade import REDIS_ERRORS
 
 __all__ = [
     "ERRORS",

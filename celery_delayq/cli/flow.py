@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from ..gate import check_key
-from ..inputs import InputError, limit_of
-from ..views import batch_json, batches_view, key_json, keys_view
+from ..admin.inputs import InputError, limit_of
+from ..admin.views import batch_json, batches_view, key_json, keys_view
+from ..flow.gate import check_key
 from .base import Session, json_option, session
 from .errors import CliError, usage
 from .render import kv_table, listing, plain_row

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..views import bucket_ms, iso
+from ..admin.views import bucket_ms, iso
 
 __all__ = [
     "ago",

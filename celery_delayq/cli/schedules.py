@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 
 import click
 
-from ..inputs import InputError, add_schedule, options_value, rule_of, update_schedule
-from ..jobs import MISSING
-from ..schedule_spec import Schedule
-from ..views import schedule_json
+from ..admin.inputs import InputError, add_schedule, options_value, rule_of, update_schedule
+from ..admin.jobs import MISSING
+from ..admin.views import schedule_json
+from ..schedules.spec import Schedule
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage
 from .render import iso, kv_table, listing, plain_row, relative

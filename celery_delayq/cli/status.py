@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from .. import lateness
-from ..views import BEAT_ALIVE_MS, GATED_BY, status_view, stored_lateness
+from ..admin.views import BEAT_ALIVE_MS, GATED_BY, status_view, stored_lateness
+from ..store import lateness
 from .base import Session, json_option, session
 from .errors import usage
 from .render import ago, chart_lines, listing, plain_row, relative

@@ -36,8 +36,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import lateness as lateness_histograms
 from ..config import redact_url
+from ..store import lateness as lateness_histograms
 from .embedded import EmbeddedRedis, find_server_binary
 
 __all__ = ["NO_SERVER", "run_demo", "who_was_late"]

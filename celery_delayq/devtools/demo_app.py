@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from ..task import DelayedTask
+from ..producer.task import DelayedTask
 
 URL = os.environ.get("DELAYQ_DEMO_URL", "redis://127.0.0.1:6379/0")
 PREFIX = os.environ.get("DELAYQ_DEMO_PREFIX", "delayq-demo")

@@ -26,7 +26,7 @@ What this package owns, a module each:
   dependency): this package loads it only when Spark asks for it, so everything else here
   runs without pyspark. It builds on the modules above, never on this one: no import cycle.
 
-What it may import from the rest of ``celery_delayq``: the store (:class:`~celery_delayq.store.Store`,
+What it may import from the rest of ``celery_delayq``: the store (:class:`~celery_delayq.store.facade.Store`,
 its only way to Redis), the stored format (``envelope``), building envelopes as ``apply_at``
 does (``build``), due times (``due``), the settings (``config``), the gate's park score
 (``gate``) and the exceptions. No other module of ``celery_delayq`` imports it (the top-level

@@ -2,7 +2,7 @@
 the jobs live (:class:`StoreOptions`: a Redis URL, or the Celery app whose ``delayq_*``
 settings to use), which task and columns a write takes (:class:`WriteOptions`), and which
 due window and shards a read lists (:class:`ReadOptions`). Spark hands options over as
-strings, case-insensitively; every mistake raises :class:`~celery_delayq.ConfigurationError`
+strings, case-insensitively; every mistake raises :class:`~celery_delayq.exceptions.ConfigurationError`
 here, with a message that names the option as the user spelled it.
 
 >>> opts = WriteOptions.parse({"url": "redis://127.0.0.1:6390/0", "task": "t.remind",
@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..build import build_envelopes
 from ..config import DEFAULTS, DelayQConfig, setting_name
 from ..due import MAX_DUE_MS, due_ms_from_eta
 from ..exceptions import ConfigurationError, InvalidDueTime, InvalidOptions, UnknownTask
+from ..producer.build import build_envelopes
 
 __all__ = ["ReadOptions", "StoreOptions", "WriteOptions"]
 

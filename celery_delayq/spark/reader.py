@@ -10,9 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from ..due import MAX_DUE_MS, ms_to_datetime
-from ..envelope import decode_envelope, loaded_form
-from ..gate import PARK_MS
-from ..store import Store
+from ..flow.gate import PARK_MS
+from ..store.envelope import decode_envelope, loaded_form
+from ..store.facade import Store
 
 __all__ = ["READ_COLUMNS", "READ_SCHEMA", "read_shard"]
 

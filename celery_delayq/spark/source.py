@@ -32,7 +32,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ..exceptions import ConfigurationError
-from ..store import Store
+from ..store.facade import Store
 from .options import ReadOptions, WriteOptions
 from .reader import READ_COLUMNS, READ_SCHEMA, read_shard
 from .writer import JobWriter

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ..build import build_envelopes, new_task_ids
 from ..due import MAX_DUE_MS, due_ms_from_eta
 from ..exceptions import ConfigurationError, DelayQError, InvalidDueTime, InvalidOptions
-from ..store import EnqueueOutcome, Store
+from ..producer.build import build_envelopes, new_task_ids
+from ..store.facade import EnqueueOutcome, Store
 from .options import WriteOptions
 
 __all__ = ["JobWriter", "WriteStats", "write_rows"]

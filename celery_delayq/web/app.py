@@ -19,6 +19,7 @@ shown is redacted (:func:`..config.redact_url`).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import secrets
@@ -28,8 +29,8 @@ from flask import Flask, Response, g, jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 
-from ..connection import error_text, redis_error_kind
 from ..exceptions import DelayQError, StoreFull
+from ..store.connection import error_text, redis_error_kind
 from . import dead, flow, jobs, overview, schedules
 from .context import REFRESH_SECONDS, Dashboard, dashboard, nav_counts, relative, span, wants_json
 
@@ -102,7 +103,10 @@ def create_app(
     @web.teardown_request
     def _forget_reads(exc: BaseException | None) -> None:
         if g.get("delayq_action"):  # an action ran (require_actions let it through)
-            dashboard().shared.clear()
+            board = dashboard()
+            board.shared.clear()
+            with contextlib.suppress(Exception):  # the page already answered
+                board.store.forget_counts(list(board.chart_seconds))
 
     @web.after_request
     def _headers(response: Response) -> Response:

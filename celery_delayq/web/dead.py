@@ -10,10 +10,10 @@ from typing import Any
 
 from flask import Blueprint, abort, jsonify, render_template, request, url_for
 
+from ..admin.jobs import MISSING, NO_ENVELOPE, REQUEUED
+from ..admin.timeparse import is_relative, parse_when
+from ..admin.views import dead_page, dead_view, iso
 from ..exceptions import CorruptData
-from ..jobs import MISSING, NO_ENVELOPE, REQUEUED
-from ..timeparse import is_relative, parse_when
-from ..views import dead_page, dead_view, iso
 from .context import action_response, dashboard, require_actions
 from .forms import fields, refuse
 

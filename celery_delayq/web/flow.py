@@ -12,11 +12,11 @@ from typing import Any
 
 from flask import Blueprint, abort, jsonify, render_template, url_for
 
+from ..admin.inputs import InputError, limit_of
+from ..admin.jobs import MISSING
+from ..admin.views import batch_json, batches_view, key_json, keys_view
 from ..exceptions import InvalidOptions
-from ..gate import check_key
-from ..inputs import InputError, limit_of
-from ..jobs import MISSING
-from ..views import batch_json, batches_view, key_json, keys_view
+from ..flow.gate import check_key
 from .context import action_response, dashboard, require_actions
 from .forms import fields, refuse
 

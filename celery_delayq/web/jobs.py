@@ -7,7 +7,7 @@ A listing reads from its cursor on (O(log n) a shard and page, however many jobs
 A filter by task, queue or state reads at most ``budget`` jobs a page (:data:`FILTER_BUDGET`;
 then it says so and offers to go on); a search by id prefix looks the exact id up first, then
 examines about ``budget`` ids a request (:data:`BUDGET`; a ``ZSCAN`` of each shard,
-:meth:`~celery_delayq.store.Store.search_ids`).
+:meth:`~celery_delayq.store.facade.Store.search_ids`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 from flask import Blueprint, abort, jsonify, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
-from ..jobs import CANCELLED, MOVED
-from ..timeparse import is_relative, parse_when
-from ..views import (
+from ..admin.jobs import CANCELLED, MOVED
+from ..admin.timeparse import is_relative, parse_when
+from ..admin.views import (
     GATED_BY,
     JOB_STATES,
     JobFilter,

@@ -20,13 +20,13 @@ from typing import Any
 
 from flask import Blueprint, abort, flash, jsonify, redirect, render_template, request, url_for
 
+from ..admin.inputs import InputError, add_schedule, json_value, options_value, rule_of, update_schedule
+from ..admin.jobs import MISSING
+from ..admin.timeparse import is_relative, parse_when
+from ..admin.views import iso, schedule_json
 from ..exceptions import ScheduleError, ScheduleExists, ScheduleNotFound, UnknownTask
-from ..inputs import InputError, add_schedule, json_value, options_value, rule_of, update_schedule
-from ..jobs import MISSING
-from ..keys import point_id
-from ..schedule_spec import MISSED_POLICIES, Schedule
-from ..timeparse import is_relative, parse_when
-from ..views import iso, schedule_json
+from ..schedules.spec import MISSED_POLICIES, Schedule
+from ..store.keys import point_id
 from .context import action_response, dashboard, require_actions, wants_json
 from .forms import Fields, fields, refuse
 

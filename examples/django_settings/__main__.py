@@ -23,7 +23,8 @@ from typing import Any
 
 import redis
 
-from celery_delayq import DelayQ, DelayQConfig, ScheduledResult
+from celery_delayq import DelayQ, ScheduledResult
+from celery_delayq.config import DelayQConfig
 
 from .celery import app
 from .tasks import LOG, RUNS, send_welcome, sync_account

@@ -24,7 +24,8 @@ from zoneinfo import ZoneInfo
 
 import redis
 
-from celery_delayq import DelayQ, DelayQConfig, Schedules
+from celery_delayq import DelayQ, Schedules
+from celery_delayq.config import DelayQConfig
 
 from .celery import app
 from .tasks import LOG, RUNS, daily_digest, expire_trial, refresh_stats, send_reminder

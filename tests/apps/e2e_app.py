@@ -139,7 +139,7 @@ if os.environ.get("DELAYQ_TEST_PUBLISH_RECEIVER"):
 if os.environ.get("DELAYQ_TEST_STOP_IN_PUBLISH"):
     import signal
 
-    from celery_delayq import fence
+    from celery_delayq.beat import fence
 
     _STOP_PUBLISHED = int(os.environ["DELAYQ_TEST_STOP_IN_PUBLISH"])
     _published = fence.Fence.published
@@ -161,7 +161,7 @@ if os.environ.get("DELAYQ_TEST_STOP_IN_PUBLISH"):
 if os.environ.get("DELAYQ_TEST_STOP_AFTER_CLAIM"):
     import signal
 
-    from celery_delayq import dispatch
+    from celery_delayq.beat import dispatch
 
     _STOP_AT = int(os.environ["DELAYQ_TEST_STOP_AFTER_CLAIM"])
     _publish_claimed = dispatch.Dispatcher.publish_claimed

@@ -41,7 +41,7 @@ def _count_intercepts() -> None:
     through delayq (the prefork worker's children inherit the patch from this process)."""
     import redis
 
-    from celery_delayq.task import DelayQTaskMixin
+    from celery_delayq.producer.task import DelayQTaskMixin
 
     intercept = DelayQTaskMixin._delayq_intercept
     client = redis.Redis.from_url(os.environ["DELAYQ_SUITE_STORE"])

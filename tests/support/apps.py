@@ -80,7 +80,7 @@ def app_factory(redis_url: str) -> Iterator[Callable[..., Celery]]:
 def dispatchers() -> Iterator[Callable[..., Any]]:
     """Makes :class:`Dispatcher` objects and stops each at the end of the test (flushes its
     lateness, removes its heartbeat, closes it)."""
-    from celery_delayq.dispatch import Dispatcher
+    from celery_delayq.beat.dispatch import Dispatcher
 
     made: list[Dispatcher] = []
 

@@ -1,7 +1,7 @@
 """An independent reference for when a cron rule runs: a walk over real instants in the zone.
 
 ``CronRule`` asks croniter for the next point and then applies the documented daylight
-saving time rule (``celery_delayq/rules.py``'s docstring). This reference shares neither:
+saving time rule (``celery_delayq/schedules/rules.py``'s docstring). This reference shares neither:
 it takes from croniter only its reading of each field (``croniter(expr).expanded``: which
 seconds, minutes, hours, days, months and weekdays), and finds the next point by walking
 forward over real instants (whole seconds, UTC), reading each one's local wall time with

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs

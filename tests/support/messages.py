@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_delayq.dispatch import Dispatcher
+from celery_delayq.beat.dispatch import Dispatcher
 from tests.support.store import broker_lists
 from tests.support.wire import text_body
 

@@ -20,7 +20,7 @@ import redis
 from kombu import Connection
 
 from celery_delayq import DelayedTask, DelayQ, ScheduledResult
-from celery_delayq.store import get_store
+from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env

@@ -14,11 +14,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import lateness
 from celery_delayq.config import DelayQConfig
-from celery_delayq.gate import Gate, member_id
-from celery_delayq.keys import KeySpace
-from celery_delayq.store import GateDecision, Store, get_store
+from celery_delayq.flow.gate import Gate, member_id
+from celery_delayq.store import lateness
+from celery_delayq.store.facade import GateDecision, Store, get_store
+from celery_delayq.store.keys import KeySpace
 
 
 def make_store(url: str, **settings: Any) -> Store:

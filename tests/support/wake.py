@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_delayq.store import Store
+from celery_delayq.store.facade import Store
 
 
 class Wake:

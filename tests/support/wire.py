@@ -94,7 +94,7 @@ def comparable(message: dict[str, Any]) -> dict[str, Any]:
     assert isinstance(props.pop("delivery_tag"), str)
     props.pop("reply_to")  # each app has its own reply-to oid
     text_body(message)
-    # The claim a beat puts on what it publishes through kombu (celery_delayq/starts.py): the
+    # The claim a beat puts on what it publishes through kombu (celery_delayq/worker/starts.py): the
     # push path needs none, on claim or not (tests/test_start_check.py checks both sides).
     message["headers"].pop("delayq_claim", None)
     if "expiration" in props:  # the time left, computed at publish

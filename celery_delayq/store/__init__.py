@@ -1,0 +1,11 @@
+"""The store: the one door to Redis, and everything that knows how data sits in it.
+
+``facade`` (:class:`~celery_delayq.store.facade.Store`: enqueue, claim, ack, bury, cancel, ...),
+``connection`` (the client factory and Redis's errors), ``scripts`` (the Lua scripts of ``lua/``,
+called by SHA), ``keys`` (every key name), ``envelope`` (the stored format of a job), ``bounded``
+(bounded reads of stored data), ``lua_formats`` (the Python mirror of the Lua helpers' text
+formats), ``lateness`` (the lateness histograms kept in Redis).
+
+May import: the root modules and ``flow.gate`` (the names a gated job carries). Only this
+package imports ``redis`` or the script table (``tests/test_layers.py``).
+"""

@@ -1,0 +1,208 @@
+-- gate: the flow-control keys of a shard, the limit in force, promotion and batch completion.
+--
+-- Needs the includes lease and wake before it. The Python side is celery_delayq/flow/gate.py
+-- (the names) and keys.py (ShardKeys: the same key names).
+--
+-- The gate's keys are not in KEYS: they share the shard's hash tag (so its cluster slot) and
+-- are built from KEYS[1] ("<prefix>:{<prefix>:<i>}:due") minus "due". GATE_BASE is that.
+local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
+-- G_KEYS hash key -> the last limit a job of it carried; G_LIMITS hash key -> override
+-- ("<n>" or "none"); G_PAUSED hash paused key -> "1"; G_RATES hash key -> GCRA arrival time
+-- ms; G_BOOKED hash job id -> the release time (ms) a deferred job booked from its key's
+-- rate; G_CHECK hash job id -> "1" for a released job waiting for a worker whose next claim
+-- is a check of its slot (hold.lua), not a redelivery (see gate.lua); G_BATCHES set of the
+-- shard's batch ids; G_BATCH_EXPIRY zset finished batch id -> the time (ms) its record
+-- expires (batch_check), read by the sweep (batch_delete.lua). The commands used on them are
+-- all in the ACL rule of docs/security.md (no SISMEMBER, ZPOPMIN, EXISTS or DEL).
+local G_KEYS = GATE_BASE .. 'gate:keys'
+local G_LIMITS = GATE_BASE .. 'gate:limits'
+local G_PAUSED = GATE_BASE .. 'gate:paused'
+local G_RATES = GATE_BASE .. 'gate:rates'
+local G_BOOKED = GATE_BASE .. 'gate:booked'
+local G_CHECK = GATE_BASE .. 'gate:check'
+local G_BATCHES = GATE_BASE .. 'batches'
+local G_BATCH_EXPIRY = GATE_BASE .. 'batches:expiry'
+-- run_key(key): zset job id -> slot expiry ms; wait_key(key): zset job id -> order score;
+-- batch_hash(bid): the batch's hash.
+local function run_key(key)
+  return GATE_BASE .. 'gate:run:' .. key
+end
+local function wait_key(key)
+  return GATE_BASE .. 'gate:wait:' .. key
+end
+local function batch_hash(bid)
+  return GATE_BASE .. 'batch:' .. bid
+end
+-- PARK_MS: the due score of a parked job (gate.PARK_MS), never reached by a claim; PARK_TEXT
+-- the same as text (a number passed to redis.call is written with 14 digits only).
+-- GATE_TOKEN, RUN_TOKEN: the lease tokens of a gated and of a running job (gate.py).
+local PARK_MS = 9000000000000000
+local PARK_TEXT = '9000000000000000'
+local GATE_TOKEN = 'gate'
+local RUN_TOKEN = 'run'
+-- gate_key_ok(key): a key as gate.check_key takes it (1 to 200 characters, no { } |).
+local function gate_key_ok(key)
+  return key ~= nil and key ~= '' and #key <= 200 and not string.find(key, '[{}|]')
+end
+-- wait_score(priority, due): the order of a parked job in wait_key, lowest first: higher
+-- priority first, then earlier due (lua_formats.wait_score mirrors it). As text: Redis
+-- would write the number with 14 digits only, and the score has 16.
+local function wait_score(priority, due)
+  return string.format('%.0f', (255 - priority) * 1e13 + due)
+end
+-- limit_from(override, own): the limit in force given a key's G_LIMITS entry (override: nil for
+-- none, "none": no cap, nil), else own (the job's limit as text, "" for none; nil), as a number
+-- or nil for no cap.
+local function limit_from(override, own)
+  if override == 'none' then
+    return nil
+  end
+  if override and tonumber(override) then
+    return tonumber(override)
+  end
+  if own and own ~= '' then
+    return tonumber(own)
+  end
+  return nil
+end
+-- limit_in_force(key, own): limit_from with the key's G_LIMITS entry read.
+local function limit_in_force(key, own)
+  return limit_from(redis.call('HGET', G_LIMITS, key), own)
+end
+-- server_now(): the server's TIME in ms.
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- purge(key, now): remove up to 10 expired slots of the key whose job is gone (cancelled
+-- while it ran, and its worker died: no release comes), with their gate:check entries; how
+-- many were removed.
+local function purge(key, now)
+  local rkey = run_key(key)
+  local purged = 0
+  for _, old in ipairs(redis.call('ZRANGE', rkey, '-inf', now, 'BYSCORE', 'LIMIT', 0, 10)) do
+    if redis.call('HEXISTS', KEYS[2], old) == 0 then
+      purged = purged + redis.call('ZREM', rkey, old)
+      redis.call('HDEL', G_CHECK, old)
+    end
+  end
+  return purged
+end
+-- promote(key, channel, shard, now): purge the key's expired slots (above), then, unless it
+-- is paused, move as many parked jobs of it as it has free slots (all, with no cap) from
+-- wait_key to due now - priority (claimed first by priority), and wake the beats. A member whose job is gone or no longer parked (stored
+-- again meanwhile) is dropped from the list without counting. Returns how many were moved.
+local function promote(key, channel, shard, now)
+  purge(key, now)
+  if redis.call('HEXISTS', G_PAUSED, key) == 1 then
+    return 0
+  end
+  local wkey = wait_key(key)
+  local free
+  local limit = limit_in_force(key, redis.call('HGET', G_KEYS, key))
+  if limit == nil then
+    free = redis.call('ZCARD', wkey)
+  else
+    free = limit - redis.call('ZCARD', run_key(key))
+  end
+  if free <= 0 then
+    return 0
+  end
+  local moved = 0
+  while moved < free do
+    local popped = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
+    if popped[1] == nil then
+      break
+    end
+    local id = popped[1]
+    redis.call('ZREM', wkey, id)
+    local score = tonumber(redis.call('ZSCORE', KEYS[1], id))
+    if score == PARK_MS and redis.call('HEXISTS', KEYS[2], id) == 1 then
+      local priority = 255 - math.floor(tonumber(popped[2]) / 1e13)
+      redis.call('ZADD', KEYS[1], now - priority, id)
+      moved = moved + 1
+    end
+  end
+  if moved > 0 then
+    wake(channel, shard, now - 255)
+  end
+  return moved
+end
+-- batch_add(bid, field, n): add n to a count of the batch's hash; a count that does not read
+-- (written by hand) counts as 0 (HINCRBY would fail the script after its first writes).
+local function batch_add(bid, field, n)
+  local bkey = batch_hash(bid)
+  local count = tonumber(redis.call('HGET', bkey, field)) or 0
+  redis.call('HSET', bkey, field, string.format('%d', count + n))
+end
+-- batch_check(bid, batch_channel, channel, shard, now, keep): when the batch's succeeded +
+-- failed + cancelled reach its total and it was not done yet (HSETNX done), make its
+-- completion job (if any, still parked) due at now - 256, wake the beats, and publish
+-- "<bid>|{counts}" on batch_channel (lua_formats.batch_message mirrors it; with pcall: an ACL
+-- user without the channel loses the message, never the writes after it). keep: ms the
+-- finished batch is kept (delayq_batch_expires), or nil (kept until deleted): its hash gets
+-- that TTL and an "expires" field, and G_BATCH_EXPIRY its expiry time, in this same step (a
+-- crash cannot leave a finished batch without one). Returns 1 when this call completed the
+-- batch, else 0.
+local function batch_check(bid, batch_channel, channel, shard, now, keep)
+  local bkey = batch_hash(bid)
+  local h = redis.call('HMGET', bkey, 'total', 'succeeded', 'failed', 'cancelled', 'completion')
+  local total = tonumber(h[1])
+  if total == nil then
+    return 0
+  end
+  local s, f, c = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+  if s + f + c < total or redis.call('HSETNX', bkey, 'done', '1') == 0 then
+    return 0
+  end
+  if keep then
+    local expires = string.format('%d', now + keep)
+    redis.call('HSET', bkey, 'expires', expires)
+    redis.call('PEXPIRE', bkey, keep)
+    redis.call('ZADD', G_BATCH_EXPIRY, expires, bid)
+  end
+  local completion = h[5]
+  if completion and completion ~= '' and redis.call('HEXISTS', KEYS[2], completion) == 1 then
+    if tonumber(redis.call('ZSCORE', KEYS[1], completion)) == PARK_MS then
+      redis.call('ZADD', KEYS[1], now - 256, completion)
+      wake(channel, shard, now - 256)
+    end
+  end
+  local counts = string.format('{"total":%d,"succeeded":%d,"failed":%d,"cancelled":%d}', total, s, f, c)
+  redis.pcall('PUBLISH', batch_channel, bid .. '|' .. counts)
+  return 1
+end
+-- keep_arg(i): ARGV[i] as batch_check's keep: a whole number of ms >= 1, or nil for "" (kept
+-- until deleted); false when it is neither (the caller refuses the call).
+local function keep_arg(i)
+  local raw = ARGV[i]
+  if raw == '' then
+    return nil
+  end
+  local keep = int_arg(i)
+  if keep == nil or keep < 1 then
+    return false
+  end
+  return keep
+end
+-- batch_forget(bid, key): remove what is left of a batch: its hash (field by field: no DEL in
+-- the ACL rule), its ids in G_BATCHES and G_BATCH_EXPIRY, and its key's records (G_KEYS,
+-- G_LIMITS, G_PAUSED, G_RATES, and the parked list wait_key). Slots of members still running
+-- (run_key) are left to their release.
+local function batch_forget(bid, key)
+  local bkey = batch_hash(bid)
+  local fields = redis.call('HGETALL', bkey)
+  for i = 1, #fields, 2 do
+    redis.call('HDEL', bkey, fields[i])
+  end
+  redis.call('SREM', G_BATCHES, bid)
+  redis.call('ZREM', G_BATCH_EXPIRY, bid)
+  redis.call('HDEL', G_KEYS, key)
+  redis.call('HDEL', G_LIMITS, key)
+  redis.call('HDEL', G_PAUSED, key)
+  redis.call('HDEL', G_RATES, key)
+  local wkey = wait_key(key)
+  for _, id in ipairs(redis.call('ZRANGE', wkey, 0, -1)) do
+    redis.call('ZREM', wkey, id)
+  end
+end
