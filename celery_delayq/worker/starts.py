@@ -12,7 +12,7 @@ claim itself, ``"<tries>|<beat token>"`` (a lease entry's, unique per claim). Me
 cannot have a stale copy.
 
 A worker whose app has ``delayq_start_check`` on (the default) runs :class:`StartCheck`, a
-consumer bootstep added by the app's delayq worker step (:class:`.worker.DelayQWorker`, so it
+consumer bootstep added by the app's delayq worker step (:class:`.lateness.DelayQWorker`, so it
 is the app the worker runs that decides). It wraps the task strategies of the consumer: before a message
 with the header becomes a task request, one ``lua/start.lua`` call (:meth:`.Store.start`)
 asks whether another claim of the same job instance started already (first start wins, its
