@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_delayq import DelayedTask, ScheduledResult
+from celery_delayq import config as extension_module
 from celery_delayq.exceptions import CorruptData
 from celery_delayq.producer.build import (
     _build_one,
@@ -314,7 +315,10 @@ def test_malformed_envelopes_are_refused(raw: str) -> None:
 # -- plans follow the settings ------------------------------------------------------------------
 
 
-def test_a_changed_setting_is_seen_by_the_next_call(app: Celery) -> None:
+def test_a_changed_setting_is_seen_by_the_next_call(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With RECHECK_EVERY = 0 the fingerprint is read at every call (by default at most every
+    0.5 s: test_extension checks that a change is seen once that time passed)."""
+    monkeypatch.setattr(extension_module, "RECHECK_EVERY", 0.0)
     task = app.tasks["t.add"]
     first = task.apply_at(DUE / 1000, (1, 2))
     assert decode_envelope(get_store(app).get(first.id).envelope).route == {"queue": "celery"}  # type: ignore[union-attr]

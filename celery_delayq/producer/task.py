@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from ..config import DelayQConfig
+from ..config import DelayQConfig, install
 from ..due import (
     celery_expires,
     celery_naive_as_utc,
@@ -131,6 +131,16 @@ class DelayQTaskMixin:
     """The scheduling methods; mix into your own Task base: ``class Base(DelayQTaskMixin, MyTask)``."""
 
     name: str
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Celery's hook when the task is bound to ``app``: attach delayq's worker side to
+        the app (:func:`celery_delayq.install`), so that a worker of the app gives gated
+        tasks' slots back, records lateness and checks starts."""
+        install(app)
+        parent = getattr(super(), "on_bound", None)
+        if parent is not None:
+            parent(app)
 
     def _delayq_app(self) -> Any:
         return self._get_app()  # type: ignore[attr-defined]

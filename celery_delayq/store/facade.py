@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
-from ..config import DelayQConfig
+from ..config import DelayQConfig, extension
 from ..exceptions import CorruptData, InvalidInput, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
 from ..flow.gate import (
     BATCH_DONE_HEADER,
@@ -599,12 +599,15 @@ class Store:
 
     @classmethod
     def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
-        """The app's store (one per app and process, kept on the app; redis-py pools are
-        fork-safe). ``connect_timeout`` applies when this call makes it (the CLI's)."""
-        store = app.__dict__.get("_delayq_store")
-        if not isinstance(store, Store):
-            store = cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
-            app.__dict__["_delayq_store"] = store
+        """The app's store (one per app and process, kept by the app's extension,
+        :func:`~celery_delayq.config.extension`; redis-py pools are fork-safe).
+        ``connect_timeout`` applies when this call makes it (the CLI's)."""
+        ext = extension(app)
+        store: Store | None = ext.parts.get("store")
+        if store is None:
+            store = ext.part(
+                "store", lambda: cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
+            )
         return store
 
     @property
