@@ -665,14 +665,14 @@ class Store:
             refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
             keys = self.keys.shard(shard)
+            due_ms = int(due_ms)
             one: list[Any] = [mode, channel, shard, clock]
-            _shaped(one, [(job_id, int(due_ms), stored_form(job_id, envelope))])
-            now, status, due = self._write(
-                SCRIPTS["enqueue"], [*keys.core, keys.shapes], one, "", not_stored=[job_id]
-            )
-            self._saw_server_time(int(now))
+            _shaped(one, [(job_id, due_ms, stored_form(job_id, envelope))])
+            now, status, due = self._write(SCRIPTS["enqueue"], keys.with_shapes, one, "", (job_id,))
+            now = int(now)
+            self._saw_server_time(now)
             if not relative:
-                self._check_past(int(now), [(job_id, int(due_ms))])
+                self._check_past(now, [(job_id, due_ms)])
             return [(_decode("enqueue", _ENQUEUE, status), int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
@@ -688,7 +688,7 @@ class Store:
         owners: list[list[int]] = []
         for shard, positions in by_shard.items():
             shard_keys = self.keys.shard(shard)
-            enqueue_keys = [*shard_keys.core, shard_keys.shapes]
+            enqueue_keys = shard_keys.with_shapes
             for start in range(0, len(positions), ENQUEUE_CHUNK):
                 chunk = positions[start : start + ENQUEUE_CHUNK]
                 args: list[Any] = [mode, channel, shard, clock]
@@ -744,7 +744,7 @@ class Store:
         limit = self.config.past_warning
         if limit is None or self._warned_past or not jobs:
             return
-        job_id, due_ms = min(jobs, key=lambda job: job[1])
+        job_id, due_ms = jobs[0] if len(jobs) == 1 else min(jobs, key=lambda job: job[1])
         behind = (server_ms - due_ms) / 1000.0
         if behind <= limit:
             return
@@ -873,8 +873,7 @@ class Store:
         step, so a job stored at the same time keeps its shape); how many were dropped. The beats
         call it with the batch sweep (:meth:`sweep_batches`)."""
         calls = [
-            ScriptCall(SCRIPTS["shapes_sweep"], [*shard.core, shard.shapes], [])
-            for shard in self.keys.all_shards()
+            ScriptCall(SCRIPTS["shapes_sweep"], shard.with_shapes, []) for shard in self.keys.all_shards()
         ]
         return sum(int(result) for result in run_pipelined(self.client, calls))
 
