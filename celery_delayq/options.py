@@ -252,7 +252,7 @@ def current_worker_task(app: Any) -> Any:
     this thread, or an empty stack, is no task. Anything else (a task on the stack, another
     stack class, an app class with its own ``current_worker_task``) asks Celery.
     """
-    local = getattr(celery_state._task_stack, "_local", None)
+    local: Any = getattr(celery_state._task_stack, "_local", None)
     if type(local) is Local and type(app).current_worker_task is Celery.current_worker_task:
         entry = local.__storage__.get(local.__ident_func__())
         if entry is None or not entry.get("stack"):
