@@ -159,7 +159,7 @@ def job_args(args: Any, task_id: Any, name: str) -> tuple[Any, ...]:
 
 def job_kwargs(kwargs: Any, task_id: Any, name: str) -> dict[str, Any]:
     """A job's ``kwargs`` as a dict; as in Celery, anything false is none, else a mapping."""
-    if isinstance(kwargs, Mapping):
+    if type(kwargs) is dict or isinstance(kwargs, Mapping):  # (a dict without the ABC check)
         return dict(kwargs)
     try:
         empty = kwargs is None or not kwargs
