@@ -318,13 +318,12 @@ def _packed(conn: Any, command: tuple[Any, ...]) -> Any:
     the bytearrays and memoryviews hiredis does not take); a command of a script's strings and
     integers goes to hiredis as it is (about 4 µs less a call; anything hiredis refuses goes the
     packer's way, which says what is wrong as redis-py does). The command name has no space."""
-    packer = conn._command_packer
-    if _hiredis_pack is not None and type(packer) is HiredisRespSerializer:
+    if _hiredis_pack is not None and type(getattr(conn, "_command_packer", None)) is HiredisRespSerializer:
         try:
             return [_hiredis_pack(command)]
         except TypeError:
             pass
-    return packer.pack(*command)
+    return conn.pack_command(*command)
 
 
 def _ready(conn: Any) -> None:
