@@ -89,7 +89,9 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
 
     @classmethod
     def _shared_attributes(cls, backend: Any, task_name: str, app: Any) -> dict[str, Any] | None:
-        kept: dict[Any, tuple[Any, dict[str, Any] | None]] = app.__dict__.setdefault("_delayq_results", {})
+        kept: dict[Any, tuple[Any, dict[str, Any] | None]] | None = app.__dict__.get("_delayq_results")
+        if kept is None:  # (setdefault would make an empty dict at every call)
+            kept = app.__dict__.setdefault("_delayq_results", {})
         key = (cls, id(backend))
         entry = kept.get(key)
         if entry is not None and entry[0] is backend:

@@ -329,8 +329,11 @@ def _packed(conn: Any, command: tuple[Any, ...]) -> Any:
 def _ready(conn: Any) -> None:
     """Connect ``conn``, or connect it again when the server closed it while it was idle (a
     restart, ``CLIENT KILL``, the server's idle ``timeout``) or it holds unread data: the check
-    redis-py's pool makes at each checkout, so a write is never sent on a dead connection."""
-    conn.connect()
+    redis-py's pool makes at each checkout, so a write is never sent on a dead connection.
+    (redis-py 8's ``connect()`` runs its retry wrapper even on a connected socket: it is only
+    called on one without a socket.)"""
+    if getattr(conn, "_sock", None) is None:
+        conn.connect()
     try:
         if conn.can_read():
             raise ConnectionError("Connection has data")
