@@ -50,10 +50,14 @@ def scheduled_results(
     app: Any, task_name: str, ids: list[str], statuses: list[tuple[EnqueueOutcome, int]]
 ) -> list[ScheduledResult]:
     """The results of jobs ``ids`` of ``task_name`` from ``Store.enqueue``'s ``(outcome, due ms)``."""
-    done = [
-        (task_id, ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)
-        for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
-    ]
+    if len(ids) == 1 and len(statuses) == 1:  # apply_at, apply_in: no comprehension
+        ((status, stored_due),) = statuses
+        done = [(ids[0], ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)]
+    else:
+        done = [
+            (task_id, ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)
+            for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
+        ]
     return ScheduledResult.many(done, app.backend, task_name, app)
 
 

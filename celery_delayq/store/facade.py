@@ -525,10 +525,18 @@ def refused_when_full(refused: str, not_stored: Sequence[str] = ()) -> Iterator[
     try:
         yield
     except REDIS_ERRORS as exc:
-        if is_oom(exc):
-            ids = list(not_stored)
-            raise StoreFull([], ids, list(range(len(ids))), refused) from exc
+        full = _full_error(exc, refused, not_stored)
+        if full is not None:
+            raise full from exc
         raise
+
+
+def _full_error(exc: BaseException, refused: str, not_stored: Sequence[str]) -> StoreFull | None:
+    """The :class:`StoreFull` that :func:`refused_when_full` raises for ``exc``, or None."""
+    if not is_oom(exc):
+        return None
+    ids = list(not_stored)
+    return StoreFull([], ids, list(range(len(ids))), refused)
 
 
 def _raise_store_full(
@@ -624,8 +632,9 @@ class Store:
     ) -> Any:
         """Run one producer-side script (it stores or removes a job, a schedule, a batch or a
         limit); with ``delayq_wait_replicas``, only return once that many replicas have it
-        (``WAIT``). Refused by a full Redis: :class:`StoreFull` (:func:`refused_when_full`)."""
-        with refused_when_full(refused, not_stored):
+        (``WAIT``). Refused by a full Redis: :class:`StoreFull` (:func:`refused_when_full`, written
+        out: this is every producer call's path, and the generator costs a few µs a call)."""
+        try:
             if self.config.wait_replicas:
                 call = ScriptCall(script, keys, args)
                 return run_replicated(self.client, [call], self.config.wait_replicas)[0]
@@ -633,6 +642,11 @@ class Store:
             if direct is not None and direct.client is self.client:
                 return direct.call(script, keys, args)
             return script(self.client, keys, args)
+        except REDIS_ERRORS as exc:
+            full = _full_error(exc, refused, not_stored)
+            if full is not None:
+                raise full from exc
+            raise
 
     def _write_outcome(
         self, script: str, table: Sequence[_Code], keys: Sequence[str], args: Sequence[Any], refused: str
@@ -663,14 +677,14 @@ class Store:
             refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
             keys = self.keys.shard(shard)
+            due_ms = int(due_ms)
             one: list[Any] = [mode, channel, shard, clock]
-            _shaped(one, [(job_id, int(due_ms), stored_form(job_id, envelope))])
-            now, status, due = self._write(
-                SCRIPTS["enqueue"], [*keys.core, keys.shapes], one, "", not_stored=[job_id]
-            )
-            self._saw_server_time(int(now))
+            _shaped(one, [(job_id, due_ms, stored_form(job_id, envelope))])
+            now, status, due = self._write(SCRIPTS["enqueue"], keys.with_shapes, one, "", (job_id,))
+            now = int(now)
+            self._saw_server_time(now)
             if not relative:
-                self._check_past(int(now), [(job_id, int(due_ms))])
+                self._check_past(now, [(job_id, due_ms)])
             return [(_decode("enqueue", _ENQUEUE, status), int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
@@ -686,7 +700,7 @@ class Store:
         owners: list[list[int]] = []
         for shard, positions in by_shard.items():
             shard_keys = self.keys.shard(shard)
-            enqueue_keys = [*shard_keys.core, shard_keys.shapes]
+            enqueue_keys = shard_keys.with_shapes
             for start in range(0, len(positions), ENQUEUE_CHUNK):
                 chunk = positions[start : start + ENQUEUE_CHUNK]
                 args: list[Any] = [mode, channel, shard, clock]
@@ -742,7 +756,7 @@ class Store:
         limit = self.config.past_warning
         if limit is None or self._warned_past or not jobs:
             return
-        job_id, due_ms = min(jobs, key=lambda job: job[1])
+        job_id, due_ms = jobs[0] if len(jobs) == 1 else min(jobs, key=lambda job: job[1])
         behind = (server_ms - due_ms) / 1000.0
         if behind <= limit:
             return
@@ -871,8 +885,7 @@ class Store:
         step, so a job stored at the same time keeps its shape); how many were dropped. The beats
         call it with the batch sweep (:meth:`sweep_batches`)."""
         calls = [
-            ScriptCall(SCRIPTS["shapes_sweep"], [*shard.core, shard.shapes], [])
-            for shard in self.keys.all_shards()
+            ScriptCall(SCRIPTS["shapes_sweep"], shard.with_shapes, []) for shard in self.keys.all_shards()
         ]
         return sum(int(result) for result in run_pipelined(self.client, calls))
 
