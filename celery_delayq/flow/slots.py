@@ -19,7 +19,7 @@ process that runs the task, with every pool). This module's receivers:
   other -> "failed" (in a prefork child whose task was terminated by
   ``revoke(terminate=True)`` the state is None); the job is forgotten.
 - A retry: the retry message carries the request's headers, gate header included. A
-  ``DelayedTask`` (:class:`~.task.DelayQTaskMixin`) sends it through delayq, stored again and
+  ``DelayedTask`` (:class:`~..producer.task.DelayQTaskMixin`) sends it through delayq, stored again and
   gated again at its due time: its slot is given back as "retry". Any other task (a batch
   member may be a plain task) sends it straight to the broker, outside the gate: its slot is
   kept and renewed by this process until the retried run ends and gives it back (or until a

@@ -5,7 +5,7 @@ one set of options) do what ``Task.apply_async`` and ``Celery.send_task`` do bef
 publish: argument check against the task's signature, the task's execution options, the
 router (queue, exchange, routing key, priority), the protocol-2 headers and the body,
 serialized with the task's serializer (the option handling is :mod:`.options`'). What
-``apply_async`` would have published is stored (:mod:`.envelope` writes it), less the
+``apply_async`` would have published is stored (:mod:`..store.envelope` writes it), less the
 ``eta`` (the worker must run it at once) and with ``expires`` made absolute.
 
 Building many jobs goes through a *plan*: everything that depends only on the task and

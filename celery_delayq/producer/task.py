@@ -84,7 +84,7 @@ def retry_store_id(task_id: Any, options: dict[str, Any]) -> str | None:
 
 def take_gate(app: Any, options: MutableMapping[str, Any], *, ask_store: bool = True) -> Gate | None:
     """Take the gate options (``concurrency_key``, ``concurrency_limit``, ``rate_limit_key``,
-    ``rate_limit``) out of ``options`` and check them (:func:`~.gate.pop_gate`); None when the
+    ``rate_limit``) out of ``options`` and check them (:func:`~..flow.gate.pop_gate`); None when the
     job is not gated.
 
     A ``concurrency_key`` without a ``concurrency_limit`` counts against the limit set for the
@@ -118,7 +118,7 @@ def carried_gate(options: Mapping[str, Any]) -> Gate | None:
 
 def gate_ids(gate: Gate, given_id: Any, count: int, options: dict[str, Any]) -> list[str]:
     """The ids of ``count`` jobs of ``gate`` (its key's tag, then a new uuid; a ``given_id``
-    must begin with the tag: :func:`~.gate.gated_id`), and its header added to ``options``'
+    must begin with the tag: :func:`~..flow.gate.gated_id`), and its header added to ``options``'
     ``headers`` (a header value that is not a mapping is left for the option check to refuse)."""
     if given_id is not None:
         ids = [gated_id(gate.key, given_id)] * count

@@ -371,7 +371,7 @@ class ShardStats:
         return max(self.entries - self.running - self.gated, 0)
 
 
-#: The state of a job by its lease token, for the tokens of flow control (:mod:`.gate`).
+#: The state of a job by its lease token, for the tokens of flow control (:mod:`..flow.gate`).
 _GATE_STATES = {GATE_TOKEN: "gated", RUN_TOKEN: "running"}
 
 

@@ -1,6 +1,6 @@
 """The fence where the work happens: a worker drops a stale copy of a job before it runs.
 
-The beat's fence (:mod:`.fence`) stops a beat that lost its lease *before* it publishes; what
+The beat's fence (:mod:`..beat.fence`) stops a beat that lost its lease *before* it publishes; what
 a beat paused *inside* its publish had already sent when it resumes cannot be called back. So
 every message a beat publishes from a lease through kombu (kombu's batch on Redis, RabbitMQ,
 compressed or exchange-routed messages, schedule points; not released gated jobs, which
