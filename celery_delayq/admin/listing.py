@@ -202,7 +202,7 @@ def id_search(
     :func:`jobs_page` (in due order) plus ``"scan"``: what was searched.
 
     An exact id (a waiting, leased or dead job) is looked up first (``"exact": true``);
-    otherwise :meth:`~.store.Store.search_ids` examines about ``budget`` ids from ``cursor`` on
+    otherwise :meth:`~..store.facade.Store.search_ids` examines about ``budget`` ids from ``cursor`` on
     (an earlier search's ``next_cursor``), stopping sooner once ``enough`` jobs matched.
     ``next_cursor`` is None when every shard was searched; ``"complete"`` says the same.
     ValueError: a bad cursor.

@@ -55,7 +55,7 @@ def lateness_window_view(
     store: Store, kind: str, minutes: int = lateness.WINDOW_MINUTES, now_ms: int | None = None
 ) -> dict[str, Any]:
     """:func:`lateness_view` of the ``kind`` histogram over the last ``minutes`` minutes (the
-    per-minute record, :func:`.lateness.read_window`; ``now_ms`` defaults to the server's now):
+    per-minute record, :func:`..store.lateness.read_window`; ``now_ms`` defaults to the server's now):
     the same shape."""
     return lateness_view(lateness.read_window(store, store.config.prefix, kind, minutes, now_ms))
 

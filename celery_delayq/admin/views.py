@@ -1,7 +1,7 @@
 """The JSON views of what is stored: the shapes ``celery delayq ... --json`` prints and the web
 dashboard's JSON API serves (``celery_delayq.web``), built in one place so that the two agree.
 
-Nothing here needs ``rich`` or ``click``; every read goes through :class:`~.store.Store`.
+Nothing here needs ``rich`` or ``click``; every read goes through :class:`~..store.facade.Store`.
 Times are ISO-8601 in UTC with milliseconds (:func:`iso`); a field ending in ``_ms`` holds
 the same time as milliseconds since the epoch.
 

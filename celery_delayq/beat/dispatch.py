@@ -11,7 +11,7 @@ most the batch it held).
 Flow control: before publishing, the gated jobs of a pass go to the gate, all at once
 (:meth:`.publish.Publishing.gate_pass`). A released one is published through kombu, then
 *held* for its worker (``Store.hold``) instead of acked: its key's slot stays taken until the
-worker's :mod:`.slots` gives it back. Parked and deferred ones stay stored, out of the pass.
+worker's :mod:`..flow.slots` gives it back. Parked and deferred ones stay stored, out of the pass.
 
 Between passes the dispatcher sleeps until the earliest due time it knows of,
 on a pub/sub subscription: the enqueue script publishes on the wake channel
@@ -23,9 +23,9 @@ shards are claimed.
 
 Besides delivering, a dispatcher keeps things that cost no Redis call per job
 (:meth:`Dispatcher.chores`, run after a pass and from the sleep): the due -> publish
-lateness of what it published (:class:`.lateness.PublishLateness`), its heartbeat
+lateness of what it published (:class:`..store.lateness.PublishLateness`), its heartbeat
 (:mod:`.heartbeat`), and every ``STALL_SWEEP_EVERY`` s one bounded step of the sweep that
-finds and re-arms stalled schedules (:class:`.schedule_upkeep.StallSweep`), and every
+finds and re-arms stalled schedules (:class:`.upkeep.StallSweep`), and every
 ``BATCH_SWEEP_EVERY`` s the sweep of expired batches (:meth:`.Store.sweep_batches`). Schedule points are
 fired by :mod:`.firing`. The clocks are injected: ``clock`` (monotonic s) and ``wall`` (s).
 """

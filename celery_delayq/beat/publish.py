@@ -13,7 +13,7 @@ A :class:`Publisher` takes one claimed job and answers an :class:`Outcome`. The 
   kombu. (Jobs whose message has a stored template are pushed by ``lua/push.lua`` in the
   script that claims them, with ``delayq_push_on_claim``: see :mod:`.dispatch`.)
 
-Flow control (:mod:`.gate`) comes first: :meth:`Publishing.gate_pass` reads the gated jobs of
+Flow control (:mod:`..flow.gate`) comes first: :meth:`Publishing.gate_pass` reads the gated jobs of
 a pass and asks the gate about them all (``Store.gate``, one script call per shard, one
 pipeline) before any strategy takes a job. A released gated job is published through kombu
 (never ``push_claimed.lua``, which would remove it) and then *held* for its worker
@@ -334,7 +334,7 @@ class Publishing:
             logger.warning("delayq: storing %d message template(s) failed: %s", len(found), error_text(exc))
 
     def claim(self, job: ClaimedJob, envelope: Envelope) -> str | None:
-        """The claim header of ``job``'s message (:mod:`.starts`), or None for a gated job: a
+        """The claim header of ``job``'s message (:mod:`..worker.starts`), or None for a gated job: a
         released one is delivered again by design once its worker died (its slot expired),
         after it started, and the gate keeps it to its one slot."""
         if GATE_HEADER in message_headers(envelope):
@@ -737,7 +737,7 @@ class KombuPublisher:
         )
 
     def send(self, job: ClaimedJob, envelope: Envelope, kwargs: dict[str, Any]) -> Outcome | None:
-        """Fence, then publish (None: handed to kombu) with the claim's header (:mod:`.starts`:
+        """Fence, then publish (None: handed to kombu) with the claim's header (:mod:`..worker.starts`:
         a copy published after the lease was lost is dropped by the worker)."""
         p = self.publishing
         if not p.fence.check(job.id):

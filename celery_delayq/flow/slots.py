@@ -19,7 +19,7 @@ process that runs the task, with every pool). This module's receivers:
   other -> "failed" (in a prefork child whose task was terminated by
   ``revoke(terminate=True)`` the state is None); the job is forgotten.
 - A retry: the retry message carries the request's headers, gate header included. A
-  ``DelayedTask`` (:class:`~.task.DelayQTaskMixin`) sends it through delayq, stored again and
+  ``DelayedTask`` (:class:`~..producer.task.DelayQTaskMixin`) sends it through delayq, stored again and
   gated again at its due time: its slot is given back as "retry". Any other task (a batch
   member may be a plain task) sends it straight to the broker, outside the gate: its slot is
   kept and renewed by this process until the retried run ends and gives it back (or until a
@@ -34,9 +34,10 @@ A release the worker cannot make (Redis unreachable) is logged, never raised int
 the slot then comes back when it expires (``delayq_slot_ttl`` after the last renewal), and
 so does the slot of a worker that dies mid-task, whose job is then delivered again.
 
-The receivers are connected when :mod:`celery_delayq` is imported (an app using
-``DelayedTask`` does); a worker whose app never imports it can call :func:`install`. The
-store is the one of the app the task belongs to (``get_store(task.app)``).
+The receivers are connected per app, by the worker bootstep that :func:`celery_delayq.install`
+adds to the app (a ``DelayedTask`` bound to the app adds it), or by :func:`install` here; each
+acts on the tasks of its app only, so an app without delayq in the same process gets none.
+The store is the one of the app the task belongs to (``get_store(task.app)``).
 
 >>> from celery import Celery
 >>> app = Celery(broker="redis://127.0.0.1:6390/0", set_as_current=False)
@@ -44,6 +45,7 @@ store is the one of the app the task belongs to (``get_store(task.app)``).
 >>> keeper = install(app)
 >>> keeper.every
 1.0
+>>> disconnect(app)
 >>> outcome_of("SUCCESS"), outcome_of("RETRY"), outcome_of("FAILURE"), outcome_of(None)
 ('succeeded', 'retry', 'failed', 'failed')
 """
@@ -56,6 +58,7 @@ import threading
 import weakref
 from typing import Any
 
+from celery import bootsteps
 from celery.signals import (
     task_postrun,
     task_prerun,
@@ -69,11 +72,12 @@ from ..producer.task import DelayQTaskMixin
 from ..store.facade import get_store
 from .gate import GATE_HEADER, Gate, batch_of
 
-__all__ = ["SlotKeeper", "install", "keeper_for", "outcome_of"]
+__all__ = ["SlotKeeper", "SlotReceivers", "connect", "disconnect", "install", "keeper_for", "outcome_of"]
 
 logger = logging.getLogger(__name__)
 
 _keepers: weakref.WeakKeyDictionary[Any, SlotKeeper] = weakref.WeakKeyDictionary()  # app -> keeper
+_connected: weakref.WeakSet[Any] = weakref.WeakSet()  # apps whose receivers are connected
 _lock = threading.Lock()
 
 
@@ -215,9 +219,11 @@ class SlotKeeper:
 
 
 def install(app: Any) -> SlotKeeper:
-    """Keep the slots of ``app``'s gated tasks that this worker runs (the receivers are
-    connected on import; this makes the keeper now); the same keeper when called again."""
-    _connect()
+    """Keep the slots of ``app``'s gated tasks that this process runs: connects this module's
+    receivers for ``app``'s tasks (:func:`connect`) and makes the keeper now; the same keeper
+    when called again. A worker of an app with delayq's bootstep
+    (:func:`celery_delayq.install`) does it at its start."""
+    connect(app)
     return _keeper(app)
 
 
@@ -296,17 +302,66 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         )
 
 
-def _on_shutdown(**_: Any) -> None:
-    for keeper in list(_keepers.values()):
+def _stop(app: Any) -> None:
+    keeper = _keepers.get(app)
+    if keeper is not None:
         keeper.stop()
 
 
-def _connect() -> None:
-    task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    task_postrun.connect(_on_postrun, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    task_revoked.connect(_on_revoked, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    worker_process_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    worker_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="celery_delayq.flow.slots")
+def _of(app: Any, task: Any) -> bool:
+    return getattr(task, "app", None) is app
 
 
-_connect()
+def connect(app: Any) -> None:
+    """Connect the receivers of ``app``'s gated tasks (once per app): each acts on a task of
+    ``app`` only, so another app's tasks in the same process meet no delayq code."""
+    uid = f"celery_delayq.flow.slots:{id(app)}"
+    with _lock:
+        if app in _connected:
+            return
+        _connected.add(app)
+
+    def prerun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
+        if _of(app, task or sender):
+            _on_prerun(sender=sender, task=task, **kwargs)
+
+    def postrun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
+        if _of(app, task or sender):
+            _on_postrun(sender=sender, task=task, **kwargs)
+
+    def revoked(sender: Any = None, **kwargs: Any) -> None:
+        if _of(app, sender):
+            _on_revoked(sender=sender, **kwargs)
+
+    def shutdown(**_: Any) -> None:
+        _stop(app)
+
+    task_prerun.connect(prerun, weak=False, dispatch_uid=uid)
+    task_postrun.connect(postrun, weak=False, dispatch_uid=uid)
+    task_revoked.connect(revoked, weak=False, dispatch_uid=uid)
+    worker_process_shutdown.connect(shutdown, weak=False, dispatch_uid=uid)
+    worker_shutdown.connect(shutdown, weak=False, dispatch_uid=uid)
+
+
+def disconnect(app: Any) -> None:
+    """Undo :func:`connect` (and stop the app's keeper in this process)."""
+    uid = f"celery_delayq.flow.slots:{id(app)}"
+    with _lock:
+        if app not in _connected:
+            return
+        _connected.discard(app)
+    for signal in (task_prerun, task_postrun, task_revoked, worker_process_shutdown, worker_shutdown):
+        signal.disconnect(dispatch_uid=uid)
+    _stop(app)
+
+
+class SlotReceivers(bootsteps.Step):  # type: ignore[misc]
+    """Worker bootstep of an app with delayq (:func:`celery_delayq.install` adds it): connects
+    the slot receivers of the app's tasks (:func:`connect`) when the worker is built, before a
+    prefork pool forks (the children inherit them)."""
+
+    name = "celery_delayq.flow.slots.SlotReceivers"
+
+    def __init__(self, w: Any, **kwargs: Any) -> None:
+        super().__init__(w, **kwargs)
+        connect(w.app)

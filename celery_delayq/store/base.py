@@ -78,10 +78,18 @@ def refused_when_full(refused: str, not_stored: Sequence[str] = ()) -> Iterator[
     try:
         yield
     except REDIS_ERRORS as exc:
-        if is_oom(exc):
-            ids = list(not_stored)
-            raise StoreFull([], ids, list(range(len(ids))), refused) from exc
+        full = _full_error(exc, refused, not_stored)
+        if full is not None:
+            raise full from exc
         raise
+
+
+def _full_error(exc: BaseException, refused: str, not_stored: Sequence[str]) -> StoreFull | None:
+    """The :class:`StoreFull` that :func:`refused_when_full` raises for ``exc``, or None."""
+    if not is_oom(exc):
+        return None
+    ids = list(not_stored)
+    return StoreFull([], ids, list(range(len(ids))), refused)
 
 
 class StoreBase:
@@ -124,8 +132,9 @@ class StoreBase:
     ) -> Any:
         """Run one producer-side script (it stores or removes a job, a schedule, a batch or a
         limit); with ``delayq_wait_replicas``, only return once that many replicas have it
-        (``WAIT``). Refused by a full Redis: :class:`StoreFull` (:func:`refused_when_full`)."""
-        with refused_when_full(refused, not_stored):
+        (``WAIT``). Refused by a full Redis: :class:`StoreFull` (:func:`refused_when_full`, written
+        out: this is every producer call's path, and the generator costs a few µs a call)."""
+        try:
             if self.config.wait_replicas:
                 call = ScriptCall(script, keys, args)
                 return run_replicated(self.client, [call], self.config.wait_replicas)[0]
@@ -133,6 +142,11 @@ class StoreBase:
             if direct is not None and direct.client is self.client:
                 return direct.call(script, keys, args)
             return script(self.client, keys, args)
+        except REDIS_ERRORS as exc:
+            full = _full_error(exc, refused, not_stored)
+            if full is not None:
+                raise full from exc
+            raise
 
     def _write_outcome(
         self, script: str, table: Sequence[_Code], keys: Sequence[str], args: Sequence[Any], refused: str
@@ -219,8 +233,7 @@ class StoreBase:
         step, so a job stored at the same time keeps its shape); how many were dropped. The beats
         call it with the batch sweep (:meth:`sweep_batches`)."""
         calls = [
-            ScriptCall(SCRIPTS["shapes_sweep"], [*shard.core, shard.shapes], [])
-            for shard in self.keys.all_shards()
+            ScriptCall(SCRIPTS["shapes_sweep"], shard.with_shapes, []) for shard in self.keys.all_shards()
         ]
         return sum(int(result) for result in run_pipelined(self.client, calls))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import DelayQConfig
+from ..config import DelayQConfig, extension
 from .batches import BatchesPart
 from .beats import BeatsPart
 from .dead import DeadPart
@@ -39,12 +39,15 @@ class Store(JobsPart, DeliveryPart, ReadsPart, DeadPart, SchedulesPart, FlowPart
 
     @classmethod
     def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
-        """The app's store (one per app and process, kept on the app; redis-py pools are
-        fork-safe). ``connect_timeout`` applies when this call makes it (the CLI's)."""
-        store = app.__dict__.get("_delayq_store")
-        if not isinstance(store, Store):
-            store = cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
-            app.__dict__["_delayq_store"] = store
+        """The app's store (one per app and process, kept by the app's extension,
+        :func:`~celery_delayq.config.extension`; redis-py pools are fork-safe).
+        ``connect_timeout`` applies when this call makes it (the CLI's)."""
+        ext = extension(app)
+        store: Store | None = ext.parts.get("store")
+        if store is None:
+            store = ext.part(
+                "store", lambda: cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
+            )
         return store
 
 

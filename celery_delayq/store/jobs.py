@@ -85,7 +85,7 @@ class JobRecord:
     lease_until_ms: int | None = None
 
 
-#: The state of a job by its lease token, for the tokens of flow control (:mod:`.gate`).
+#: The state of a job by its lease token, for the tokens of flow control (:mod:`..flow.gate`).
 _GATE_STATES = {GATE_TOKEN: "gated", RUN_TOKEN: "running"}
 
 
@@ -184,14 +184,14 @@ class JobsPart(StoreBase):
             refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
             keys = self.keys.shard(shard)
+            due_ms = int(due_ms)
             one: list[Any] = [mode, channel, shard, clock]
-            _shaped(one, [(job_id, int(due_ms), stored_form(job_id, envelope))])
-            now, status, due = self._write(
-                SCRIPTS["enqueue"], [*keys.core, keys.shapes], one, "", not_stored=[job_id]
-            )
-            self._saw_server_time(int(now))
+            _shaped(one, [(job_id, due_ms, stored_form(job_id, envelope))])
+            now, status, due = self._write(SCRIPTS["enqueue"], keys.with_shapes, one, "", (job_id,))
+            now = int(now)
+            self._saw_server_time(now)
             if not relative:
-                self._check_past(int(now), [(job_id, int(due_ms))])
+                self._check_past(now, [(job_id, due_ms)])
             return [(_decode("enqueue", _ENQUEUE, status), int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
@@ -213,9 +213,8 @@ class JobsPart(StoreBase):
             _shaped(args, triples)
             return args
 
-        def enqueue_keys(shard: int) -> list[str]:
-            shard_keys = self.keys.shard(shard)
-            return [*shard_keys.core, shard_keys.shapes]
+        def enqueue_keys(shard: int) -> Sequence[str]:
+            return self.keys.shard(shard).with_shapes
 
         replies = self._per_shard(
             "enqueue",
@@ -247,7 +246,7 @@ class JobsPart(StoreBase):
         limit = self.config.past_warning
         if limit is None or self._warned_past or not jobs:
             return
-        job_id, due_ms = min(jobs, key=lambda job: job[1])
+        job_id, due_ms = jobs[0] if len(jobs) == 1 else min(jobs, key=lambda job: job[1])
         behind = (server_ms - due_ms) / 1000.0
         if behind <= limit:
             return
