@@ -241,6 +241,9 @@ class ClaimedJob:
     envelope: str
     due_ms: int
     tries: int
+    #: the gate key of a capped job the claim gave a slot itself (``lua/includes/gating.lua``):
+    #: publish it and hold it, without asking the gate; None for any other job
+    gate_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,8 @@ class ClaimResult:
     lateness: list[tuple[int, int]] = field(default_factory=list)
     used: list[tuple[str, str, int]] = field(default_factory=list)
     misses: dict[str, str] = field(default_factory=dict)
+    #: due capped jobs the claim parked itself (``lua/includes/gating.lua``): not in ``jobs``
+    parked: int = 0
 
 
 @dataclass(frozen=True)
@@ -279,6 +284,8 @@ class PushResult:
     used: list[tuple[str, str, int]]
     #: job id -> the templates-hash field to fill for that job's shape
     misses: dict[str, str]
+    #: due capped jobs the call parked itself (``lua/includes/gating.lua``): not in ``jobs``
+    parked: int = 0
 
 
 #: Most templates a shard's ``wire`` hash takes (one per job shape and beat settings): past it,
@@ -482,6 +489,12 @@ def _int_or(raw: Any, default: int = 0) -> int:
         return int(raw)
     except (TypeError, ValueError):
         return default
+
+
+def _gated_reply(raw: Sequence[Any]) -> tuple[int, dict[str, str]]:
+    """``(parked, {id: key})`` of the gating part of a claim or push reply: ``{parked, id, key,
+    ...}`` (``gate_claimed`` in ``lua/includes/gating.lua``)."""
+    return int(raw[0]), {str(raw[i]): str(raw[i + 1]) for i in range(1, len(raw) - 1, 2)}
 
 
 def refuse_point_id(job_id: str) -> None:
@@ -755,18 +768,25 @@ class Store:
         token: str,
         batch: int | None = None,
         failed: list[Exception] | None = None,
+        gating: bool | None = None,
     ) -> list[ClaimResult]:
         """Lease up to ``batch`` due jobs from each of ``shards`` (one round trip).
 
         With ``failed`` (a list), a shard whose claim failed (its cluster node is down) is
         left out of the results and its error appended, instead of raising: the jobs the
         other shards leased are returned, to be published now rather than after their lease.
+
+        With ``gating`` (True or False), the claim gates the due capped jobs it can
+        (``lua/includes/gating.lua``): a job it gave a slot comes back with its ``gate_key``,
+        one it parked does not come back (counted in ``parked``); ``gating`` says whether it may
+        park (False: a job of a full key comes back, for the gate to park). None: no gating.
         """
         shard_list = list(shards)
         batch = batch or self.config.batch_size
         ttl_ms = int(self.config.reclaim_ttl * 1000)
         calls = [
-            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms]) for s in shard_list
+            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms, *self._gating(s, gating)])
+            for s in shard_list
         ]
         results: list[ClaimResult] = []
         raws = run_pipelined(self.client, calls, raise_errors=failed is None)
@@ -775,11 +795,24 @@ class Store:
                 assert failed is not None
                 failed.append(raw)
                 continue
-            jobs = self._claimed(raw, 3)
             next_ms = int(raw[1])
             next_due = None if next_ms < 0 else next_ms
-            results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2])))
+            if gating is None:
+                results.append(ClaimResult(shard, int(raw[0]), next_due, self._claimed(raw, 3), int(raw[2])))
+                continue
+            parked, released = _gated_reply(raw[3])
+            jobs = self._claimed(raw, 4, released)
+            results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2]), parked=parked))
         return results
+
+    def _gating(self, shard: int, gating: bool | None) -> list[Any]:
+        """The gating arguments of a claim or push call on ``shard`` (``gating_args`` in
+        ``lua/includes/gating.lua``): none when ``gating`` is None."""
+        if gating is None:
+            return []
+        ttl_ms = int(self.config.slot_ttl * 1000)
+        park = "1" if gating else "0"
+        return [ttl_ms, park, self.keys.wake_channel, shard, GATE_HEADER, BATCH_DONE_HEADER]
 
     def push(
         self,
@@ -829,11 +862,15 @@ class Store:
             )  # fmt: skip
         return results
 
-    def _claimed(self, raw: list[Any], start: int) -> list[ClaimedJob]:
+    def _claimed(self, raw: list[Any], start: int, released: Mapping[str, str] | None = None) -> list[ClaimedJob]:
         """The jobs a claim or push reply returns to the beat from ``raw[start]`` on: id,
-        envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``)."""
+        envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``);
+        ``released``: id -> gate key of the jobs the call gave a slot."""
+        released = released or {}
         return [
-            ClaimedJob(raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
+            ClaimedJob(
+                raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]), released.get(raw[i])
+            )
             for i in range(start, len(raw), 4)
         ]
 
