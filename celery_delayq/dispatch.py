@@ -407,7 +407,7 @@ class Dispatcher:
         args = [space, self.config.max_payload, GATE_HEADER, BATCH_DONE_HEADER]
         refused: list[tuple[int, Exception]] = []
         results: list[ClaimResult | PushResult] = []
-        results.extend(self.store.push(shards, self.token, args, failed=refused))
+        results.extend(self.store.push(shards, self.token, args, failed=refused, gating=gating))
         full = [shard for shard, exc in refused if redis_error_kind(exc) == "oom"]
         failed.extend(exc for shard, exc in refused if shard not in full)
         if full:

@@ -785,7 +785,9 @@ class Store:
         batch = batch or self.config.batch_size
         ttl_ms = int(self.config.reclaim_ttl * 1000)
         calls = [
-            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms, *self._gating(s, gating)])
+            ScriptCall(
+                SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms, *self._gating(s, gating)]
+            )
             for s in shard_list
         ]
         results: list[ClaimResult] = []
@@ -820,6 +822,7 @@ class Store:
         token: str,
         push_args: Sequence[Any],
         failed: list[tuple[int, Exception]] | None = None,
+        gating: bool | None = None,
     ) -> list[PushResult]:
         """The push path on claim: on each of ``shards``, push the due jobs whose message has a
         template and remove them, and lease the others to ``token`` as :meth:`claim` does
@@ -828,6 +831,7 @@ class Store:
 
         With ``failed``, a shard whose call failed is left out and ``(shard, error)`` appended
         (as :meth:`claim`); a Redis over ``maxmemory`` fails the call with nothing written.
+        ``gating``: as :meth:`claim`'s.
         """
         shard_list = list(shards)
         ttl_ms = int(self.config.reclaim_ttl * 1000)
@@ -839,7 +843,15 @@ class Store:
             ScriptCall(
                 SCRIPTS["push"],
                 self.keys.shard(s).core,
-                [token, self.config.batch_size, ttl_ms, space, str(uuid.uuid4())[:24], *rest],
+                [
+                    token,
+                    self.config.batch_size,
+                    ttl_ms,
+                    space,
+                    str(uuid.uuid4())[:24],
+                    *rest,
+                    *self._gating(s, gating),
+                ],
             )
             for s in shard_list
         ]
@@ -852,24 +864,32 @@ class Store:
                 continue
             late, used, missed = raw[4], raw[5], raw[6]
             next_ms = int(raw[1])
+            parked, released = (0, {}) if gating is None else _gated_reply(raw[7])
             results.append(
                 PushResult(
-                    shard, int(raw[0]), None if next_ms < 0 else next_ms, self._claimed(raw, 7), int(raw[2]),
+                    shard, int(raw[0]), None if next_ms < 0 else next_ms,
+                    self._claimed(raw, 7 if gating is None else 8, released), int(raw[2]),
                     int(raw[3]), [(int(late[k]), int(late[k + 1])) for k in range(0, len(late), 2)],
                     [(str(used[k]), str(used[k + 1]), int(used[k + 2])) for k in range(0, len(used), 3)],
-                    dict(zip(missed[0::2], missed[1::2], strict=True)),
+                    dict(zip(missed[0::2], missed[1::2], strict=True)), parked,
                 )
             )  # fmt: skip
         return results
 
-    def _claimed(self, raw: list[Any], start: int, released: Mapping[str, str] | None = None) -> list[ClaimedJob]:
+    def _claimed(
+        self, raw: list[Any], start: int, released: Mapping[str, str] | None = None
+    ) -> list[ClaimedJob]:
         """The jobs a claim or push reply returns to the beat from ``raw[start]`` on: id,
         envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``);
         ``released``: id -> gate key of the jobs the call gave a slot."""
         released = released or {}
         return [
             ClaimedJob(
-                raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]), released.get(raw[i])
+                raw[i],
+                self._loaded(raw[i], raw[i + 1]),
+                int(raw[i + 2]),
+                int(raw[i + 3]),
+                released.get(raw[i]),
             )
             for i in range(start, len(raw), 4)
         ]
