@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -1859,16 +1860,61 @@ class Store:
             by_shard[self.keys.shard_of(key)].append((job_id, key))
         return self._pairs_by_call("slot_renew", [int(slot_ttl_ms)], by_shard)
 
-    def release(self, job_id: str, key: str, outcome: str, batch_id: str | None = None) -> ReleaseResult:
-        """A gated job's task ended with ``outcome`` (``"succeeded"``, ``"failed"``, or
-        ``"retry"``: it runs again, not counted): give its slot back, remove the job (unless it
-        was stored again meanwhile), count a batch member's outcome and promote parked jobs of
-        ``key`` (``lua/release.lua``). A second release of the same slot does nothing. The call
-        goes to ``key``'s shard, where a gated job's id (``gate.gated_id``) puts it."""
-        if outcome not in RELEASE_OUTCOMES:
-            raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
-        shard = self.keys.shard_of(key)
-        args = [
+    def slot_updates(
+        self,
+        takes: Sequence[tuple[str, str]],
+        slot_ttl_ms: int,
+        releases: Sequence[tuple[str, str, str, str | None]],
+    ) -> tuple[dict[str, bool], list[ReleaseResult | Exception]]:
+        """A worker's slot calls in one round trip (one pipeline): the take-overs ``takes``
+        (``(id, key)``, as :meth:`renew_slots`) and the releases ``releases`` (``(id, key,
+        outcome, batch id or None)``, each as :meth:`release`). Returns the take-overs'
+        ``{id: still has its slot}`` and, per release in order, its result or the error its
+        call got (a take-over's error is raised)."""
+        for _, _, outcome, _ in releases:
+            if outcome not in RELEASE_OUTCOMES:
+                raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
+        calls: list[ScriptCall] = []
+        owners: list[list[str]] = []
+        by_shard: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for job_id, key in takes:
+            by_shard[self.keys.shard_of(key)].append((job_id, key))
+        for shard, pairs in by_shard.items():
+            core = self.keys.shard(shard).core
+            for start in range(0, len(pairs), GATE_CHUNK):
+                chunk = pairs[start : start + GATE_CHUNK]
+                calls.append(
+                    ScriptCall(SCRIPTS["slot_renew"], core, [int(slot_ttl_ms), *itertools.chain(*chunk)])
+                )
+                owners.append([job_id for job_id, _ in chunk])
+        takes_calls = len(calls)
+        for job_id, key, outcome, batch_id in releases:
+            shard = self.keys.shard_of(key)
+            calls.append(
+                ScriptCall(
+                    SCRIPTS["release"],
+                    self.keys.shard(shard).core,
+                    self._release_args(job_id, key, outcome, batch_id, shard),
+                )
+            )
+        raws = run_pipelined(self.client, calls, raise_errors=False)
+        taken: dict[str, bool] = {}
+        for chunk_ids, raw in zip(owners, raws[:takes_calls], strict=True):
+            if isinstance(raw, Exception):
+                raise raw
+            taken.update((job_id, bool(r)) for job_id, r in zip(chunk_ids, raw, strict=True))
+        released: list[ReleaseResult | Exception] = []
+        for raw in raws[takes_calls:]:
+            if isinstance(raw, Exception):
+                released.append(raw)
+            else:
+                released.append(ReleaseResult(bool(raw[0]), int(raw[1]), bool(raw[2])))
+        return taken, released
+
+    def _release_args(
+        self, job_id: str, key: str, outcome: str, batch_id: str | None, shard: int
+    ) -> list[Any]:
+        return [
             job_id,
             key,
             outcome,
@@ -1878,6 +1924,17 @@ class Store:
             shard,
             self._batch_keep_ms(),
         ]
+
+    def release(self, job_id: str, key: str, outcome: str, batch_id: str | None = None) -> ReleaseResult:
+        """A gated job's task ended with ``outcome`` (``"succeeded"``, ``"failed"``, or
+        ``"retry"``: it runs again, not counted): give its slot back, remove the job (unless it
+        was stored again meanwhile), count a batch member's outcome and promote parked jobs of
+        ``key`` (``lua/release.lua``). A second release of the same slot does nothing. The call
+        goes to ``key``'s shard, where a gated job's id (``gate.gated_id``) puts it."""
+        if outcome not in RELEASE_OUTCOMES:
+            raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
+        shard = self.keys.shard_of(key)
+        args = self._release_args(job_id, key, outcome, batch_id, shard)
         released, promoted, done = SCRIPTS["release"](self.client, self.keys.shard(shard).core, args)
         return ReleaseResult(bool(released), int(promoted), bool(done))
 
