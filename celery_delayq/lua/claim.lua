@@ -34,7 +34,8 @@ and the entry is replaced by a valid lease. repaired counts those entries, so th
 caller can report them; one bad entry never makes the claim (and its shard) fail.
 Memory: a claim runs when Redis is over maxmemory (it is how a full store drains): its
 net growth is one lease entry per job taken, at most ARGV[2] per call (see
-docs/operations.md). Its first write is an HDEL that deletes nothing (no job has the
+docs/operations.md), and with the gate in the claim one slot or waiting-list entry per capped
+job it gates. Its first write is an HDEL that deletes nothing (no job has the
 empty id): Redis 6.2, which has no script flags, refuses only a script's first write
 when full, and never refuses HDEL (a command the documented ACL user already has).
 A token holding "|" or a batch or TTL that is not a whole number >= 1 is refused
