@@ -7,16 +7,33 @@ And the worker's slot calls queued off the task's path (``SlotKeeper.start_soon`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
+from celery_delayq.dispatch import Dispatcher
 from celery_delayq.gate import GATE_HEADER, PARK_MS, Gate, gated_id, parse_rate
 from celery_delayq.slots import SlotKeeper
 from celery_delayq.store import ClaimResult, Store, get_store
-from tests.test_flow_dispatch import AppFactory, Dispatchers, store_gated
+
+AppFactory = Callable[..., Celery]
+Dispatchers = Callable[..., Dispatcher]
+
+
+def store_gated(
+    app: Celery, gate: Gate, n: int, *, due: float | None = None, headers: dict[str, Any] | None = None
+) -> list[str]:
+    """``n`` jobs of ``t.add`` gated by ``gate`` (its header, or ``headers``), due ``due``
+    (default: a second ago), as tests/test_flow_dispatch.py stores them."""
+    add = app.tasks["t.add"]
+    extra = headers if headers is not None else {GATE_HEADER: gate.header()}
+    return [
+        add.apply_at(due or time.time() - 1, (i, i), task_id=gated_id(gate.key, None), headers=extra).id
+        for i in range(n)
+    ]
 
 
 def put(app: Celery, gate: Gate, n: int) -> list[str]:
