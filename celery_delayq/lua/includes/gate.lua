@@ -88,13 +88,14 @@ local function purge(key, now)
   end
   return purged
 end
--- promote(key, channel, shard, now): purge the key's expired slots (above), then, unless it
--- is paused or has no parked job, move as many parked jobs of it as it has free slots (all,
--- with no cap) from wait_key to due now - priority (claimed first by priority), and wake the
--- beats. A member whose job is no longer parked (cancelled, or stored again meanwhile: its
--- score is not PARK_MS) is dropped from the list without counting. Returns how many were moved.
+-- promote(key, channel, shard, now): unless the key is paused or has no parked job, move as
+-- many parked jobs of it as it has free slots (all, with no cap) from wait_key to due now -
+-- priority (claimed first by priority), and wake the beats. When the key has no free slot, its
+-- expired slots whose job is gone are purged first (above; a claim or gate that finds the key
+-- full purges too). A member whose job is no longer parked (cancelled, or stored again
+-- meanwhile: its score is not PARK_MS) is dropped from the list without counting. Returns how
+-- many were moved.
 local function promote(key, channel, shard, now)
-  purge(key, now)
   if redis.call('HEXISTS', G_PAUSED, key) == 1 then
     return 0
   end
@@ -105,7 +106,11 @@ local function promote(key, channel, shard, now)
   end
   local limit = limit_in_force(key, redis.call('HGET', G_KEYS, key))
   if limit ~= nil then
-    free = math.min(free, limit - redis.call('ZCARD', run_key(key)))
+    local rkey = run_key(key)
+    free = math.min(free, limit - redis.call('ZCARD', rkey))
+    if free <= 0 and purge(key, now) > 0 then
+      free = math.min(redis.call('ZCARD', wkey), limit - redis.call('ZCARD', rkey))
+    end
   end
   local moved = 0
   while moved < free do
