@@ -2,7 +2,8 @@
 give a due capped job of a key with a free slot its slot, and park one of a full key, without
 the beat's ``gate.lua``; what they cannot read or decide goes to the beat's gate as before.
 And the worker's slot calls queued off the task's path (``SlotKeeper.start_soon`` /
-``finish_soon`` / ``send``). Real Redis, jobs stored as the producer API stores them."""
+``finish_soon`` / ``send``). Real Redis (each supported server kind), jobs stored as the
+producer API stores them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.flow.gate import GATE_HEADER, PARK_MS, Gate, gated_id, parse_rate
 from celery_delayq.flow.slots import SlotKeeper
 from celery_delayq.store.facade import ClaimResult, Store, get_store
+from tests.support.server_kinds import redis_server
+
+__all__ = ["redis_server"]  # a fixture, used by name: the gate in the claim is Lua, on every kind
 
 AppFactory = Callable[..., Celery]
 Dispatchers = Callable[..., Dispatcher]
