@@ -322,6 +322,9 @@ class Dispatcher:
                 full = True
                 self._next[result.shard] = None
             claimed.extend((result.shard, job) for job in result.jobs)
+            if result.parked:  # claimed and parked by the claim (lua/includes/gating.lua)
+                self.stats.claimed += result.parked
+                self.stats.gated["parked"] += result.parked
             if result.repaired:
                 self.stats.corrupt["lease"] += result.repaired
                 logger.error(
@@ -388,16 +391,20 @@ class Dispatcher:
         refused for memory (nothing written) is claimed with claim.lua in the same pass, which a
         full Redis runs."""
         space = self.publishing.probe() if self.config.push_on_claim else None
+        # The claim gates the capped jobs it can (lua/includes/gating.lua); it parks those of a
+        # full key unless a result backend can say whether a slot's task ended: then the gate
+        # parks them, naming the slots to look up (Publishing._give_back).
+        gating = self.publishing.ran.backend is None
         if space is None:
-            return [*self.store.claim(shards, self.token, failed=failed)]
+            return [*self.store.claim(shards, self.token, failed=failed, gating=gating)]
         args = [space, self.config.max_payload, GATE_HEADER, BATCH_DONE_HEADER]
         refused: list[tuple[int, Exception]] = []
         results: list[ClaimResult | PushResult] = []
-        results.extend(self.store.push(shards, self.token, args, failed=refused))
+        results.extend(self.store.push(shards, self.token, args, failed=refused, gating=gating))
         full = [shard for shard, exc in refused if redis_error_kind(exc) == "oom"]
         failed.extend(exc for shard, exc in refused if shard not in full)
         if full:
-            results.extend(self.store.claim(full, self.token, failed=failed))
+            results.extend(self.store.claim(full, self.token, failed=failed, gating=gating))
         self._count_pushed(results)
         return results
 

@@ -402,6 +402,11 @@ class Publishing:
             if envelope.schedule is not None:
                 continue
             headers = message_headers(envelope)
+            if job.gate_key is not None:  # the claim gave it a slot (lua/includes/gating.lua)
+                self.stats.gated[GateDecision.RELEASED.value] += 1
+                out.released[job.id] = job.gate_key
+                out.envelopes[job.id] = envelope
+                continue
             if GATE_HEADER in headers:
                 gate = Gate.from_header(headers[GATE_HEADER])
                 if gate is not None and job.tries > 1 and self._ran_already(job, gate):

@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -104,6 +105,11 @@ class SlotKeeper:
         self._pid = -1  # the process whose renewal thread runs
         self._stop = threading.Event()
         self._failing = False
+        #: take-overs ("take", id, key) and releases ("release", id, key, outcome, batch) the
+        #: task signals queued for this process' thread to send (:meth:`send`)
+        self._outbox: list[tuple[Any, ...]] = []
+        self._kick = threading.Event()
+        self._sending = threading.Lock()
 
     # -- the task's life ------------------------------------------------------------------------
 
@@ -155,6 +161,76 @@ class SlotKeeper:
             return False
         return bool(result.released)
 
+    # -- the task's life, off the task's path ---------------------------------------------------
+
+    def start_soon(self, job_id: str, header: Any) -> bool:
+        """:meth:`started`, with the take-over queued for this process' thread (:meth:`send`)
+        instead of sent from the task's thread: the task does not wait for Redis."""
+        gate = Gate.from_header(header)
+        if gate is None:
+            return False
+        if self._pid != os.getpid():
+            self._start_renewer()
+        with self._lock:
+            self.running[job_id] = (gate.key, gate.batch or batch_of(job_id))
+            self._outbox.append(("take", job_id, gate.key))
+        self._kick.set()
+        return True
+
+    def finish_soon(self, job_id: str, header: Any, outcome: str) -> bool:
+        """:meth:`finished`, with the release queued for this process' thread (:meth:`send`);
+        False when the header does not read (nothing to give back)."""
+        with self._lock:
+            known = self.running.pop(job_id, None)
+        if known is None:
+            gate = Gate.from_header(header)
+            if gate is None:
+                return False
+            known = (gate.key, gate.batch or batch_of(job_id))
+        if self._pid != os.getpid():
+            self._start_renewer()
+        with self._lock:
+            self._outbox.append(("release", job_id, known[0], outcome, known[1]))
+        self._kick.set()
+        return True
+
+    def send(self) -> int:
+        """Send what :meth:`start_soon` and :meth:`finish_soon` queued, in one round trip
+        (``Store.slot_updates``): a take-over whose release is queued too is left out (the
+        release gives the slot back). When it returns, everything queued before the call was
+        sent. How many calls were sent. Never raises: an error is logged, and a slot not given
+        back comes back when it expires, as with :meth:`finished`."""
+        with self._sending:
+            with self._lock:
+                queued, self._outbox = self._outbox, []
+            if not queued:
+                return 0
+            ending = {item[1] for item in queued if item[0] == "release"}
+            takes = [(item[1], item[2]) for item in queued if item[0] == "take" and item[1] not in ending]
+            releases = [(item[1], item[2], item[3], item[4]) for item in queued if item[0] == "release"]
+            try:
+                _, results = get_store(self.app).slot_updates(takes, int(self.ttl * 1000), releases)
+            except Exception as exc:
+                logger.warning(
+                    "delayq: cannot take over or give back the slots of %d task(s) in Redis: %r; a "
+                    "slot not given back comes back when it expires (delayq_slot_ttl, %.0f s)",
+                    len(takes) + len(releases),
+                    exc,
+                    self.ttl,
+                )
+                return 0
+            for (job_id, key, _, _), result in zip(releases, results, strict=True):
+                if isinstance(result, Exception):
+                    logger.warning(
+                        "delayq: cannot give back the slot of %s (key %r) in Redis: %r; it comes back "
+                        "when it expires (delayq_slot_ttl, %.0f s)",
+                        job_id,
+                        key,
+                        result,
+                        self.ttl,
+                    )
+            return len(takes) + len(releases)
+
     def retrying(self, job_id: str, header: Any) -> None:
         """A gated task's run ended in a retry that Celery sent straight to the broker: keep
         renewing its slot here until the retried run gives it back."""
@@ -172,16 +248,28 @@ class SlotKeeper:
             pid = os.getpid()
             if self._pid == pid:
                 return
-            if self._pid != -1:
+            if self._pid != -1:  # a forked child: what the parent had queued is the parent's
                 self.running = {}
+                self._outbox = []
+                self._kick = threading.Event()
+                self._sending = threading.Lock()
             self._pid = pid
             self._stop = threading.Event()
             thread = threading.Thread(target=self._run, args=(self._stop,), name="delayq-slots", daemon=True)
             thread.start()
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.every):
-            self.renew()
+        """This process' thread: sends what the task signals queue as soon as they queue it,
+        and renews the running slots every :attr:`every` s."""
+        renew_at = time.monotonic() + self.every
+        while not stop.is_set():
+            self._kick.wait(max(0.0, renew_at - time.monotonic()))
+            self._kick.clear()
+            self.send()
+            if time.monotonic() >= renew_at:
+                self.renew()
+                renew_at = time.monotonic() + self.every
+        self.send()
 
     def renew(self) -> int:
         """Renew the slots of this process' running gated tasks (one pipeline); how many Redis
@@ -214,8 +302,10 @@ class SlotKeeper:
         return len(renewed) - len(gone)
 
     def stop(self) -> None:
-        """Stop this process' renewal thread."""
+        """Stop this process' renewal thread, after sending what is queued."""
         self._stop.set()
+        self._kick.set()
+        self.send()
 
 
 def install(app: Any) -> SlotKeeper:
@@ -261,7 +351,7 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
     task, request, header = gated
     try:
         job_id = task_id or request.id
-        if not _keeper(task.app).started(job_id, header):
+        if not _keeper(task.app).start_soon(job_id, header):
             logger.warning(
                 "delayq: task %s carries a %s header that does not read; it holds no slot",
                 job_id,
@@ -283,7 +373,7 @@ def _on_postrun(
         if outcome == "retry" and not isinstance(task, DelayQTaskMixin):
             keeper.retrying(job_id, header)
         else:
-            keeper.finished(job_id, header, outcome)
+            keeper.finish_soon(job_id, header, outcome)
     except Exception:
         logger.warning("delayq: the slot of task %s is not given back", task_id, exc_info=True)
 
@@ -293,7 +383,7 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     if header is None:
         return
     try:
-        _keeper(sender.app).finished(request.id, header, "failed")
+        _keeper(sender.app).finish_soon(request.id, header, "failed")
     except Exception:
         logger.warning(
             "delayq: the slot of revoked task %s is not given back",

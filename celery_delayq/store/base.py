@@ -154,6 +154,30 @@ class StoreBase:
         """:meth:`_write` of ``lua/<script>.lua``, its reply decoded by ``table`` (:func:`_decode`)."""
         return _decode(script, table, self._write(SCRIPTS[script], keys, args, refused))
 
+    def _shard_calls(
+        self,
+        script: str,
+        items_by_shard: Mapping[int, Sequence[_Item]],
+        size: int,
+        args: Callable[[int, Sequence[_Item]], list[Any]],
+        keys: Callable[[int], Sequence[str]] | None = None,
+    ) -> tuple[list[ScriptCall], list[Sequence[_Item]]]:
+        """The calls of ``lua/<script>.lua`` over the items of each shard, ``size`` items a call,
+        and the chunk of items of each call: a call's ARGV is ``args(shard, chunk)``, its KEYS
+        ``keys(shard)`` (default: the shard's core keys). The shards come in the order of
+        ``items_by_shard``, the chunks in the order of their items. :meth:`_per_shard` runs them;
+        a caller that sends other calls in the same pipeline builds them here."""
+        calls: list[ScriptCall] = []
+        chunks: list[Sequence[_Item]] = []
+        lua = SCRIPTS[script]
+        for shard, items in items_by_shard.items():
+            shard_keys = self.keys.shard(shard).core if keys is None else keys(shard)
+            for start in range(0, len(items), size):
+                chunk = items[start : start + size]
+                calls.append(ScriptCall(lua, shard_keys, args(shard, chunk)))
+                chunks.append(chunk)
+        return calls, chunks
+
     def _per_shard(
         self,
         script: str,
@@ -164,24 +188,14 @@ class StoreBase:
         raise_errors: bool = True,
         replicated: bool = False,
     ) -> list[tuple[Sequence[_Item], Any]]:
-        """The one per-shard loop: run ``lua/<script>.lua`` over the items of each shard, ``size``
-        items a call, all calls in one pipeline (:func:`~.scripts.run_pipelined`; with
-        ``replicated`` and ``delayq_wait_replicas``, :func:`~.scripts.run_replicated`: returning
-        once that many replicas have them). A call's ARGV is ``args(shard, chunk)``, its KEYS
-        ``keys(shard)`` (default: the shard's core keys).
+        """The one per-shard loop: the calls of :meth:`_shard_calls`, all in one pipeline
+        (:func:`~.scripts.run_pipelined`; with ``replicated`` and ``delayq_wait_replicas``,
+        :func:`~.scripts.run_replicated`: returning once that many replicas have them).
 
         Returns ``(chunk, reply)`` for each call, the shards in the order of ``items_by_shard``
         and the chunks in the order of their items, so that a caller zips each reply back onto
         its items. With ``raise_errors`` false a failed call's error is its reply."""
-        calls: list[ScriptCall] = []
-        chunks: list[Sequence[_Item]] = []
-        lua = SCRIPTS[script]
-        for shard, items in items_by_shard.items():
-            shard_keys = self.keys.shard(shard).core if keys is None else keys(shard)
-            for start in range(0, len(items), size):
-                chunk = items[start : start + size]
-                calls.append(ScriptCall(lua, shard_keys, args(shard, chunk)))
-                chunks.append(chunk)
+        calls, chunks = self._shard_calls(script, items_by_shard, size, args, keys)
         if replicated and self.config.wait_replicas:
             replies = run_replicated(self.client, calls, self.config.wait_replicas, raise_errors=raise_errors)
         else:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import enum
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..flow.gate import BATCH_DONE_HEADER, GATE_HEADER
 from .base import _DONE, StoreBase, _decode
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
@@ -52,6 +53,9 @@ class ClaimedJob:
     envelope: str
     due_ms: int
     tries: int
+    #: the gate key of a capped job the claim gave a slot itself (``lua/includes/gating.lua``):
+    #: publish it and hold it, without asking the gate; None for any other job
+    gate_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class ClaimResult:
     lateness: list[tuple[int, int]] = field(default_factory=list)
     used: list[tuple[str, str, int]] = field(default_factory=list)
     misses: dict[str, str] = field(default_factory=dict)
+    #: due capped jobs the claim parked itself (``lua/includes/gating.lua``): not in ``jobs``
+    parked: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,8 @@ class PushResult:
     used: list[tuple[str, str, int]]
     #: job id -> the templates-hash field to fill for that job's shape
     misses: dict[str, str]
+    #: due capped jobs the call parked itself (``lua/includes/gating.lua``): not in ``jobs``
+    parked: int = 0
 
 
 #: Most templates a shard's ``wire`` hash takes (one per job shape and beat settings): past it,
@@ -103,6 +111,12 @@ MAX_STORED_TEMPLATES = 1000
 TEMPLATES_TTL_MS = 86_400_000
 
 
+def _gated_reply(raw: Sequence[Any]) -> tuple[int, dict[str, str]]:
+    """``(parked, {id: key})`` of the gating part of a claim or push reply: ``{parked, id, key,
+    ...}`` (``gate_claimed`` in ``lua/includes/gating.lua``)."""
+    return int(raw[0]), {str(raw[i]): str(raw[i + 1]) for i in range(1, len(raw) - 1, 2)}
+
+
 class DeliveryPart(StoreBase):
     """The beat's side of delivery (a part of :class:`~celery_delayq.store.facade.Store`)."""
 
@@ -112,18 +126,27 @@ class DeliveryPart(StoreBase):
         token: str,
         batch: int | None = None,
         failed: list[Exception] | None = None,
+        gating: bool | None = None,
     ) -> list[ClaimResult]:
         """Lease up to ``batch`` due jobs from each of ``shards`` (one round trip).
 
         With ``failed`` (a list), a shard whose claim failed (its cluster node is down) is
         left out of the results and its error appended, instead of raising: the jobs the
         other shards leased are returned, to be published now rather than after their lease.
+
+        With ``gating`` (True or False), the claim gates the due capped jobs it can
+        (``lua/includes/gating.lua``): a job it gave a slot comes back with its ``gate_key``,
+        one it parked does not come back (counted in ``parked``); ``gating`` says whether it may
+        park (False: a job of a full key comes back, for the gate to park). None: no gating.
         """
         shard_list = list(shards)
         batch = batch or self.config.batch_size
         ttl_ms = int(self.config.reclaim_ttl * 1000)
         calls = [
-            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms]) for s in shard_list
+            ScriptCall(
+                SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms, *self._gating(s, gating)]
+            )
+            for s in shard_list
         ]
         results: list[ClaimResult] = []
         raws = run_pipelined(self.client, calls, raise_errors=failed is None)
@@ -132,11 +155,24 @@ class DeliveryPart(StoreBase):
                 assert failed is not None
                 failed.append(raw)
                 continue
-            jobs = self._claimed(raw, 3)
             next_ms = int(raw[1])
             next_due = None if next_ms < 0 else next_ms
-            results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2])))
+            if gating is None:
+                results.append(ClaimResult(shard, int(raw[0]), next_due, self._claimed(raw, 3), int(raw[2])))
+                continue
+            parked, released = _gated_reply(raw[3])
+            jobs = self._claimed(raw, 4, released)
+            results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2]), parked=parked))
         return results
+
+    def _gating(self, shard: int, gating: bool | None) -> list[Any]:
+        """The gating arguments of a claim or push call on ``shard`` (``gating_args`` in
+        ``lua/includes/gating.lua``): none when ``gating`` is None."""
+        if gating is None:
+            return []
+        ttl_ms = int(self.config.slot_ttl * 1000)
+        park = "1" if gating else "0"
+        return [ttl_ms, park, self.keys.wake_channel, shard, GATE_HEADER, BATCH_DONE_HEADER]
 
     def push(
         self,
@@ -144,6 +180,7 @@ class DeliveryPart(StoreBase):
         token: str,
         push_args: Sequence[Any],
         failed: list[tuple[int, Exception]] | None = None,
+        gating: bool | None = None,
     ) -> list[PushResult]:
         """The push path on claim: on each of ``shards``, push the due jobs whose message has a
         template and remove them, and lease the others to ``token`` as :meth:`claim` does
@@ -152,6 +189,7 @@ class DeliveryPart(StoreBase):
 
         With ``failed``, a shard whose call failed is left out and ``(shard, error)`` appended
         (as :meth:`claim`); a Redis over ``maxmemory`` fails the call with nothing written.
+        ``gating``: as :meth:`claim`'s.
         """
         shard_list = list(shards)
         ttl_ms = int(self.config.reclaim_ttl * 1000)
@@ -163,7 +201,15 @@ class DeliveryPart(StoreBase):
             ScriptCall(
                 SCRIPTS["push"],
                 self.keys.shard(s).core,
-                [token, self.config.batch_size, ttl_ms, space, str(uuid.uuid4())[:24], *rest],
+                [
+                    token,
+                    self.config.batch_size,
+                    ttl_ms,
+                    space,
+                    str(uuid.uuid4())[:24],
+                    *rest,
+                    *self._gating(s, gating),
+                ],
             )
             for s in shard_list
         ]
@@ -176,21 +222,33 @@ class DeliveryPart(StoreBase):
                 continue
             late, used, missed = raw[4], raw[5], raw[6]
             next_ms = int(raw[1])
+            parked, released = (0, {}) if gating is None else _gated_reply(raw[7])
             results.append(
                 PushResult(
-                    shard, int(raw[0]), None if next_ms < 0 else next_ms, self._claimed(raw, 7), int(raw[2]),
+                    shard, int(raw[0]), None if next_ms < 0 else next_ms,
+                    self._claimed(raw, 7 if gating is None else 8, released), int(raw[2]),
                     int(raw[3]), [(int(late[k]), int(late[k + 1])) for k in range(0, len(late), 2)],
                     [(str(used[k]), str(used[k + 1]), int(used[k + 2])) for k in range(0, len(used), 3)],
-                    dict(zip(missed[0::2], missed[1::2], strict=True)),
+                    dict(zip(missed[0::2], missed[1::2], strict=True)), parked,
                 )
             )  # fmt: skip
         return results
 
-    def _claimed(self, raw: list[Any], start: int) -> list[ClaimedJob]:
+    def _claimed(
+        self, raw: list[Any], start: int, released: Mapping[str, str] | None = None
+    ) -> list[ClaimedJob]:
         """The jobs a claim or push reply returns to the beat from ``raw[start]`` on: id,
-        envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``)."""
+        envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``);
+        ``released``: id -> gate key of the jobs the call gave a slot."""
+        released = released or {}
         return [
-            ClaimedJob(raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
+            ClaimedJob(
+                raw[i],
+                self._loaded(raw[i], raw[i + 1]),
+                int(raw[i + 2]),
+                int(raw[i + 3]),
+                released.get(raw[i]),
+            )
             for i in range(start, len(raw), 4)
         ]
 

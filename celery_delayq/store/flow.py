@@ -7,6 +7,7 @@ gate options' forms are :mod:`celery_delayq.flow.gate`'s; batches are :mod:`.bat
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from ..exceptions import InvalidInput, StoreError
 from ..flow.gate import Gate
 from .base import StoreBase, _int_or
 from .connection import is_oom
-from .scripts import SCRIPTS
+from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
 logger = logging.getLogger(__name__)
 
@@ -160,10 +161,67 @@ class FlowPart(StoreBase):
     def renew_slots(self, jobs: Sequence[tuple[str, str]], slot_ttl_ms: int) -> dict[str, bool]:
         """Extend to now + ``slot_ttl_ms`` the slots of running gated jobs ``(id, key)``
         (``lua/slot_renew.lua``, one pipeline); ``{id: still has its slot}``."""
+        return self._pairs_by_call("slot_renew", [int(slot_ttl_ms)], self._by_key_shard(jobs))
+
+    def _by_key_shard(self, pairs: Sequence[tuple[str, str]]) -> dict[int, list[tuple[str, str]]]:
+        """``(id, gate key)`` pairs grouped by the shard of their key (where a gated job's slot is)."""
         by_shard: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for job_id, key in jobs:
+        for job_id, key in pairs:
             by_shard[self.keys.shard_of(key)].append((job_id, key))
-        return self._pairs_by_call("slot_renew", [int(slot_ttl_ms)], by_shard)
+        return by_shard
+
+    def slot_updates(
+        self,
+        takes: Sequence[tuple[str, str]],
+        slot_ttl_ms: int,
+        releases: Sequence[tuple[str, str, str, str | None]],
+    ) -> tuple[dict[str, bool], list[ReleaseResult | Exception]]:
+        """A worker's slot calls in one round trip (one pipeline): the take-overs ``takes``
+        (``(id, key)``, as :meth:`renew_slots`) and the releases ``releases`` (``(id, key,
+        outcome, batch id or None)``, each as :meth:`release`). Returns the take-overs'
+        ``{id: still has its slot}`` and, per release in order, its result or the error its
+        call got (a take-over's error is raised)."""
+        for _, _, outcome, _ in releases:
+            if outcome not in RELEASE_OUTCOMES:
+                raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
+        calls, chunks = self._shard_calls(
+            "slot_renew",
+            self._by_key_shard(takes),
+            GATE_CHUNK,
+            lambda _, pairs: [int(slot_ttl_ms), *itertools.chain(*pairs)],
+        )
+        takes_calls = len(calls)
+        for job_id, key, outcome, batch_id in releases:
+            shard = self.keys.shard_of(key)
+            args = self._release_args(job_id, key, outcome, batch_id, shard)
+            calls.append(ScriptCall(SCRIPTS["release"], self.keys.shard(shard).core, args))
+        raws = run_pipelined(self.client, calls, raise_errors=False)
+        taken: dict[str, bool] = {}
+        for chunk, raw in zip(chunks, raws[:takes_calls], strict=True):
+            if isinstance(raw, Exception):
+                raise raw
+            taken.update((job_id, bool(r)) for (job_id, _), r in zip(chunk, raw, strict=True))
+        released: list[ReleaseResult | Exception] = []
+        for raw in raws[takes_calls:]:
+            if isinstance(raw, Exception):
+                released.append(raw)
+            else:
+                released.append(ReleaseResult(bool(raw[0]), int(raw[1]), bool(raw[2])))
+        return taken, released
+
+    def _release_args(
+        self, job_id: str, key: str, outcome: str, batch_id: str | None, shard: int
+    ) -> list[Any]:
+        return [
+            job_id,
+            key,
+            outcome,
+            batch_id or "",
+            self.keys.batch_channel,
+            self.keys.wake_channel,
+            shard,
+            self._batch_keep_ms(),
+        ]
 
     def release(self, job_id: str, key: str, outcome: str, batch_id: str | None = None) -> ReleaseResult:
         """A gated job's task ended with ``outcome`` (``"succeeded"``, ``"failed"``, or
@@ -174,16 +232,7 @@ class FlowPart(StoreBase):
         if outcome not in RELEASE_OUTCOMES:
             raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
         shard = self.keys.shard_of(key)
-        args = [
-            job_id,
-            key,
-            outcome,
-            batch_id or "",
-            self.keys.batch_channel,
-            self.keys.wake_channel,
-            shard,
-            self._batch_keep_ms(),
-        ]
+        args = self._release_args(job_id, key, outcome, batch_id, shard)
         released, promoted, done = SCRIPTS["release"](self.client, self.keys.shard(shard).core, args)
         return ReleaseResult(bool(released), int(promoted), bool(done))
 
