@@ -56,13 +56,6 @@ def store(cluster_url: str) -> Iterator[Store]:
     s.close()
 
 
-@pytest.fixture
-def fast_store(cluster_url: str) -> Iterator[Store]:
-    s = make_store(cluster_url, cluster=True, reclaim_ttl=0.2)
-    yield s
-    s.close()
-
-
 def cluster_app(broker: str, cluster_url: str, **conf: Any) -> Celery:
     application = make_app(broker, delayq_url=cluster_url, delayq_cluster=True, **conf)
 

@@ -21,8 +21,9 @@ from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
+from tests.support.clocks import WallClock
 from tests.support.polling import wait_for
-from tests.support.store import broker_lists, published_ids, server_ms, store_raw_job
+from tests.support.store import broker_lists, expire_leases, published_ids, server_ms, store_raw_job
 
 HOUR = 3600.0
 
@@ -203,7 +204,6 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
         broker_connection_max_retries=0,
         broker_transport_options={"max_retries": 0},
         task_publish_retry=False,
-        delayq_reclaim_ttl=0.3,
     )
     dispatcher = dispatchers(down)
     dispatcher.run_once()  # logs, does not raise
@@ -222,9 +222,7 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
     assert broker_lists(r) == {}
 
     # Not lost: once the leases expire, a beat that reaches the broker delivers them.
-    lease_until = max(dq.get(res.id).lease_until for res in results)  # type: ignore[union-attr]
-    assert lease_until is not None
-    assert wait_for(lambda: server_ms(r) > lease_until.timestamp() * 1000 + 5, timeout=10)
+    assert sorted(expire_leases(get_store(app))) == sorted(res.id for res in results)
     healthy = dispatchers(app)
     healthy.run_once()
     assert sorted(published_ids(r)) == sorted(res.id for res in results)
@@ -445,16 +443,19 @@ def test_other_publish_errors_are_retried_then_dead_lettered(
         raise RuntimeError("codec unavailable")
 
     compression.register(failing_encoder, lambda b: b, "application/x-delayq-failing", aliases=["failing"])
-    app = app_factory(delayq_reclaim_ttl=0.05)
+    app = app_factory()
     dq = DelayQ(app)
     job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), compression="failing")
     other = app.tasks["t.add"].apply_at(time.time() - 1, (5, 6))
-    dispatcher = dispatchers(app)
+    wall = WallClock()
+    dispatcher = dispatchers(app, wall=wall)
     for attempt in range(1, PUBLISH_ATTEMPTS):
         dispatcher.run_once()
         stored = dq.get(job.id)
         assert stored is not None and stored.state == "leased" and stored.tries == attempt
-        time.sleep(0.1)
+        # The lease runs out: on the server, and on the beat's clock (its next claim is then).
+        assert expire_leases(get_store(app), [job.id]) == [job.id]
+        wall.advance(get_store(app).config.reclaim_ttl)
     assert dq.get(other.id) is None  # the rest of the batch went out
     dispatcher.run_once()
     dead = dq.get(job.id)
@@ -474,7 +475,7 @@ def test_a_failure_inside_the_publish_batch_publishes_and_acks_nothing(
     class Crash(BaseException):
         pass
 
-    app = app_factory(delayq_reclaim_ttl=0.2)
+    app = app_factory()
     jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(5)]
     calls = {"n": 0}
 
@@ -491,7 +492,7 @@ def test_a_failure_inside_the_publish_batch_publishes_and_acks_nothing(
         before_task_publish.disconnect(die_on_third)
     assert r.llen("celery") == 0
     assert all(DelayQ(app).get(j.id).state == "leased" for j in jobs)  # type: ignore[union-attr]
-    time.sleep(0.3)
+    assert sorted(expire_leases(get_store(app))) == sorted(j.id for j in jobs)
     dispatchers(app).run_once()
     bodies = [json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1)]
     assert sorted(bodies) == sorted(j.id for j in jobs)

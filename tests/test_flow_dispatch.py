@@ -34,7 +34,7 @@ from celery_delayq.flow.gate import (
 from celery_delayq.store.facade import Store, get_store
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
-from tests.support.store import broker_lists, published_ids
+from tests.support.store import broker_lists, expire_leases, published_ids
 from tests.support.wire import body_of
 
 AppFactory = Callable[..., Celery]
@@ -152,13 +152,13 @@ def test_a_beat_stalled_between_gate_and_hold_past_its_lease(
     id among the key's running ones and releases it again on the same slot (the count is not
     doubled, the parked job stays parked). Both beats published it: the duplicate of a beat
     stalled between publish and ack, as for any job."""
-    app = app_factory(delayq_reclaim_ttl=0.5)
+    app = app_factory()
     first, second = store_gated(app, Gate("tenant:4", limit=1), 2)
-    stalled, other = dispatchers(app), dispatchers(app_factory(delayq_reclaim_ttl=0.5))
+    stalled, other = dispatchers(app), dispatchers(app_factory())
     hold = stalled.store.hold
 
     def stall_then_hold(*args: Any, **kwargs: Any) -> dict[str, bool]:
-        time.sleep(0.7)  # past the lease
+        assert sorted(expire_leases(stalled.store)) == sorted([first, second])  # past the lease
         other.run_once()
         return hold(*args, **kwargs)
 

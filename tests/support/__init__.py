@@ -4,8 +4,9 @@
   ``forget_subscriptions``);
 * ``servers``: the session's Redis server and one of each supported kind (``redis_url``, ``r``);
 * ``server_kinds``: ``redis_server`` to import into a module that runs on every server kind;
-* ``store``: a ``Store`` on a URL (``make_store``, the ``store`` and ``fast_store`` fixtures)
-  and what tests read from or write to Redis (server clock, snapshots, broker lists, ``bury``...);
+* ``store``: a ``Store`` on a URL (``make_store``, the ``store`` fixture), what tests read from
+  or write to Redis (server clock, snapshots, broker lists, ``bury``...) and ``expire_leases``,
+  which ends leases on the server instead of waiting for them to run out;
 * ``wake``: the wake channel seen from a test (``Wake``, the ``wake`` fixture);
 * ``stack``: the end-to-end worker/beat stack and its producer (``start_stack``, ``Producer``,
   the ``producers`` fixture, ``check_exactly_once``, ``env_for``, ``rabbitmq_or_skip``...);
