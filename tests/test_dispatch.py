@@ -21,7 +21,7 @@ from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
-from tests.support.clocks import WallClock
+from tests.support.clocks import Clock
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, expire_leases, published_ids, server_ms, store_raw_job
 
@@ -447,7 +447,7 @@ def test_other_publish_errors_are_retried_then_dead_lettered(
     dq = DelayQ(app)
     job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), compression="failing")
     other = app.tasks["t.add"].apply_at(time.time() - 1, (5, 6))
-    wall = WallClock()
+    wall = Clock()
     dispatcher = dispatchers(app, wall=wall)
     for attempt in range(1, PUBLISH_ATTEMPTS):
         dispatcher.run_once()

@@ -84,6 +84,26 @@ def expire_leases(store: Store, job_ids: Iterable[str] | None = None) -> list[st
     return ended
 
 
+# KEYS: a key's running set (job id -> slot expiry ms). Every slot's expiry becomes the server's
+# TIME - 1: the slots ran out 1 ms ago, as when delayq_slot_ttl passes with no renewal.
+_EXPIRE_SLOTS = """
+local t = redis.call('TIME')
+local ended = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - 1)
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], 'XX', ended, id)
+end
+return ids
+"""
+
+
+def expire_slots(store: Store, key: str) -> list[str]:
+    """End the slots of ``key``'s running jobs now, on the server, as if ``delayq_slot_ttl``
+    had passed with no renewal; the jobs' leases are left as they are. Returns their ids."""
+    done = store.client.eval(_EXPIRE_SLOTS, 1, store.keys.for_key(key).running(key))
+    return [item.decode() if isinstance(item, bytes) else str(item) for item in done]
+
+
 def ids_on_shard(keys: KeySpace, shard: int, n: int, stem: str = "job") -> list[str]:
     """``n`` job ids that all hash to ``shard``."""
     found: list[str] = []
