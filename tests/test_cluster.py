@@ -43,10 +43,10 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def r(cluster_url: str) -> Iterator[RedisCluster]:
-    client = RedisCluster.from_url(cluster_url, decode_responses=True)
-    yield client
-    client.close()
+def r(cluster_url: str, redis_cluster: LocalCluster) -> RedisCluster:
+    """The session cluster's shared client (emptied around each test by ``cluster_url``)."""
+    client: RedisCluster = redis_cluster.shared_client()
+    return client
 
 
 @pytest.fixture
