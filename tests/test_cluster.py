@@ -31,7 +31,7 @@ from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.store.facade import REDIS_ERRORS, CancelOutcome, EnqueueOutcome, Store, get_store
 from celery_delayq.store.scripts import SCRIPTS
 from tests import test_api, test_scripts
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, ids_on_shard, make_store, server_ms
@@ -59,9 +59,7 @@ def store(cluster_url: str) -> Iterator[Store]:
 def cluster_app(broker: str, cluster_url: str, **conf: Any) -> Celery:
     application = make_app(broker, delayq_url=cluster_url, delayq_cluster=True, **conf)
 
-    @application.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add_task(application)
 
     @application.task(base=DelayedTask, name="t.noop", shared=False)
     def noop() -> None:

@@ -20,7 +20,7 @@ from celery_delayq.beat import dispatch as dispatch_module
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.store.facade import get_store
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.clocks import Clock
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, expire_leases, published_ids, server_ms, store_raw_job
@@ -577,9 +577,7 @@ def test_a_refused_wake_subscription_never_stops_the_claims(
     try:
         app = make_app(redis_url, redis_url.replace("redis://", f"redis://{user}:{password}@"))
 
-        @app.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
+        add = add_task(app)
 
         first = add.apply_in(0, (1, 2))
         # Its sleeps move its monotonic clock (no real waiting): how long it slept is on that clock.

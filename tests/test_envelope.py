@@ -42,7 +42,7 @@ from celery_delayq.store.facade import (
     EnqueueOutcome,
     get_store,
 )
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import server_ms
 
@@ -57,9 +57,7 @@ def app(redis_url: str) -> Iterator[Celery]:
     def any_(*args: Any, **kwargs: Any) -> None:
         return None
 
-    @application.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add_task(application)
 
     @application.task(base=DelayedTask, name="t.noop", shared=False)
     def noop() -> None:

@@ -28,7 +28,7 @@ from celery_delayq.exceptions import (
 from celery_delayq.schedules.api import point_id
 from celery_delayq.schedules.rules import CronRule, IntervalRule, parse_rule
 from celery_delayq.store.facade import ClaimedJob, FireOutcome, get_store
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.polling import wait_for
 from tests.support.store import server_ms, snapshot
 from tests.support.wire import body_of
@@ -50,9 +50,7 @@ def app_factory(redis_url: str) -> Iterator[AppFactory]:
     def factory(**conf: Any) -> Celery:
         application = make_app(redis_url, delayq_url=redis_url, **conf)
 
-        @application.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
+        add_task(application)
 
         @application.task(base=DelayedTask, name="t.noop", shared=False)
         def noop() -> None:
