@@ -230,7 +230,6 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
     assert [job.id for job in dq.pending()] == [later.id]
 
 
-@pytest.mark.slow
 def test_an_unreachable_broker_makes_the_beat_back_off(
     app: Celery, app_factory: AppFactory, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -241,16 +240,19 @@ def test_an_unreachable_broker_makes_the_beat_back_off(
         broker_connection_retry=False,
         broker_connection_max_retries=0,
         broker_transport_options={"max_retries": 0},
-        delayq_reclaim_ttl=0.05,
     )
-    down.tasks["t.add"].apply_at(time.time() - 5, (1, 1))
-    # The dispatcher's monotonic clock is the test's: it moves only when the test says so.
+    job = down.tasks["t.add"].apply_at(time.time() - 5, (1, 1))
+    ttl = get_store(down).config.reclaim_ttl
+    # The dispatchers' monotonic clock is the test's: it moves only when the test says so. Their
+    # wall clock runs, and the test sets it ahead when a lease runs out (ended on the server).
     now = [time.monotonic()]
-    dispatcher = dispatchers(down, clock=lambda: now[0])
+    wall = Clock()
+    dispatcher = dispatchers(down, clock=lambda: now[0], wall=wall)
     wait = dispatcher.run_once()
     assert dispatcher.broker_backoff.delay == 0.5 and wait == 0.5
     passes = dispatcher.stats.passes
-    time.sleep(0.1)  # the lease has expired: the job is due again
+    assert expire_leases(get_store(down), [job.id]) == [job.id]  # the job is due again
+    wall.advance(ttl)
     now[0] += 0.4
     assert dispatcher.run_once() == pytest.approx(0.1)
     assert dispatcher.stats.passes == passes  # no claim during the back-off
@@ -259,13 +261,14 @@ def test_an_unreachable_broker_makes_the_beat_back_off(
     assert dispatcher.stats.passes == passes + 1 and dispatcher.broker_backoff.delay == 1.0
     assert wait == 1.0 and dispatcher.broker_backoff.retry_at == now[0] + 1.0
     # With the broker back, the next claim after the back-off publishes and resets it.
-    healthy = dispatchers(app, clock=lambda: now[0])
+    healthy = dispatchers(app, clock=lambda: now[0], wall=wall)
     healthy.broker_backoff.fail()
     healthy.broker_backoff.fail()  # backing off 1 s, as after two outages
     assert healthy.run_once() == 1.0 and healthy.stats.published == 0
     assert healthy.stats.passes == 0  # no claim during the back-off
     now[0] += 1.0
-    time.sleep(0.1)  # the failing beat's lease has expired
+    assert expire_leases(get_store(app), [job.id]) == [job.id]  # the failing beat's lease ran out
+    wall.advance(ttl)
     healthy.run_once()
     assert healthy.stats.published == 1 and healthy.broker_backoff.delay == 0.0
 
