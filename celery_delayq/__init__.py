@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from .admin.jobs import DelayQ
 from .beat.scheduler import Scheduler
+from .config import install
 from .exceptions import DelayQError, ScheduleError, StoreError, StoreFull
-from .flow import slots as _slots  # noqa: F401  (its task receivers: the slots of gated tasks)
 from .flow.batch import BatchResult
 from .producer.canvas import apply_at, apply_in
 from .producer.result import ScheduledResult
 from .producer.task import DelayedTask, DelayQTaskMixin, delayed_task
 from .schedules.api import Schedules
 from .schedules.spec import ScheduleSpec
-from .worker import lateness as _worker  # noqa: F401  (its worker_init receiver: delayq_record_lateness)
 
 __version__ = "0.1.0"
 
@@ -41,4 +40,5 @@ __all__ = [
     "apply_at",
     "apply_in",
     "delayed_task",
+    "install",
 ]

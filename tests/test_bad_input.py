@@ -372,8 +372,8 @@ def test_every_checked_option_is_checked_for_every_value(app_factory: Callable[.
 def test_operator_inputs_and_a_gone_batch_raise_delayq_errors(app: Celery) -> None:
     """docs/errors.md: what an operator types (a duration, a time, a cursor) and a batch that is
     no longer stored raise under ``DelayQError``, still catchable as the builtin they refine."""
+    from celery_delayq.admin.listing import parse_cursor
     from celery_delayq.admin.timeparse import parse_duration, parse_when
-    from celery_delayq.admin.views import parse_cursor
     from celery_delayq.exceptions import BatchNotFound, InvalidInput
     from celery_delayq.flow.batch import BatchResult
 

@@ -630,3 +630,42 @@ def test_the_dashboards_kept_chart_counts_on_a_cluster(store: Store, r: RedisClu
     assert 0 < r.pttl(store.keys.web_counts("day")) <= 60_000
     store.forget_counts(names)
     assert store.kept_counts(names) == [None, None]
+
+
+def test_capped_jobs_are_gated_in_the_claim_on_every_node(
+    app: Celery, broker: redis.Redis, r: RedisCluster, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """The gate in the claim (lua/includes/gating.lua) touches a key's slots and waiting list on
+    the shard of its jobs' hash tag: on a cluster, 2 jobs each of 6 keys, limit 1, spread over the
+    nodes; one pass publishes one a key and parks the other, with no gate call; a release
+    promotes the parked one, and the next pass publishes it."""
+    add = app.tasks["t.add"]
+    due = (server_ms(r) - 1000) / 1000
+    keys = [f"ck{i}" for i in range(6)]
+    by_key = {
+        key: [
+            add.apply_at(due + n / 1000, (n, 0), concurrency_key=key, concurrency_limit=1).id
+            for n in range(2)
+        ]
+        for key in keys
+    }
+    store = get_store(app)
+    assert len({store.keys.shard_of(key) for key in keys}) > 1
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()
+    assert dispatcher.stats.gated["released"] == 6 and dispatcher.stats.gated["parked"] == 6
+    assert dispatcher.stats.held == 6
+    published = {m["headers"]["id"] for m in broker_lists(broker)["celery"]}
+    assert published == {ids[0] for ids in by_key.values()}
+    for key, ids in by_key.items():
+        assert store.key_state(key).running == 1 and store.key_state(key).waiting == 1
+        assert store.release(ids[0], key, "succeeded").promoted == 1
+    everything = {i for ids in by_key.values() for i in ids}
+
+    def delivered() -> bool:
+        dispatcher.wait(0.2)  # the release's wake messages say which shards to claim
+        dispatcher.run_once()
+        return {m["headers"]["id"] for m in broker_lists(broker)["celery"]} == everything
+
+    assert wait_for(delivered, 10, 0)
+    assert len(broker_lists(broker)["celery"]) == 12  # each once

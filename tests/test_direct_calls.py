@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.store.facade import CancelOutcome, EnqueueOutcome, Store
-from celery_delayq.store.scripts import SCRIPTS, DirectCalls
+from celery_delayq.store.scripts import SCRIPTS, DirectCalls, _packed
 from tests.support.store import make_store, server_ms
 
 
@@ -165,3 +165,32 @@ def test_close_closes_the_direct_connections(server: EmbeddedRedis, r: redis.Red
     store.close()
     assert opened(store) == 0
     assert store.cancel("a") == CancelOutcome.CANCELLED  # a later call opens one again
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        (
+            "EVALSHA",
+            "ab" * 20,
+            2,
+            "k:{1}:due",
+            "k:{1}:jobs",
+            "keep",
+            3,
+            "at",
+            1,
+            "é \u2603",
+            "x" * 70_000,
+            1.5,
+        ),
+        ("EVALSHA", "ab" * 20, 0, memoryview(b"view"), bytearray(b"array"), b"bytes"),
+    ],
+)
+def test_a_script_call_is_packed_as_redis_py_packs_it(command: tuple[object, ...]) -> None:
+    """DirectCalls hands a command straight to hiredis: the same bytes as redis-py's own packing
+    (a memoryview or bytearray goes redis-py's way), and the same error for what it refuses."""
+    conn = redis.Connection(decode_responses=True, encoding_errors="surrogateescape")
+    assert b"".join(_packed(conn, command)) == b"".join(conn.pack_command(*command))
+    with pytest.raises(redis.DataError):
+        _packed(conn, ("EVALSHA", "ab", 0, object()))

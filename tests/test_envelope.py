@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_delayq import DelayedTask, ScheduledResult
+from celery_delayq import config as extension_module
 from celery_delayq.exceptions import CorruptData
 from celery_delayq.producer.build import (
     _build_one,
@@ -35,7 +37,7 @@ from celery_delayq.producer.build import (
     build_envelopes,
     new_task_ids,
 )
-from celery_delayq.producer.options import clean_options
+from celery_delayq.producer.options import clean_options, current_worker_task
 from celery_delayq.store.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
 from celery_delayq.store.facade import (
     MAX_STORED_SHAPES,
@@ -157,6 +159,36 @@ def test_planned_envelope_inside_a_worker_task_and_with_a_schedule(app: Celery) 
     assert (decoded.headers["root_id"], decoded.headers["parent_id"]) == ("root-id", "parent-id")
     assert decoded.schedule == ("nightly", DUE)
     assert decode_envelope(same_as_root).headers["root_id"] == "root-id"
+
+
+def test_current_worker_task_agrees_with_celery(app: Celery) -> None:
+    """The short read of Celery's task stack (no AttributeError when this thread has none)
+    finds what ``app.current_worker_task`` finds: none, a worker's task, none in another
+    thread, none for a task called directly, none once popped."""
+    from celery._state import _task_stack
+
+    parent = app.tasks["t.noop"]
+    assert current_worker_task(app) is None and app.current_worker_task is None
+    parent.push_request(id="parent-id", called_directly=False)
+    _task_stack.push(parent)
+    try:
+        assert current_worker_task(app) is parent and app.current_worker_task is parent
+        seen: list[Any] = []
+        thread = threading.Thread(target=lambda: seen.append(current_worker_task(app)))
+        thread.start()
+        thread.join()
+        assert seen == [None]
+    finally:
+        _task_stack.pop()
+        parent.pop_request()
+    parent.push_request(id="direct")  # called directly (task(), apply): not a worker's task
+    _task_stack.push(parent)
+    try:
+        assert current_worker_task(app) is None and app.current_worker_task is None
+    finally:
+        _task_stack.pop()
+        parent.pop_request()
+    assert current_worker_task(app) is None
 
 
 def test_compact_envelope_of_a_plain_job(app: Celery) -> None:
@@ -312,7 +344,10 @@ def test_malformed_envelopes_are_refused(raw: str) -> None:
 # -- plans follow the settings ------------------------------------------------------------------
 
 
-def test_a_changed_setting_is_seen_by_the_next_call(app: Celery) -> None:
+def test_a_changed_setting_is_seen_by_the_next_call(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With RECHECK_EVERY = 0 the fingerprint is read at every call (by default at most every
+    0.5 s: test_extension checks that a change is seen once that time passed)."""
+    monkeypatch.setattr(extension_module, "RECHECK_EVERY", 0.0)
     task = app.tasks["t.add"]
     first = task.apply_at(DUE / 1000, (1, 2))
     assert decode_envelope(get_store(app).get(first.id).envelope).route == {"queue": "celery"}  # type: ignore[union-attr]

@@ -134,11 +134,14 @@ class GateMachine(RuleBasedStateMachine):
         return purged
 
     def promote(self, key: str) -> int:
-        self.purge(key)
-        if key in self.paused:
+        """As lua/includes/gate.lua's: nothing for a paused key or one with no parked job; the
+        expired slots whose job is gone are purged only when the key has no free slot."""
+        if key in self.paused or not self.wait[key]:
             return 0
         limit = self.in_force(key)
         free = len(self.wait[key]) if limit is None else limit - len(self.run[key])
+        if limit is not None and free <= 0 and self.purge(key) > 0:
+            free = limit - len(self.run[key])
         moved = 0
         while moved < free and self.wait[key]:
             job_id = min(self.wait[key], key=lambda i: (self.wait[key][i], i))

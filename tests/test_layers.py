@@ -507,7 +507,7 @@ def test_the_public_surface_is_what_a_caller_writes_or_catches() -> None:
 
     from celery_delayq import exceptions
 
-    assert len(celery_delayq.__all__) <= 16
+    assert len(celery_delayq.__all__) <= 17  # (16, and install: what a worker of plain tasks calls)
     assert all(hasattr(celery_delayq, name) for name in celery_delayq.__all__)
     errors = [
         c for _, c in inspect.getmembers(exceptions, inspect.isclass) if c.__module__ == exceptions.__name__

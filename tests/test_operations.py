@@ -468,18 +468,18 @@ def test_the_flusher_thread_writes_within_seconds(
     assert lateness.read(get_store(app), "delayq", "start").count == 5
 
 
-def test_the_setting_installs_the_recorder_at_worker_init(app_factory: Callable[..., Celery]) -> None:
+def test_the_setting_installs_the_recorder_when_the_worker_is_built(
+    app_factory: Callable[..., Celery],
+) -> None:
     class FakeWorker:
         def __init__(self, app: Celery) -> None:
             self.app = app
 
     off, on = app_factory(), app_factory(delayq_record_lateness="true")
     try:
-        from celery.signals import worker_init
-
-        worker_init.send(sender=FakeWorker(off))
+        worker.DelayQWorker(FakeWorker(off))
         assert worker.recorder_for(off) is None
-        worker_init.send(sender=FakeWorker(on))
+        worker.DelayQWorker(FakeWorker(on))
         assert worker.recorder_for(on) is not None
         assert task_prerun.has_listeners()
     finally:

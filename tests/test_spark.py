@@ -18,6 +18,7 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.config import reconfigure
 from celery_delayq.exceptions import ConfigurationError, InvalidDueTime
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
 from celery_delayq.store.envelope import joined_form, loaded_form, shape_id_of
@@ -137,8 +138,7 @@ def test_with_an_app_the_task_s_own_options_are_stored(
     from tests.apps.spark_app import app as spark_app
 
     spark_app.conf.delayq_url = redis_url
-    spark_app.__dict__.pop("_delayq_config", None)
-    spark_app.__dict__.pop("_delayq_store", None)
+    reconfigure(spark_app)  # (seen within RECHECK_EVERY anyway)
     try:
         task = spark_app.tasks["spark.remind"]
         task.apply_at(BASE, (7,), {"text": "hi"}, task_id="direct")
@@ -153,8 +153,7 @@ def test_with_an_app_the_task_s_own_options_are_stored(
         assert set(pending_ids(r, "sparkq", 8)) == {"direct", "remind:7"}
     finally:
         get_store(spark_app).close()
-        spark_app.__dict__.pop("_delayq_store", None)
-        spark_app.__dict__.pop("_delayq_config", None)
+        reconfigure(spark_app)
 
 
 def test_writing_twice_keeps_the_same_pending_set_and_replace_moves_them(

@@ -250,15 +250,15 @@ def test_the_beat_metrics_count_the_copies_dropped(
 
 
 def test_the_check_is_added_to_the_worker_of_the_app_that_has_it_on(app_factory: Callable[..., Any]) -> None:
-    from celery_delayq.worker.lateness import _on_worker_init
+    from celery_delayq.worker.lateness import DelayQWorker
 
     class Worker:
         def __init__(self, app: Any) -> None:
             self.app = app
 
     on, off = app_factory(), app_factory(delayq_start_check=False)
-    _on_worker_init(Worker(on))
-    _on_worker_init(Worker(off))
+    DelayQWorker(Worker(on))
+    DelayQWorker(Worker(off))
     assert StartCheck in on.steps["consumer"]
     assert StartCheck not in off.steps["consumer"]
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
-from celery_delayq.admin.views import lateness_view, lateness_window_view
+from celery_delayq.admin.status import lateness_view, lateness_window_view
 from celery_delayq.due import ms_to_datetime
 from celery_delayq.store import lateness
 from celery_delayq.store.facade import Store, get_store

@@ -1,75 +1,53 @@
 """The JSON views of what is stored: the shapes ``celery delayq ... --json`` prints and the web
 dashboard's JSON API serves (``celery_delayq.web``), built in one place so that the two agree.
 
-Nothing here needs ``rich`` or ``click``; every read goes through :class:`~.store.Store`.
+Nothing here needs ``rich`` or ``click``; every read goes through :class:`~..store.facade.Store`.
 Times are ISO-8601 in UTC with milliseconds (:func:`iso`); a field ending in ``_ms`` holds
 the same time as milliseconds since the epoch.
 
 >>> iso(1_700_000_000_500)
 '2023-11-14T22:13:20.500Z'
->>> parse_cursor("1700000000500:3:reminder-42")
-(1700000000500, 3, b'reminder-42')
+
+Listing and searching live in :mod:`.listing`, the status view in :mod:`.status`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from typing import Any
 
 from ..due import ms_to_datetime
-from ..exceptions import InvalidInput
 from ..flow.gate import GATE_HEADER, Gate, batch_of, completion_id
 from ..schedules.spec import Schedule
-from ..store import lateness
 from ..store.envelope import decode_envelope, loaded_form
-from ..store.facade import BatchState, JobRecord, KeyState, ShardStats, Store
+from ..store.facade import BatchState, JobRecord, KeyState, Store
 from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
 
 __all__ = [
-    "BEAT_ALIVE_MS",
     "CANCEL_TEXT",
-    "GATED_BY",
     "JOB_STATES",
-    "JobFilter",
     "batch_json",
     "batches_view",
-    "beat_view",
     "bucket_ms",
     "cancel_result",
-    "cursor_text",
     "dead_page",
     "dead_view",
-    "gated_counts",
     "gated_reason",
-    "id_search",
     "iso",
     "job_detail",
     "job_view",
-    "jobs_page",
     "key_json",
     "keys_view",
-    "lateness_view",
-    "lateness_window_view",
     "local_text",
     "missing_text",
     "move_result",
-    "parse_cursor",
-    "parse_scan_cursor",
     "point_refusal",
     "schedule_json",
-    "shard_view",
-    "status_view",
-    "stored_lateness",
 ]
 
-#: A beat whose heartbeat is older than this (ms) is shown as stale.
-BEAT_ALIVE_MS = 60_000
 
 #: The states a job listing can be narrowed to (``Store.scan``'s states).
 JOB_STATES = ("waiting", "leased", "gated", "running")
@@ -219,214 +197,6 @@ def job_detail(store: Store, default_queue: str, job_id: str) -> dict[str, Any] 
         view["dead"] = {k: dead.get(k) for k in ("reason", "beat")}
         view["dead"]["dead_at"] = iso(dead["dead_at"]) if dead.get("dead_at") else None
     return view
-
-
-def cursor_text(record: JobRecord) -> str:
-    """Where a listing stopped: ``<score>:<shard>:<id>`` (the ``next_cursor`` of :func:`jobs_page`)."""
-    return f"{record.lease_until_ms or record.due_ms}:{record.shard}:{record.id}"
-
-
-def parse_cursor(text: str) -> tuple[int, int, bytes]:
-    """A ``next_cursor`` read back; ValueError when it is not one."""
-    try:
-        score, shard, job_id = text.split(":", 2)
-        return int(score), int(shard), job_id.encode("utf-8", "surrogateescape")
-    except ValueError:
-        raise InvalidInput(f"bad cursor {text!r}: pass the next_cursor an earlier listing gave") from None
-
-
-def _order(record: JobRecord) -> tuple[int, int, bytes]:
-    """Where a record stands in ``Store.scan``'s order: score, shard, then id bytes (Redis
-    orders members of equal score by their bytes; the merge keeps shards in index order)."""
-    return record.lease_until_ms or record.due_ms, record.shard, record.id.encode("utf-8", "surrogateescape")
-
-
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
-
-
-@dataclass(frozen=True)
-class JobFilter:
-    """What a job listing keeps: each field None keeps everything.
-
-    ``start_ms``/``end_ms`` bound the score (a leased job's is its lease expiry).
-    """
-
-    task: str | None = None
-    queue: str | None = None
-    state: str | None = None
-    start_ms: int | None = None
-    end_ms: int | None = None
-
-    @property
-    def narrowed(self) -> bool:
-        """Whether a job can be passed over for what it holds (task, queue, state)."""
-        return bool(self.task or self.queue or self.state)
-
-
-def _task_needle(where: JobFilter) -> str | None:
-    """A task name any JSON encoder writes as it is: an envelope without it quoted is not of it,
-    and is passed over without being decoded (a task filter reads every job in the window)."""
-    return json.dumps(where.task) if where.task and _PLAIN_NAME.fullmatch(where.task) else None
-
-
-def _keeps(record: JobRecord, default_queue: str, where: JobFilter, needle: str | None) -> bool:
-    """Whether ``record`` is of the task, queue and state ``where`` asks for (not its window)."""
-    if where.state and record.state != where.state:
-        return False
-    if needle is not None and needle not in record.envelope:
-        return False
-    if where.task or where.queue:
-        try:
-            envelope = decode_envelope(record.envelope)
-        except ValueError:
-            return False  # listed only without a task/queue filter, as "<corrupt envelope>"
-        if where.task and envelope.task != where.task:
-            return False
-        if where.queue and (default_queue if envelope.queue is None else envelope.queue) != where.queue:
-            return False
-    return True
-
-
-def _matching(
-    store: Store, default_queue: str, where: JobFilter, after: tuple[int, int, bytes] | None, page: int
-) -> Iterator[tuple[JobRecord, bool]]:
-    """Every job read from the cursor on, and whether it matches ``where``."""
-    start_ms = where.start_ms
-    if after is not None:
-        start_ms = after[0] if start_ms is None else max(start_ms, after[0])
-    needle = _task_needle(where)
-    if after is not None and (where.start_ms is None or where.start_ms <= after[0]):
-        records = store.scan_after(after, where.end_ms, page=page)  # by rank: many may share a score
-    else:
-        records = store.scan(start_ms, where.end_ms, page=page)
-    for record in records:
-        if after is not None and _order(record) <= after:
-            yield record, False
-            continue
-        yield record, _keeps(record, default_queue, where, needle)
-
-
-def jobs_page(
-    store: Store,
-    default_queue: str,
-    where: JobFilter = JobFilter(),
-    limit: int = 50,
-    offset: int = 0,
-    cursor: str | None = None,
-    budget: int | None = None,
-) -> dict[str, Any]:
-    """``delayq ls --json``: ``{"jobs": [...], "count": n, "next_cursor": text or None}``.
-
-    In due order (a leased job by its lease expiry); ``cursor`` (an earlier page's
-    ``next_cursor``) goes on after the job it names, reading from there on: a page costs
-    O(log n) a shard plus the jobs it reads, however many are stored. ValueError: a bad cursor.
-
-    ``budget``: read at most this many jobs (a filter that few jobs match would otherwise read
-    every one); when it runs out first, the answer adds ``"examined": budget`` and
-    ``"exhausted": true``, and its ``next_cursor`` goes on after the last job read.
-    """
-    after = parse_cursor(cursor) if cursor else None
-    page = 500 if where.narrowed else max(10, min(500, limit + offset + 2))
-    if budget is not None:
-        page = max(1, min(page, budget + 1))
-    shown: list[JobRecord] = []
-    more = False
-    skipped = 0
-    examined = 0
-    last: JobRecord | None = None
-    for record, keep in _matching(store, default_queue, where, after, page):
-        if budget is not None and examined == budget:
-            more = True
-            break
-        examined += 1
-        if not keep:
-            last = record
-            continue
-        if skipped < offset:
-            skipped += 1
-            last = record
-            continue
-        if len(shown) == limit:
-            more = True
-            break
-        shown.append(record)
-        last = record
-    out: dict[str, Any] = {
-        "jobs": [job_view(r, default_queue) for r in shown],
-        "count": len(shown),
-        "next_cursor": cursor_text(shown[-1]) if more and shown else None,
-    }
-    if budget is not None and examined == budget and more and len(shown) < limit and last is not None:
-        out.update(next_cursor=cursor_text(last), examined=budget, exhausted=True)
-    return out
-
-
-def parse_scan_cursor(text: str) -> tuple[int, int]:
-    """Where an id-prefix search stopped (``<shard>:<ZSCAN cursor>``, its ``next_cursor``).
-
-    >>> parse_scan_cursor("3:1792")
-    (3, 1792)
-    >>> parse_scan_cursor("x")
-    Traceback (most recent call last):
-    ...
-    celery_delayq.exceptions.InvalidInput: bad cursor 'x' of an id search: ...
-    """
-    bad = f"bad cursor {text!r} of an id search: pass the next_cursor an earlier search gave"
-    try:
-        shard, cursor = (int(part) for part in text.split(":"))
-    except ValueError:
-        raise InvalidInput(bad) from None
-    if shard < 0 or cursor < 0:
-        raise InvalidInput(bad)
-    return shard, cursor
-
-
-def id_search(
-    store: Store,
-    default_queue: str,
-    prefix: str,
-    where: JobFilter = JobFilter(),
-    cursor: str | None = None,
-    budget: int = 200_000,
-    enough: int = 50,
-) -> dict[str, Any]:
-    """The jobs whose id is ``prefix`` or begins with it, narrowed by ``where``: the shape of
-    :func:`jobs_page` (in due order) plus ``"scan"``: what was searched.
-
-    An exact id (a waiting, leased or dead job) is looked up first (``"exact": true``);
-    otherwise :meth:`~.store.Store.search_ids` examines about ``budget`` ids from ``cursor`` on
-    (an earlier search's ``next_cursor``), stopping sooner once ``enough`` jobs matched.
-    ``next_cursor`` is None when every shard was searched; ``"complete"`` says the same.
-    ValueError: a bad cursor.
-    """
-    needle = _task_needle(where)
-
-    def keeps(record: JobRecord) -> bool:
-        score = record.lease_until_ms or record.due_ms
-        if where.start_ms is not None and score < where.start_ms:
-            return False
-        if where.end_ms is not None and score > where.end_ms:
-            return False
-        return _keeps(record, default_queue, where, needle)
-
-    scan: dict[str, Any] = {"prefix": prefix, "exact": False, "examined": 0, "stored": store.count()}
-    if cursor is None:
-        exact = store.get(prefix)
-        if exact is not None:
-            jobs = [job_view(exact, default_queue)] if keeps(exact) else []
-            scan.update(exact=True, complete=True)
-            return {"jobs": jobs, "count": len(jobs), "next_cursor": None, "scan": scan}
-    start = parse_scan_cursor(cursor) if cursor else (0, 0)
-    found = store.search_ids(prefix, start, budget, keep=keeps, enough=enough)
-    records = sorted(found.records, key=_order)
-    resume = f"{found.resume[0]}:{found.resume[1]}" if found.resume else None
-    scan.update(examined=found.examined, complete=resume is None, budget=budget)
-    return {
-        "jobs": [job_view(r, default_queue) for r in records],
-        "count": len(records),
-        "next_cursor": resume,
-        "scan": scan,
-    }
 
 
 # -- actions on jobs (``delayq cancel|reschedule|run-now`` and the dashboard's) --------------------
@@ -592,139 +362,3 @@ def batches_view(store: Store) -> dict[str, Any]:
     views = sorted((batch_json(b) for b in store.batch_states()),
                    key=lambda v: (-(v["created_ms"] or 0), v["id"]))  # fmt: skip
     return {"batches": views, "count": len(views)}
-
-
-# -- status -----------------------------------------------------------------------------------------
-
-
-def stored_lateness(store: Store, kind: str) -> lateness.Snapshot:
-    """The ``kind`` (``publish``: the beats', ``start``: the workers') lateness histogram in Redis."""
-    return lateness.read(store, store.config.prefix, kind)
-
-
-def lateness_view(snap: lateness.Snapshot) -> dict[str, Any]:
-    """A lateness histogram: count, mean, p50, p99 (bucket bounds, ms) and its buckets."""
-
-    def finite(v: float | None) -> float | None:
-        return v if v is not None and math.isfinite(v) else None
-
-    return {
-        "count": snap.count,
-        "mean_ms": round(snap.mean_ms, 3) if snap.mean_ms is not None else None,
-        "p50_ms": finite(snap.quantile(0.5)),
-        "p99_ms": finite(snap.quantile(0.99)),
-        "buckets": [
-            {"le_ms": bound if math.isfinite(bound) else None, "count": n}
-            for bound, n in zip((*lateness.BOUNDS, math.inf), snap.buckets, strict=True)
-        ],
-    }
-
-
-def lateness_window_view(
-    store: Store, kind: str, minutes: int = lateness.WINDOW_MINUTES, now_ms: int | None = None
-) -> dict[str, Any]:
-    """:func:`lateness_view` of the ``kind`` histogram over the last ``minutes`` minutes (the
-    per-minute record, :func:`.lateness.read_window`; ``now_ms`` defaults to the server's now):
-    the same shape."""
-    return lateness_view(lateness.read_window(store, store.config.prefix, kind, minutes, now_ms))
-
-
-def beat_view(token: str, raw: Any, now_ms: int) -> dict[str, Any]:
-    """One beat's heartbeat: who, since when, last seen, counters, alive (seen in the last 60 s)."""
-    entry = raw if isinstance(raw, dict) else {}
-    keys = ("host", "pid", "started_ms", "seen_ms", "passes", "published", "dead_lettered", "errors")
-    out: dict[str, Any] = {"token": token, **{k: entry.get(k) for k in keys}}
-    seen = entry.get("seen_ms")
-    seen_ok = isinstance(seen, int | float) and not isinstance(seen, bool)
-    out["alive"] = bool(seen_ok and now_ms - float(seen or 0) <= BEAT_ALIVE_MS)
-    out["seen"] = iso(seen) if seen_ok else None
-    started = entry.get("started_ms")
-    out["started"] = (
-        iso(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
-    )
-    if not isinstance(raw, dict):
-        out["error"] = f"unreadable heartbeat {str(raw)[:60]!r}"
-    return out
-
-
-#: Why a gated job waits, as ``status --json`` counts them (``gated_by``) and ``show --json``
-#: names a job's (``gated_by``), with the words every page and the CLI use for each.
-GATED_BY = {
-    "slot": "waiting for a slot",
-    "paused": "key paused",
-    "batch": "batch not complete",
-    "rate": "deferred by rate",
-}
-
-
-def gated_counts(st: ShardStats) -> dict[str, int]:
-    """A shard's gated jobs by what they wait for (the keys of :data:`GATED_BY`)."""
-    return {"slot": st.gated_slot, "paused": st.gated_paused, "batch": st.gated_batch, "rate": st.gated_rate}
-
-
-def shard_view(st: ShardStats) -> dict[str, Any]:
-    """One shard's counts, oldest overdue and next due job."""
-    return {
-        "shard": st.shard,
-        "waiting": st.waiting,
-        "leased": st.leased,
-        "running": st.running,
-        "gated": st.gated,
-        "gated_by": gated_counts(st),
-        "dead": st.dead,
-        "overdue": st.overdue,
-        "oldest_overdue": iso(st.head_due_ms),
-        "oldest_overdue_ms": st.head_due_ms,
-        "oldest_overdue_id": st.head_id,
-        "next_due": iso(st.next_due_ms),
-        "next_due_ms": st.next_due_ms,
-        "next_due_id": st.next_id,
-        "schedules": st.schedules,
-    }
-
-
-def status_view(store: Store, url: str, window_ms: int = 3_600_000) -> dict[str, Any]:
-    """``delayq status --json``: shards, totals, beats, lateness, and the jobs due in each
-    bucket (:func:`bucket_ms`) of the next ``window_ms``. ``url`` is shown as given: pass it
-    redacted (``config.redact_url``)."""
-    stats = store.shard_stats()
-    now = stats[0].now_ms
-    bucket = bucket_ms(window_ms)
-    buckets = math.ceil(window_ms / bucket) if window_ms else 0
-    counts = store.due_counts(now, bucket, buckets)
-    beats = sorted(
-        (beat_view(token, raw, now) for token, raw in store.beats().items()),
-        key=lambda b: (not b["alive"], -(b["seen_ms"] or 0) if isinstance(b["seen_ms"], int | float) else 0),
-    )
-    late = {kind: lateness_view(stored_lateness(store, kind)) for kind in ("publish", "start")}
-    heads = [st for st in stats if st.head_due_ms is not None]
-    nexts = [st for st in stats if st.next_due_ms is not None]
-    oldest = min(heads, key=lambda st: st.head_due_ms or 0) if heads else None
-    soonest = min(nexts, key=lambda st: st.next_due_ms or 0) if nexts else None
-    totals = {
-        "waiting": sum(st.waiting for st in stats),
-        "leased": sum(st.leased for st in stats),
-        "running": sum(st.running for st in stats),
-        "gated": sum(st.gated for st in stats),
-        "gated_by": {name: sum(gated_counts(st)[name] for st in stats) for name in GATED_BY},
-        "dead": sum(st.dead for st in stats),
-        "overdue": sum(st.overdue for st in stats),
-        "schedules": sum(st.schedules for st in stats),
-        "oldest_overdue": iso(oldest.head_due_ms) if oldest else None,
-        "oldest_overdue_ms": oldest.head_due_ms if oldest else None,
-        "oldest_overdue_id": oldest.head_id if oldest else None,
-        "next_due": iso(soonest.next_due_ms) if soonest else None,
-        "next_due_ms": soonest.next_due_ms if soonest else None,
-        "next_due_id": soonest.next_id if soonest else None,
-    }
-    return {
-        "prefix": store.config.prefix,
-        "url": url,
-        "now": iso(now),
-        "now_ms": now,
-        "shards": [shard_view(st) for st in stats],
-        "totals": totals,
-        "beats": beats,
-        "lateness": late,
-        "due": {"start": iso(now), "bucket_seconds": bucket // 1000, "counts": counts},
-    }

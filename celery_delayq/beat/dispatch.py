@@ -11,7 +11,7 @@ most the batch it held).
 Flow control: before publishing, the gated jobs of a pass go to the gate, all at once
 (:meth:`.publish.Publishing.gate_pass`). A released one is published through kombu, then
 *held* for its worker (``Store.hold``) instead of acked: its key's slot stays taken until the
-worker's :mod:`.slots` gives it back. Parked and deferred ones stay stored, out of the pass.
+worker's :mod:`..flow.slots` gives it back. Parked and deferred ones stay stored, out of the pass.
 
 Between passes the dispatcher sleeps until the earliest due time it knows of,
 on a pub/sub subscription: the enqueue script publishes on the wake channel
@@ -23,9 +23,9 @@ shards are claimed.
 
 Besides delivering, a dispatcher keeps things that cost no Redis call per job
 (:meth:`Dispatcher.chores`, run after a pass and from the sleep): the due -> publish
-lateness of what it published (:class:`.lateness.PublishLateness`), its heartbeat
+lateness of what it published (:class:`..store.lateness.PublishLateness`), its heartbeat
 (:mod:`.heartbeat`), and every ``STALL_SWEEP_EVERY`` s one bounded step of the sweep that
-finds and re-arms stalled schedules (:class:`.schedule_upkeep.StallSweep`), and every
+finds and re-arms stalled schedules (:class:`.upkeep.StallSweep`), and every
 ``BATCH_SWEEP_EVERY`` s the sweep of expired batches (:meth:`.Store.sweep_batches`). Schedule points are
 fired by :mod:`.firing`. The clocks are injected: ``clock`` (monotonic s) and ``wall`` (s).
 """
@@ -333,6 +333,9 @@ class Dispatcher:
                 full = True
                 self._next[result.shard] = None
             claimed.extend((result.shard, job) for job in result.jobs)
+            if result.parked:  # claimed and parked by the claim (lua/includes/gating.lua)
+                self.stats.claimed += result.parked
+                self.stats.gated["parked"] += result.parked
             if result.repaired:
                 self.stats.corrupt["lease"] += result.repaired
                 logger.error(
@@ -399,16 +402,20 @@ class Dispatcher:
         refused for memory (nothing written) is claimed with claim.lua in the same pass, which a
         full Redis runs."""
         space = self.publishing.probe() if self.config.push_on_claim else None
+        # The claim gates the capped jobs it can (lua/includes/gating.lua); it parks those of a
+        # full key unless a result backend can say whether a slot's task ended: then the gate
+        # parks them, naming the slots to look up (Publishing._give_back).
+        gating = self.publishing.ran.backend is None
         if space is None:
-            return [*self.store.claim(shards, self.token, failed=failed)]
+            return [*self.store.claim(shards, self.token, failed=failed, gating=gating)]
         args = [space, self.config.max_payload, GATE_HEADER, BATCH_DONE_HEADER]
         refused: list[tuple[int, Exception]] = []
         results: list[ClaimResult | PushResult] = []
-        results.extend(self.store.push(shards, self.token, args, failed=refused))
+        results.extend(self.store.push(shards, self.token, args, failed=refused, gating=gating))
         full = [shard for shard, exc in refused if redis_error_kind(exc) == "oom"]
         failed.extend(exc for shard, exc in refused if shard not in full)
         if full:
-            results.extend(self.store.claim(full, self.token, failed=failed))
+            results.extend(self.store.claim(full, self.token, failed=failed, gating=gating))
         self._count_pushed(results)
         return results
 

@@ -1,7 +1,7 @@
 """Firing schedule points: a claimed job that is a schedule's point is published per the
 schedule's missed-run policy, then ``lua/fire.lua`` acks it and stores the next point.
 
-The beat's side of :mod:`.schedules`: :func:`plan_point` applies a schedule's missed-run
+The beat's side of :mod:`..schedules.api`: :func:`plan_point` applies a schedule's missed-run
 policy to a point delivered late; :meth:`ScheduleFiring.publish` publishes the points of a
 pass and returns the fire calls; :meth:`ScheduleFiring.settle` runs them once the publishes
 reached the broker.

@@ -13,7 +13,7 @@ A :class:`Publisher` takes one claimed job and answers an :class:`Outcome`. The 
   kombu. (Jobs whose message has a stored template are pushed by ``lua/push.lua`` in the
   script that claims them, with ``delayq_push_on_claim``: see :mod:`.dispatch`.)
 
-Flow control (:mod:`.gate`) comes first: :meth:`Publishing.gate_pass` reads the gated jobs of
+Flow control (:mod:`..flow.gate`) comes first: :meth:`Publishing.gate_pass` reads the gated jobs of
 a pass and asks the gate about them all (``Store.gate``, one script call per shard, one
 pipeline) before any strategy takes a job. A released gated job is published through kombu
 (never ``push_claimed.lua``, which would remove it) and then *held* for its worker
@@ -340,7 +340,7 @@ class Publishing:
             logger.warning("delayq: storing %d message template(s) failed: %s", len(found), error_text(exc))
 
     def claim(self, job: ClaimedJob, envelope: Envelope) -> str | None:
-        """The claim header of ``job``'s message (:mod:`.starts`), or None for a gated job: a
+        """The claim header of ``job``'s message (:mod:`..worker.starts`), or None for a gated job: a
         released one is delivered again by design once its worker died (its slot expired),
         after it started, and the gate keeps it to its one slot."""
         if GATE_HEADER in message_headers(envelope):
@@ -408,6 +408,11 @@ class Publishing:
             if envelope.schedule is not None:
                 continue
             headers = message_headers(envelope)
+            if job.gate_key is not None:  # the claim gave it a slot (lua/includes/gating.lua)
+                self.stats.gated[GateDecision.RELEASED.value] += 1
+                out.released[job.id] = job.gate_key
+                out.envelopes[job.id] = envelope
+                continue
             if GATE_HEADER in headers:
                 gate = Gate.from_header(headers[GATE_HEADER])
                 if gate is not None and job.tries > 1 and self._ran_already(job, gate):
@@ -743,7 +748,7 @@ class KombuPublisher:
         )
 
     def send(self, job: ClaimedJob, envelope: Envelope, kwargs: dict[str, Any]) -> Outcome | None:
-        """Fence, then publish (None: handed to kombu) with the claim's header (:mod:`.starts`:
+        """Fence, then publish (None: handed to kombu) with the claim's header (:mod:`..worker.starts`:
         a copy published after the lease was lost is dropped by the worker)."""
         p = self.publishing
         if not p.fence.check(job.id):

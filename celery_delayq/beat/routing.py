@@ -128,7 +128,7 @@ def send_task(
 ) -> None:
     """Publish one job through Celery's ``send_task_message``, as ``apply_async`` would;
     ``with_eta`` (``delayq_publish_eta``): with its due time as the message's ``eta``;
-    ``claim``: the :data:`~.envelope.CLAIM_HEADER` it carries (see :mod:`.starts`)."""
+    ``claim``: the :data:`~..store.envelope.CLAIM_HEADER` it carries (see :mod:`..worker.starts`)."""
     headers = dict(envelope.headers)
     headers[DUE_HEADER] = due_ms
     if with_eta:

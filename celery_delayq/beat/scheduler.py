@@ -20,7 +20,7 @@ When Redis is unreachable the tick logs one line and backs off (0.5 s,
 doubling to 10 s) instead of crashing the beat; claimed jobs it could not ack
 are delivered again after their lease. The line says which kind of Redis error it was
 (unreachable, out of memory, a script or command error, NOSCRIPT; see
-:func:`.store.redis_error_kind`), and ``delayq_redis_errors_total{kind=...}`` counts them.
+:func:`..store.facade.redis_error_kind`), and ``delayq_redis_errors_total{kind=...}`` counts them.
 
 With ``delayq_metrics_port`` set, the beat serves Prometheus metrics on
 ``http://<delayq_metrics_addr>:<port>/metrics`` (see :mod:`.metrics`); a port that cannot

@@ -2,7 +2,7 @@
 entries at a beat's start, and :class:`StallSweep` re-arms the schedules no beat would fire
 again (every beat runs one step of it every few seconds, ``Dispatcher.chores``).
 
-Both go through :class:`~.schedules.Schedules` and its store, as the API does.
+Both go through :class:`~..schedules.api.Schedules` and its store, as the API does.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class StallSweep:
     the schedule definitions at a time; every beat runs one (``Dispatcher.chores``).
 
     A schedule stalls when its current point is gone while the schedule waits for it: a job
-    stored under the point's id took its place (which :func:`~.keys.is_point_id` now refuses),
+    stored under the point's id took its place (which :func:`~..store.keys.is_point_id` now refuses),
     or a point that was dead-lettered could not be re-armed. Each :meth:`step` reads at most
     one ``HSCAN`` page (``page`` names) per shard, at most one lap of the shards, continuing
     where the last step stopped, with the run states of the names found (``HMGET``); only a

@@ -18,11 +18,11 @@ the message of the first such job is built by :func:`wire_message` with placehol
 values, its body as text (no ``body_encoding``: kombu's Redis transport reads such a
 body as it is), and cut into a template at the placeholders. The same template serves
 both ways of filling it: ``lua/push.lua`` joins it with the JSON-escaped pieces the
-envelope already holds (encoded once, at enqueue: :mod:`.envelope`), and
+envelope already holds (encoded once, at enqueue: :mod:`..store.envelope`), and
 :meth:`WireTemplates.build` does the same here for ``lua/push_claimed.lua``. Anything unusual
 (an expiry, a schedule point, a binary body, an exchange to route through) goes the
 reference way.
-:func:`~.envelope.template_fields` cuts an envelope into a job's values and its shape: this
+:func:`~..store.envelope.template_fields` cuts an envelope into a job's values and its shape: this
 module does not read the envelope format itself.
 """
 
@@ -202,7 +202,7 @@ class WireTemplates:
     A template is the message of its shape cut at the job's own values, each a hole between two
     literals: 0 the id, 1 the argsrepr, 2 the kwargsrepr, 3 the body, 4 the due time (ms), 5 the
     delivery tag, 6 the eta. Holes 0-3 and 5 lie between the quotes of a JSON string: what fills
-    them is already JSON-escaped text (the envelope keeps it so: :mod:`.envelope`), and the body
+    them is already JSON-escaped text (the envelope keeps it so: :mod:`..store.envelope`), and the body
     is sent as text (no ``body_encoding``). ``args_for(producer, envelope, due_ms)`` gives the
     ``Producer.publish`` keyword arguments Celery would use (the dispatcher's routing); it is
     called once per shape.

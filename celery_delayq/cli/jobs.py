@@ -12,7 +12,8 @@ import click
 from rich.text import Text
 
 from ..admin.jobs import CANCELLED, DELIVERING, MOVED
-from ..admin.views import JOB_STATES, JobFilter, cancel_result, job_detail, job_view, jobs_page, move_result
+from ..admin.listing import JobFilter, jobs_page
+from ..admin.views import JOB_STATES, cancel_result, job_detail, job_view, move_result
 from .base import Session, json_option, report, session
 from .errors import CliError, usage
 from .render import call_text, kv_table, listing, plain_row, relative

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from ..admin.views import BEAT_ALIVE_MS, GATED_BY, status_view, stored_lateness
+from ..admin.status import BEAT_ALIVE_MS, GATED_BY, status_view, stored_lateness
 from ..store import lateness
 from .base import Session, json_option, session
 from .errors import usage

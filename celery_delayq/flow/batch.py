@@ -9,7 +9,7 @@ in one pipeline. Member number ``i`` is stored under ``{batch:<id>}:<i>``
 at most ``concurrency_limit`` of them at once, and the worker counts each one that ends.
 
 Members are grouped by task and options, so the message of a group is planned once and
-each member only adds its id and arguments (:func:`~.build.build_envelopes`).
+each member only adds its id and arguments (:func:`~..producer.build.build_envelopes`).
 
 >>> check_batch_id("b-2026-11-24"), member_id("b-2026-11-24", 0)
 ('b-2026-11-24', '{batch:b-2026-11-24}:0')

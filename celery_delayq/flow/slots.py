@@ -19,7 +19,7 @@ process that runs the task, with every pool). This module's receivers:
   other -> "failed" (in a prefork child whose task was terminated by
   ``revoke(terminate=True)`` the state is None); the job is forgotten.
 - A retry: the retry message carries the request's headers, gate header included. A
-  ``DelayedTask`` (:class:`~.task.DelayQTaskMixin`) sends it through delayq, stored again and
+  ``DelayedTask`` (:class:`~..producer.task.DelayQTaskMixin`) sends it through delayq, stored again and
   gated again at its due time: its slot is given back as "retry". Any other task (a batch
   member may be a plain task) sends it straight to the broker, outside the gate: its slot is
   kept and renewed by this process until the retried run ends and gives it back (or until a
@@ -34,9 +34,10 @@ A release the worker cannot make (Redis unreachable) is logged, never raised int
 the slot then comes back when it expires (``delayq_slot_ttl`` after the last renewal), and
 so does the slot of a worker that dies mid-task, whose job is then delivered again.
 
-The receivers are connected when :mod:`celery_delayq` is imported (an app using
-``DelayedTask`` does); a worker whose app never imports it can call :func:`install`. The
-store is the one of the app the task belongs to (``get_store(task.app)``).
+The receivers are connected per app, by the worker bootstep that :func:`celery_delayq.install`
+adds to the app (a ``DelayedTask`` bound to the app adds it), or by :func:`install` here; each
+acts on the tasks of its app only, so an app without delayq in the same process gets none.
+The store is the one of the app the task belongs to (``get_store(task.app)``).
 
 >>> from celery import Celery
 >>> app = Celery(broker="redis://127.0.0.1:6390/0", set_as_current=False)
@@ -44,6 +45,7 @@ store is the one of the app the task belongs to (``get_store(task.app)``).
 >>> keeper = install(app)
 >>> keeper.every
 1.0
+>>> disconnect(app)
 >>> outcome_of("SUCCESS"), outcome_of("RETRY"), outcome_of("FAILURE"), outcome_of(None)
 ('succeeded', 'retry', 'failed', 'failed')
 """
@@ -53,9 +55,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
+from celery import bootsteps
 from celery.signals import (
     task_postrun,
     task_prerun,
@@ -69,11 +73,12 @@ from ..producer.task import DelayQTaskMixin
 from ..store.facade import get_store
 from .gate import GATE_HEADER, Gate, batch_of
 
-__all__ = ["SlotKeeper", "install", "keeper_for", "outcome_of"]
+__all__ = ["SlotKeeper", "SlotReceivers", "connect", "disconnect", "install", "keeper_for", "outcome_of"]
 
 logger = logging.getLogger(__name__)
 
 _keepers: weakref.WeakKeyDictionary[Any, SlotKeeper] = weakref.WeakKeyDictionary()  # app -> keeper
+_connected: weakref.WeakSet[Any] = weakref.WeakSet()  # apps whose receivers are connected
 _lock = threading.Lock()
 
 
@@ -100,6 +105,11 @@ class SlotKeeper:
         self._pid = -1  # the process whose renewal thread runs
         self._stop = threading.Event()
         self._failing = False
+        #: take-overs ("take", id, key) and releases ("release", id, key, outcome, batch) the
+        #: task signals queued for this process' thread to send (:meth:`send`)
+        self._outbox: list[tuple[Any, ...]] = []
+        self._kick = threading.Event()
+        self._sending = threading.Lock()
 
     # -- the task's life ------------------------------------------------------------------------
 
@@ -151,6 +161,76 @@ class SlotKeeper:
             return False
         return bool(result.released)
 
+    # -- the task's life, off the task's path ---------------------------------------------------
+
+    def start_soon(self, job_id: str, header: Any) -> bool:
+        """:meth:`started`, with the take-over queued for this process' thread (:meth:`send`)
+        instead of sent from the task's thread: the task does not wait for Redis."""
+        gate = Gate.from_header(header)
+        if gate is None:
+            return False
+        if self._pid != os.getpid():
+            self._start_renewer()
+        with self._lock:
+            self.running[job_id] = (gate.key, gate.batch or batch_of(job_id))
+            self._outbox.append(("take", job_id, gate.key))
+        self._kick.set()
+        return True
+
+    def finish_soon(self, job_id: str, header: Any, outcome: str) -> bool:
+        """:meth:`finished`, with the release queued for this process' thread (:meth:`send`);
+        False when the header does not read (nothing to give back)."""
+        with self._lock:
+            known = self.running.pop(job_id, None)
+        if known is None:
+            gate = Gate.from_header(header)
+            if gate is None:
+                return False
+            known = (gate.key, gate.batch or batch_of(job_id))
+        if self._pid != os.getpid():
+            self._start_renewer()
+        with self._lock:
+            self._outbox.append(("release", job_id, known[0], outcome, known[1]))
+        self._kick.set()
+        return True
+
+    def send(self) -> int:
+        """Send what :meth:`start_soon` and :meth:`finish_soon` queued, in one round trip
+        (``Store.slot_updates``): a take-over whose release is queued too is left out (the
+        release gives the slot back). When it returns, everything queued before the call was
+        sent. How many calls were sent. Never raises: an error is logged, and a slot not given
+        back comes back when it expires, as with :meth:`finished`."""
+        with self._sending:
+            with self._lock:
+                queued, self._outbox = self._outbox, []
+            if not queued:
+                return 0
+            ending = {item[1] for item in queued if item[0] == "release"}
+            takes = [(item[1], item[2]) for item in queued if item[0] == "take" and item[1] not in ending]
+            releases = [(item[1], item[2], item[3], item[4]) for item in queued if item[0] == "release"]
+            try:
+                _, results = get_store(self.app).slot_updates(takes, int(self.ttl * 1000), releases)
+            except Exception as exc:
+                logger.warning(
+                    "delayq: cannot take over or give back the slots of %d task(s) in Redis: %r; a "
+                    "slot not given back comes back when it expires (delayq_slot_ttl, %.0f s)",
+                    len(takes) + len(releases),
+                    exc,
+                    self.ttl,
+                )
+                return 0
+            for (job_id, key, _, _), result in zip(releases, results, strict=True):
+                if isinstance(result, Exception):
+                    logger.warning(
+                        "delayq: cannot give back the slot of %s (key %r) in Redis: %r; it comes back "
+                        "when it expires (delayq_slot_ttl, %.0f s)",
+                        job_id,
+                        key,
+                        result,
+                        self.ttl,
+                    )
+            return len(takes) + len(releases)
+
     def retrying(self, job_id: str, header: Any) -> None:
         """A gated task's run ended in a retry that Celery sent straight to the broker: keep
         renewing its slot here until the retried run gives it back."""
@@ -168,16 +248,28 @@ class SlotKeeper:
             pid = os.getpid()
             if self._pid == pid:
                 return
-            if self._pid != -1:
+            if self._pid != -1:  # a forked child: what the parent had queued is the parent's
                 self.running = {}
+                self._outbox = []
+                self._kick = threading.Event()
+                self._sending = threading.Lock()
             self._pid = pid
             self._stop = threading.Event()
             thread = threading.Thread(target=self._run, args=(self._stop,), name="delayq-slots", daemon=True)
             thread.start()
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.every):
-            self.renew()
+        """This process' thread: sends what the task signals queue as soon as they queue it,
+        and renews the running slots every :attr:`every` s."""
+        renew_at = time.monotonic() + self.every
+        while not stop.is_set():
+            self._kick.wait(max(0.0, renew_at - time.monotonic()))
+            self._kick.clear()
+            self.send()
+            if time.monotonic() >= renew_at:
+                self.renew()
+                renew_at = time.monotonic() + self.every
+        self.send()
 
     def renew(self) -> int:
         """Renew the slots of this process' running gated tasks (one pipeline); how many Redis
@@ -210,14 +302,18 @@ class SlotKeeper:
         return len(renewed) - len(gone)
 
     def stop(self) -> None:
-        """Stop this process' renewal thread."""
+        """Stop this process' renewal thread, after sending what is queued."""
         self._stop.set()
+        self._kick.set()
+        self.send()
 
 
 def install(app: Any) -> SlotKeeper:
-    """Keep the slots of ``app``'s gated tasks that this worker runs (the receivers are
-    connected on import; this makes the keeper now); the same keeper when called again."""
-    _connect()
+    """Keep the slots of ``app``'s gated tasks that this process runs: connects this module's
+    receivers for ``app``'s tasks (:func:`connect`) and makes the keeper now; the same keeper
+    when called again. A worker of an app with delayq's bootstep
+    (:func:`celery_delayq.install`) does it at its start."""
+    connect(app)
     return _keeper(app)
 
 
@@ -255,7 +351,7 @@ def _on_prerun(sender: Any = None, task_id: Any = None, task: Any = None, **_: A
     task, request, header = gated
     try:
         job_id = task_id or request.id
-        if not _keeper(task.app).started(job_id, header):
+        if not _keeper(task.app).start_soon(job_id, header):
             logger.warning(
                 "delayq: task %s carries a %s header that does not read; it holds no slot",
                 job_id,
@@ -277,7 +373,7 @@ def _on_postrun(
         if outcome == "retry" and not isinstance(task, DelayQTaskMixin):
             keeper.retrying(job_id, header)
         else:
-            keeper.finished(job_id, header, outcome)
+            keeper.finish_soon(job_id, header, outcome)
     except Exception:
         logger.warning("delayq: the slot of task %s is not given back", task_id, exc_info=True)
 
@@ -287,7 +383,7 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     if header is None:
         return
     try:
-        _keeper(sender.app).finished(request.id, header, "failed")
+        _keeper(sender.app).finish_soon(request.id, header, "failed")
     except Exception:
         logger.warning(
             "delayq: the slot of revoked task %s is not given back",
@@ -296,17 +392,66 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         )
 
 
-def _on_shutdown(**_: Any) -> None:
-    for keeper in list(_keepers.values()):
+def _stop(app: Any) -> None:
+    keeper = _keepers.get(app)
+    if keeper is not None:
         keeper.stop()
 
 
-def _connect() -> None:
-    task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    task_postrun.connect(_on_postrun, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    task_revoked.connect(_on_revoked, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    worker_process_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="celery_delayq.flow.slots")
-    worker_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="celery_delayq.flow.slots")
+def _of(app: Any, task: Any) -> bool:
+    return getattr(task, "app", None) is app
 
 
-_connect()
+def connect(app: Any) -> None:
+    """Connect the receivers of ``app``'s gated tasks (once per app): each acts on a task of
+    ``app`` only, so another app's tasks in the same process meet no delayq code."""
+    uid = f"celery_delayq.flow.slots:{id(app)}"
+    with _lock:
+        if app in _connected:
+            return
+        _connected.add(app)
+
+    def prerun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
+        if _of(app, task or sender):
+            _on_prerun(sender=sender, task=task, **kwargs)
+
+    def postrun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
+        if _of(app, task or sender):
+            _on_postrun(sender=sender, task=task, **kwargs)
+
+    def revoked(sender: Any = None, **kwargs: Any) -> None:
+        if _of(app, sender):
+            _on_revoked(sender=sender, **kwargs)
+
+    def shutdown(**_: Any) -> None:
+        _stop(app)
+
+    task_prerun.connect(prerun, weak=False, dispatch_uid=uid)
+    task_postrun.connect(postrun, weak=False, dispatch_uid=uid)
+    task_revoked.connect(revoked, weak=False, dispatch_uid=uid)
+    worker_process_shutdown.connect(shutdown, weak=False, dispatch_uid=uid)
+    worker_shutdown.connect(shutdown, weak=False, dispatch_uid=uid)
+
+
+def disconnect(app: Any) -> None:
+    """Undo :func:`connect` (and stop the app's keeper in this process)."""
+    uid = f"celery_delayq.flow.slots:{id(app)}"
+    with _lock:
+        if app not in _connected:
+            return
+        _connected.discard(app)
+    for signal in (task_prerun, task_postrun, task_revoked, worker_process_shutdown, worker_shutdown):
+        signal.disconnect(dispatch_uid=uid)
+    _stop(app)
+
+
+class SlotReceivers(bootsteps.Step):  # type: ignore[misc]
+    """Worker bootstep of an app with delayq (:func:`celery_delayq.install` adds it): connects
+    the slot receivers of the app's tasks (:func:`connect`) when the worker is built, before a
+    prefork pool forks (the children inherit them)."""
+
+    name = "celery_delayq.flow.slots.SlotReceivers"
+
+    def __init__(self, w: Any, **kwargs: Any) -> None:
+        super().__init__(w, **kwargs)
+        connect(w.app)

@@ -5,7 +5,7 @@ one set of options) do what ``Task.apply_async`` and ``Celery.send_task`` do bef
 publish: argument check against the task's signature, the task's execution options, the
 router (queue, exchange, routing key, priority), the protocol-2 headers and the body,
 serialized with the task's serializer (the option handling is :mod:`.options`'). What
-``apply_async`` would have published is stored (:mod:`.envelope` writes it), less the
+``apply_async`` would have published is stored (:mod:`..store.envelope` writes it), less the
 ``eta`` (the worker must run it at once) and with ``expires`` made absolute.
 
 Building many jobs goes through a *plan*: everything that depends only on the task and
@@ -32,6 +32,7 @@ from celery.utils.saferepr import saferepr
 from kombu.exceptions import EncodeError
 from kombu.serialization import dumps, registry
 
+from ..config import extension
 from ..due import MAX_DUE_MS, ms_to_datetime
 from ..exceptions import InvalidOptions, SerializationError
 from ..store.envelope import (
@@ -218,12 +219,9 @@ _CONTAINERS = (dict, list, tuple)
 
 @dataclass(eq=False)
 class _AppState:
-    """What delayq keeps per app between calls, valid while the app's settings are unchanged."""
+    """What delayq keeps per app between calls, in the app's extension
+    (:func:`~celery_delayq.config.extension`), made anew with it when the app's settings change."""
 
-    conf: Any
-    changes: Any
-    snapshot: dict[str, Any] | None
-    maps: int
     always_eager: bool
     json_codec: Any
     json_encoder: Any
@@ -231,44 +229,28 @@ class _AppState:
 
 
 def app_state(app: Any) -> _AppState:
-    """The app's :class:`_AppState`, made anew when a setting changed since it was made.
+    """The app's :class:`_AppState`: its extension's (:func:`~celery_delayq.config.extension`)."""
+    ext = extension(app)
+    state: _AppState | None = ext.parts.get("state")
+    if state is None:
+        state = ext.part("state", lambda: _new_state(app))
+    if not _state_is_current(state):  # kombu's JSON codec was replaced
+        state = ext.parts["state"] = _new_state(app)
+    return state
 
-    Every setting write (``app.conf.x = ...``, ``conf.update``) lands in
-    ``conf.changes``; comparing it with a shallow copy is a C loop of identity
-    checks, far cheaper than reading the settings again.
-    """
-    conf = app.conf
-    state: _AppState | None = app.__dict__.get("_delayq_state")
-    changes = getattr(conf, "changes", None)
+
+def _state_is_current(state: _AppState) -> bool:
+    """Whether kombu's JSON codec is still the one ``state`` was made with."""
+    return state.json_codec is getattr(registry, "_encoders", {}).get("json")
+
+
+def _new_state(app: Any) -> _AppState:
     codec = getattr(registry, "_encoders", {}).get("json")
-    if (
-        state is not None
-        and state.conf is conf
-        and state.changes is changes
-        and state.snapshot is not None
-        and state.json_codec is codec
-    ):
-        try:
-            if changes == state.snapshot and len(conf.maps) == state.maps:
-                return state
-        except Exception:  # a setting that cannot be compared: read everything again
-            pass
-    try:
-        snapshot = dict(changes) if isinstance(changes, dict) else None
-        maps = len(conf.maps)
-    except Exception:
-        snapshot, maps = None, 0
-    state = _AppState(
-        conf=conf,
-        changes=changes,
-        snapshot=snapshot,
-        maps=maps,
-        always_eager=bool(conf.task_always_eager),
+    return _AppState(
+        always_eager=bool(app.conf.task_always_eager),
         json_codec=codec,
         json_encoder=_stock_json_encoder(codec),
     )
-    app.__dict__["_delayq_state"] = state
-    return state
 
 
 def _stock_json_encoder(codec: Any) -> Any:

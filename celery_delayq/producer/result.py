@@ -10,6 +10,7 @@ from celery.result import AsyncResult
 from vine import promise
 
 from ..admin.jobs import DelayQ
+from ..config import extension
 from ..due import due_ms_from_eta, ms_to_datetime
 
 __all__ = ["ScheduledResult"]
@@ -89,7 +90,7 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
 
     @classmethod
     def _shared_attributes(cls, backend: Any, task_name: str, app: Any) -> dict[str, Any] | None:
-        kept: dict[Any, tuple[Any, dict[str, Any] | None]] = app.__dict__.setdefault("_delayq_results", {})
+        kept: dict[Any, tuple[Any, dict[str, Any] | None]] = extension(app).part("results", dict)
         key = (cls, id(backend))
         entry = kept.get(key)
         if entry is not None and entry[0] is backend:

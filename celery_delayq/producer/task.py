@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from ..config import DelayQConfig
+from ..config import DelayQConfig, install
 from ..due import (
     celery_expires,
     celery_naive_as_utc,
@@ -50,10 +50,14 @@ def scheduled_results(
     app: Any, task_name: str, ids: list[str], statuses: list[tuple[EnqueueOutcome, int]]
 ) -> list[ScheduledResult]:
     """The results of jobs ``ids`` of ``task_name`` from ``Store.enqueue``'s ``(outcome, due ms)``."""
-    done = [
-        (task_id, ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)
-        for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
-    ]
+    if len(ids) == 1 and len(statuses) == 1:  # apply_at, apply_in: no comprehension
+        ((status, stored_due),) = statuses
+        done = [(ids[0], ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)]
+    else:
+        done = [
+            (task_id, ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)
+            for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
+        ]
     return ScheduledResult.many(done, app.backend, task_name, app)
 
 
@@ -80,7 +84,7 @@ def retry_store_id(task_id: Any, options: dict[str, Any]) -> str | None:
 
 def take_gate(app: Any, options: MutableMapping[str, Any], *, ask_store: bool = True) -> Gate | None:
     """Take the gate options (``concurrency_key``, ``concurrency_limit``, ``rate_limit_key``,
-    ``rate_limit``) out of ``options`` and check them (:func:`~.gate.pop_gate`); None when the
+    ``rate_limit``) out of ``options`` and check them (:func:`~..flow.gate.pop_gate`); None when the
     job is not gated.
 
     A ``concurrency_key`` without a ``concurrency_limit`` counts against the limit set for the
@@ -114,7 +118,7 @@ def carried_gate(options: Mapping[str, Any]) -> Gate | None:
 
 def gate_ids(gate: Gate, given_id: Any, count: int, options: dict[str, Any]) -> list[str]:
     """The ids of ``count`` jobs of ``gate`` (its key's tag, then a new uuid; a ``given_id``
-    must begin with the tag: :func:`~.gate.gated_id`), and its header added to ``options``'
+    must begin with the tag: :func:`~..flow.gate.gated_id`), and its header added to ``options``'
     ``headers`` (a header value that is not a mapping is left for the option check to refuse)."""
     if given_id is not None:
         ids = [gated_id(gate.key, given_id)] * count
@@ -131,6 +135,16 @@ class DelayQTaskMixin:
     """The scheduling methods; mix into your own Task base: ``class Base(DelayQTaskMixin, MyTask)``."""
 
     name: str
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Celery's hook when the task is bound to ``app``: attach delayq's worker side to
+        the app (:func:`celery_delayq.install`), so that a worker of the app gives gated
+        tasks' slots back, records lateness and checks starts."""
+        install(app)
+        parent = getattr(super(), "on_bound", None)
+        if parent is not None:
+            parent(app)
 
     def _delayq_app(self) -> Any:
         return self._get_app()  # type: ignore[attr-defined]

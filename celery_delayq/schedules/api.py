@@ -18,11 +18,11 @@ than ``grace`` seconds late:
 * ``"all"``: run every missed point, at most ``max_missed`` of them (the most
   recent ones), then continue.
 
-A schedule is defined by a :class:`~.schedule_spec.ScheduleSpec`, a frozen value checked when
-it is built (:mod:`.schedule_spec`); :class:`Schedules` stores and manages them through
+A schedule is defined by a :class:`~.spec.ScheduleSpec`, a frozen value checked when
+it is built (:mod:`.spec`); :class:`Schedules` stores and manages them through
 :class:`~celery_delayq.store.facade.Store`. The beat's side lives elsewhere: firing points per the
-policy in :mod:`.firing`, the ``beat_schedule`` sync and the stall sweep in
-:mod:`.schedule_upkeep`.
+policy in :mod:`..beat.firing`, the ``beat_schedule`` sync and the stall sweep in
+:mod:`..beat.upkeep`.
 
 >>> from celery import Celery
 >>> schedules = Schedules(Celery(broker="redis://127.0.0.1:6390/0"))

@@ -2,8 +2,8 @@
 stored form (the definition in the shard's ``schedules`` hash, JSON), and the stored
 :class:`Schedule` read back with its run history.
 
-Nothing here talks to Redis: :class:`~.schedules.Schedules` stores specs, the beat reads
-definitions (:mod:`.firing`, :mod:`.schedule_upkeep`).
+Nothing here talks to Redis: :class:`~.api.Schedules` stores specs, the beat reads
+definitions (:mod:`..beat.firing`, :mod:`..beat.upkeep`).
 
 >>> spec = ScheduleSpec(name="report", task="proj.report", rule=3600)
 >>> spec.tz is None, spec.enabled, spec.max_missed
@@ -26,7 +26,7 @@ from .rules import CronRule, Rule, parse_rule, rule_from_json, zone
 
 __all__ = ["MISSED_POLICIES", "Schedule", "ScheduleSpec"]
 
-#: The missed-run policies (see :mod:`.schedules`).
+#: The missed-run policies (see :mod:`.api`).
 MISSED_POLICIES = ("once", "skip", "all")
 #: The version of the stored definition (its ``v``).
 DEFINITION_VERSION = 1
@@ -53,7 +53,7 @@ def _grace_ok(grace: Any) -> bool:
 
 
 def read_definition(raw: Any, name: str) -> dict[str, Any]:
-    """A stored schedule definition decoded (bounded, see :mod:`.bounded`), or
+    """A stored schedule definition decoded (bounded, see :mod:`..store.bounded`), or
     :class:`CorruptData` saying why it does not read."""
     data: dict[str, Any] = load_json(raw, f"definition of schedule {name!r}")
     return data

@@ -5,7 +5,7 @@ operator with write access to the prefix, a buggy migration, a half-applied rest
 every decode of stored data (envelopes, leases, schedule definitions and run states,
 heartbeats, dead-letter records) goes through :func:`load_json` (or, for a lease entry,
 :func:`~.lua_formats.parse_lease`),
-which refuse what does not read with :class:`~.exceptions.CorruptData` (a ``ValueError``)
+which refuse what does not read with :class:`~..exceptions.CorruptData` (a ``ValueError``)
 and a reason, instead of letting a ``RecursionError``, a ``KeyError`` or an
 ``AttributeError`` end the beat.
 

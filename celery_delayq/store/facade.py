@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -36,7 +37,7 @@ from typing import Any, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
-from ..config import DelayQConfig
+from ..config import DelayQConfig, extension
 from ..exceptions import CorruptData, InvalidInput, ReservedTaskId, StoreError, StoreFull, UnsupportedServer
 from ..flow.gate import (
     BATCH_DONE_HEADER,
@@ -250,6 +251,9 @@ class ClaimedJob:
     envelope: str
     due_ms: int
     tries: int
+    #: the gate key of a capped job the claim gave a slot itself (``lua/includes/gating.lua``):
+    #: publish it and hold it, without asking the gate; None for any other job
+    gate_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,8 @@ class ClaimResult:
     lateness: list[tuple[int, int]] = field(default_factory=list)
     used: list[tuple[str, str, int]] = field(default_factory=list)
     misses: dict[str, str] = field(default_factory=dict)
+    #: due capped jobs the claim parked itself (``lua/includes/gating.lua``): not in ``jobs``
+    parked: int = 0
 
 
 @dataclass(frozen=True)
@@ -288,6 +294,8 @@ class PushResult:
     used: list[tuple[str, str, int]]
     #: job id -> the templates-hash field to fill for that job's shape
     misses: dict[str, str]
+    #: due capped jobs the call parked itself (``lua/includes/gating.lua``): not in ``jobs``
+    parked: int = 0
 
 
 #: Most templates a shard's ``wire`` hash takes (one per job shape and beat settings): past it,
@@ -371,7 +379,7 @@ class ShardStats:
         return max(self.entries - self.running - self.gated, 0)
 
 
-#: The state of a job by its lease token, for the tokens of flow control (:mod:`.gate`).
+#: The state of a job by its lease token, for the tokens of flow control (:mod:`..flow.gate`).
 _GATE_STATES = {GATE_TOKEN: "gated", RUN_TOKEN: "running"}
 
 
@@ -493,6 +501,12 @@ def _int_or(raw: Any, default: int = 0) -> int:
         return default
 
 
+def _gated_reply(raw: Sequence[Any]) -> tuple[int, dict[str, str]]:
+    """``(parked, {id: key})`` of the gating part of a claim or push reply: ``{parked, id, key,
+    ...}`` (``gate_claimed`` in ``lua/includes/gating.lua``)."""
+    return int(raw[0]), {str(raw[i]): str(raw[i + 1]) for i in range(1, len(raw) - 1, 2)}
+
+
 def refuse_point_id(job_id: str) -> None:
     """Raise :class:`ReservedTaskId` when ``job_id`` is a schedule's point id (``is_point_id``).
 
@@ -525,10 +539,18 @@ def refused_when_full(refused: str, not_stored: Sequence[str] = ()) -> Iterator[
     try:
         yield
     except REDIS_ERRORS as exc:
-        if is_oom(exc):
-            ids = list(not_stored)
-            raise StoreFull([], ids, list(range(len(ids))), refused) from exc
+        full = _full_error(exc, refused, not_stored)
+        if full is not None:
+            raise full from exc
         raise
+
+
+def _full_error(exc: BaseException, refused: str, not_stored: Sequence[str]) -> StoreFull | None:
+    """The :class:`StoreFull` that :func:`refused_when_full` raises for ``exc``, or None."""
+    if not is_oom(exc):
+        return None
+    ids = list(not_stored)
+    return StoreFull([], ids, list(range(len(ids))), refused)
 
 
 def _raise_store_full(
@@ -599,12 +621,15 @@ class Store:
 
     @classmethod
     def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
-        """The app's store (one per app and process, kept on the app; redis-py pools are
-        fork-safe). ``connect_timeout`` applies when this call makes it (the CLI's)."""
-        store = app.__dict__.get("_delayq_store")
-        if not isinstance(store, Store):
-            store = cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
-            app.__dict__["_delayq_store"] = store
+        """The app's store (one per app and process, kept by the app's extension,
+        :func:`~celery_delayq.config.extension`; redis-py pools are fork-safe).
+        ``connect_timeout`` applies when this call makes it (the CLI's)."""
+        ext = extension(app)
+        store: Store | None = ext.parts.get("store")
+        if store is None:
+            store = ext.part(
+                "store", lambda: cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
+            )
         return store
 
     @property
@@ -621,8 +646,9 @@ class Store:
     ) -> Any:
         """Run one producer-side script (it stores or removes a job, a schedule, a batch or a
         limit); with ``delayq_wait_replicas``, only return once that many replicas have it
-        (``WAIT``). Refused by a full Redis: :class:`StoreFull` (:func:`refused_when_full`)."""
-        with refused_when_full(refused, not_stored):
+        (``WAIT``). Refused by a full Redis: :class:`StoreFull` (:func:`refused_when_full`, written
+        out: this is every producer call's path, and the generator costs a few µs a call)."""
+        try:
             if self.config.wait_replicas:
                 call = ScriptCall(script, keys, args)
                 return run_replicated(self.client, [call], self.config.wait_replicas)[0]
@@ -630,6 +656,11 @@ class Store:
             if direct is not None and direct.client is self.client:
                 return direct.call(script, keys, args)
             return script(self.client, keys, args)
+        except REDIS_ERRORS as exc:
+            full = _full_error(exc, refused, not_stored)
+            if full is not None:
+                raise full from exc
+            raise
 
     def _write_outcome(
         self, script: str, table: Sequence[_Code], keys: Sequence[str], args: Sequence[Any], refused: str
@@ -660,14 +691,14 @@ class Store:
             refuse_point_id(job_id)
             shard = self.keys.shard_of(job_id)
             keys = self.keys.shard(shard)
+            due_ms = int(due_ms)
             one: list[Any] = [mode, channel, shard, clock]
-            _shaped(one, [(job_id, int(due_ms), stored_form(job_id, envelope))])
-            now, status, due = self._write(
-                SCRIPTS["enqueue"], [*keys.core, keys.shapes], one, "", not_stored=[job_id]
-            )
-            self._saw_server_time(int(now))
+            _shaped(one, [(job_id, due_ms, stored_form(job_id, envelope))])
+            now, status, due = self._write(SCRIPTS["enqueue"], keys.with_shapes, one, "", (job_id,))
+            now = int(now)
+            self._saw_server_time(now)
             if not relative:
-                self._check_past(int(now), [(job_id, int(due_ms))])
+                self._check_past(now, [(job_id, due_ms)])
             return [(_decode("enqueue", _ENQUEUE, status), int(due))]
         by_shard: dict[int, list[int]] = defaultdict(list)
         shards, crc32 = self.keys.shards, zlib.crc32
@@ -683,7 +714,7 @@ class Store:
         owners: list[list[int]] = []
         for shard, positions in by_shard.items():
             shard_keys = self.keys.shard(shard)
-            enqueue_keys = [*shard_keys.core, shard_keys.shapes]
+            enqueue_keys = shard_keys.with_shapes
             for start in range(0, len(positions), ENQUEUE_CHUNK):
                 chunk = positions[start : start + ENQUEUE_CHUNK]
                 args: list[Any] = [mode, channel, shard, clock]
@@ -739,7 +770,7 @@ class Store:
         limit = self.config.past_warning
         if limit is None or self._warned_past or not jobs:
             return
-        job_id, due_ms = min(jobs, key=lambda job: job[1])
+        job_id, due_ms = jobs[0] if len(jobs) == 1 else min(jobs, key=lambda job: job[1])
         behind = (server_ms - due_ms) / 1000.0
         if behind <= limit:
             return
@@ -764,18 +795,27 @@ class Store:
         token: str,
         batch: int | None = None,
         failed: list[Exception] | None = None,
+        gating: bool | None = None,
     ) -> list[ClaimResult]:
         """Lease up to ``batch`` due jobs from each of ``shards`` (one round trip).
 
         With ``failed`` (a list), a shard whose claim failed (its cluster node is down) is
         left out of the results and its error appended, instead of raising: the jobs the
         other shards leased are returned, to be published now rather than after their lease.
+
+        With ``gating`` (True or False), the claim gates the due capped jobs it can
+        (``lua/includes/gating.lua``): a job it gave a slot comes back with its ``gate_key``,
+        one it parked does not come back (counted in ``parked``); ``gating`` says whether it may
+        park (False: a job of a full key comes back, for the gate to park). None: no gating.
         """
         shard_list = list(shards)
         batch = batch or self.config.batch_size
         ttl_ms = int(self.config.reclaim_ttl * 1000)
         calls = [
-            ScriptCall(SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms]) for s in shard_list
+            ScriptCall(
+                SCRIPTS["claim"], self.keys.shard(s).core, [token, batch, ttl_ms, *self._gating(s, gating)]
+            )
+            for s in shard_list
         ]
         results: list[ClaimResult] = []
         raws = run_pipelined(self.client, calls, raise_errors=failed is None)
@@ -784,11 +824,24 @@ class Store:
                 assert failed is not None
                 failed.append(raw)
                 continue
-            jobs = self._claimed(raw, 3)
             next_ms = int(raw[1])
             next_due = None if next_ms < 0 else next_ms
-            results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2])))
+            if gating is None:
+                results.append(ClaimResult(shard, int(raw[0]), next_due, self._claimed(raw, 3), int(raw[2])))
+                continue
+            parked, released = _gated_reply(raw[3])
+            jobs = self._claimed(raw, 4, released)
+            results.append(ClaimResult(shard, int(raw[0]), next_due, jobs, int(raw[2]), parked=parked))
         return results
+
+    def _gating(self, shard: int, gating: bool | None) -> list[Any]:
+        """The gating arguments of a claim or push call on ``shard`` (``gating_args`` in
+        ``lua/includes/gating.lua``): none when ``gating`` is None."""
+        if gating is None:
+            return []
+        ttl_ms = int(self.config.slot_ttl * 1000)
+        park = "1" if gating else "0"
+        return [ttl_ms, park, self.keys.wake_channel, shard, GATE_HEADER, BATCH_DONE_HEADER]
 
     def push(
         self,
@@ -796,6 +849,7 @@ class Store:
         token: str,
         push_args: Sequence[Any],
         failed: list[tuple[int, Exception]] | None = None,
+        gating: bool | None = None,
     ) -> list[PushResult]:
         """The push path on claim: on each of ``shards``, push the due jobs whose message has a
         template and remove them, and lease the others to ``token`` as :meth:`claim` does
@@ -804,6 +858,7 @@ class Store:
 
         With ``failed``, a shard whose call failed is left out and ``(shard, error)`` appended
         (as :meth:`claim`); a Redis over ``maxmemory`` fails the call with nothing written.
+        ``gating``: as :meth:`claim`'s.
         """
         shard_list = list(shards)
         ttl_ms = int(self.config.reclaim_ttl * 1000)
@@ -815,7 +870,15 @@ class Store:
             ScriptCall(
                 SCRIPTS["push"],
                 self.keys.shard(s).core,
-                [token, self.config.batch_size, ttl_ms, space, str(uuid.uuid4())[:24], *rest],
+                [
+                    token,
+                    self.config.batch_size,
+                    ttl_ms,
+                    space,
+                    str(uuid.uuid4())[:24],
+                    *rest,
+                    *self._gating(s, gating),
+                ],
             )
             for s in shard_list
         ]
@@ -828,21 +891,33 @@ class Store:
                 continue
             late, used, missed = raw[4], raw[5], raw[6]
             next_ms = int(raw[1])
+            parked, released = (0, {}) if gating is None else _gated_reply(raw[7])
             results.append(
                 PushResult(
-                    shard, int(raw[0]), None if next_ms < 0 else next_ms, self._claimed(raw, 7), int(raw[2]),
+                    shard, int(raw[0]), None if next_ms < 0 else next_ms,
+                    self._claimed(raw, 7 if gating is None else 8, released), int(raw[2]),
                     int(raw[3]), [(int(late[k]), int(late[k + 1])) for k in range(0, len(late), 2)],
                     [(str(used[k]), str(used[k + 1]), int(used[k + 2])) for k in range(0, len(used), 3)],
-                    dict(zip(missed[0::2], missed[1::2], strict=True)),
+                    dict(zip(missed[0::2], missed[1::2], strict=True)), parked,
                 )
             )  # fmt: skip
         return results
 
-    def _claimed(self, raw: list[Any], start: int) -> list[ClaimedJob]:
+    def _claimed(
+        self, raw: list[Any], start: int, released: Mapping[str, str] | None = None
+    ) -> list[ClaimedJob]:
         """The jobs a claim or push reply returns to the beat from ``raw[start]`` on: id,
-        envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``)."""
+        envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``);
+        ``released``: id -> gate key of the jobs the call gave a slot."""
+        released = released or {}
         return [
-            ClaimedJob(raw[i], self._loaded(raw[i], raw[i + 1]), int(raw[i + 2]), int(raw[i + 3]))
+            ClaimedJob(
+                raw[i],
+                self._loaded(raw[i], raw[i + 1]),
+                int(raw[i + 2]),
+                int(raw[i + 3]),
+                released.get(raw[i]),
+            )
             for i in range(start, len(raw), 4)
         ]
 
@@ -868,8 +943,7 @@ class Store:
         step, so a job stored at the same time keeps its shape); how many were dropped. The beats
         call it with the batch sweep (:meth:`sweep_batches`)."""
         calls = [
-            ScriptCall(SCRIPTS["shapes_sweep"], [*shard.core, shard.shapes], [])
-            for shard in self.keys.all_shards()
+            ScriptCall(SCRIPTS["shapes_sweep"], shard.with_shapes, []) for shard in self.keys.all_shards()
         ]
         return sum(int(result) for result in run_pipelined(self.client, calls))
 
@@ -1843,16 +1917,61 @@ class Store:
             by_shard[self.keys.shard_of(key)].append((job_id, key))
         return self._pairs_by_call("slot_renew", [int(slot_ttl_ms)], by_shard)
 
-    def release(self, job_id: str, key: str, outcome: str, batch_id: str | None = None) -> ReleaseResult:
-        """A gated job's task ended with ``outcome`` (``"succeeded"``, ``"failed"``, or
-        ``"retry"``: it runs again, not counted): give its slot back, remove the job (unless it
-        was stored again meanwhile), count a batch member's outcome and promote parked jobs of
-        ``key`` (``lua/release.lua``). A second release of the same slot does nothing. The call
-        goes to ``key``'s shard, where a gated job's id (``gate.gated_id``) puts it."""
-        if outcome not in RELEASE_OUTCOMES:
-            raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
-        shard = self.keys.shard_of(key)
-        args = [
+    def slot_updates(
+        self,
+        takes: Sequence[tuple[str, str]],
+        slot_ttl_ms: int,
+        releases: Sequence[tuple[str, str, str, str | None]],
+    ) -> tuple[dict[str, bool], list[ReleaseResult | Exception]]:
+        """A worker's slot calls in one round trip (one pipeline): the take-overs ``takes``
+        (``(id, key)``, as :meth:`renew_slots`) and the releases ``releases`` (``(id, key,
+        outcome, batch id or None)``, each as :meth:`release`). Returns the take-overs'
+        ``{id: still has its slot}`` and, per release in order, its result or the error its
+        call got (a take-over's error is raised)."""
+        for _, _, outcome, _ in releases:
+            if outcome not in RELEASE_OUTCOMES:
+                raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
+        calls: list[ScriptCall] = []
+        owners: list[list[str]] = []
+        by_shard: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for job_id, key in takes:
+            by_shard[self.keys.shard_of(key)].append((job_id, key))
+        for shard, pairs in by_shard.items():
+            core = self.keys.shard(shard).core
+            for start in range(0, len(pairs), GATE_CHUNK):
+                chunk = pairs[start : start + GATE_CHUNK]
+                calls.append(
+                    ScriptCall(SCRIPTS["slot_renew"], core, [int(slot_ttl_ms), *itertools.chain(*chunk)])
+                )
+                owners.append([job_id for job_id, _ in chunk])
+        takes_calls = len(calls)
+        for job_id, key, outcome, batch_id in releases:
+            shard = self.keys.shard_of(key)
+            calls.append(
+                ScriptCall(
+                    SCRIPTS["release"],
+                    self.keys.shard(shard).core,
+                    self._release_args(job_id, key, outcome, batch_id, shard),
+                )
+            )
+        raws = run_pipelined(self.client, calls, raise_errors=False)
+        taken: dict[str, bool] = {}
+        for chunk_ids, raw in zip(owners, raws[:takes_calls], strict=True):
+            if isinstance(raw, Exception):
+                raise raw
+            taken.update((job_id, bool(r)) for job_id, r in zip(chunk_ids, raw, strict=True))
+        released: list[ReleaseResult | Exception] = []
+        for raw in raws[takes_calls:]:
+            if isinstance(raw, Exception):
+                released.append(raw)
+            else:
+                released.append(ReleaseResult(bool(raw[0]), int(raw[1]), bool(raw[2])))
+        return taken, released
+
+    def _release_args(
+        self, job_id: str, key: str, outcome: str, batch_id: str | None, shard: int
+    ) -> list[Any]:
+        return [
             job_id,
             key,
             outcome,
@@ -1862,6 +1981,17 @@ class Store:
             shard,
             self._batch_keep_ms(),
         ]
+
+    def release(self, job_id: str, key: str, outcome: str, batch_id: str | None = None) -> ReleaseResult:
+        """A gated job's task ended with ``outcome`` (``"succeeded"``, ``"failed"``, or
+        ``"retry"``: it runs again, not counted): give its slot back, remove the job (unless it
+        was stored again meanwhile), count a batch member's outcome and promote parked jobs of
+        ``key`` (``lua/release.lua``). A second release of the same slot does nothing. The call
+        goes to ``key``'s shard, where a gated job's id (``gate.gated_id``) puts it."""
+        if outcome not in RELEASE_OUTCOMES:
+            raise InvalidInput(f"outcome={outcome!r}: one of {', '.join(RELEASE_OUTCOMES)}")
+        shard = self.keys.shard_of(key)
+        args = self._release_args(job_id, key, outcome, batch_id, shard)
         released, promoted, done = SCRIPTS["release"](self.client, self.keys.shard(shard).core, args)
         return ReleaseResult(bool(released), int(promoted), bool(done))
 

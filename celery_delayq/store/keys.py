@@ -225,6 +225,12 @@ class ShardKeys:
         return list(self._core)
 
     @cached_property
+    def with_shapes(self) -> tuple[str, ...]:
+        """KEYS for the scripts that also take the shapes hash (``enqueue``, ``shapes_sweep``):
+        :attr:`core`, then :attr:`shapes`; made once (every ``apply_at`` passes them)."""
+        return (*self._core, self.shapes)
+
+    @cached_property
     def _core(self) -> tuple[str, ...]:
         return (self.due, self.jobs, self.leases, self.wake, self.dead, self.schedules, self.history)
 

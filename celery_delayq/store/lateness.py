@@ -66,7 +66,7 @@ LATENESS_FLUSH_EVERY = 2.0
 
 
 class LatenessStore(Protocol):
-    """Where histograms are kept (:class:`.store.Store`)."""
+    """Where histograms are kept (:class:`.facade.Store`)."""
 
     def add_lateness(self, key: str, fields: Mapping[str, float], minute: int | None = None) -> None: ...
 

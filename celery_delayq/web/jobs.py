@@ -18,18 +18,10 @@ from flask import Blueprint, abort, jsonify, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
 from ..admin.jobs import CANCELLED, MOVED
+from ..admin.listing import JobFilter, id_search, jobs_page
+from ..admin.status import GATED_BY
 from ..admin.timeparse import is_relative, parse_when
-from ..admin.views import (
-    GATED_BY,
-    JOB_STATES,
-    JobFilter,
-    cancel_result,
-    id_search,
-    job_detail,
-    job_view,
-    jobs_page,
-    move_result,
-)
+from ..admin.views import JOB_STATES, cancel_result, job_detail, job_view, move_result
 from .context import action_response, dashboard, relative, require_actions
 from .forms import refuse
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from flask import Blueprint, jsonify, render_template
 
-from ..admin.views import GATED_BY, bucket_ms, iso, lateness_view, status_view
+from ..admin.status import GATED_BY, lateness_view, status_view
+from ..admin.views import bucket_ms, iso
 from ..store import lateness
 from .charts import bar_chart
 from .context import dashboard

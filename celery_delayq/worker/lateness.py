@@ -10,15 +10,15 @@ than the due time: a retry Celery sent with a countdown carries the headers of t
 it retries) are ignored. A message whose ``eta`` is its due time
 (``delayq_publish_eta``) is counted.
 
-How it is switched on: importing :mod:`celery_delayq` (the worker's app imports it for
-``DelayedTask``) connects a ``worker_init`` receiver; when a worker starts, it reads the
-setting of the worker's app and, when on, calls :func:`install`. The ``task_prerun``
-receiver then runs in the thread or process that runs the task: pool threads share one
-histogram (it has a lock), and each prefork child starts its own flusher thread at its
-first recorded task. On shutdown (``worker_process_shutdown`` in a prefork child,
-``worker_shutdown`` otherwise) what is left is flushed. A worker whose app never imports
-``celery_delayq`` can call ``celery_delayq.worker.lateness.install(app)`` itself (for instance in a
-``worker_init`` receiver of its own).
+How it is switched on: an app with delayq has the :class:`DelayQWorker` bootstep in its
+worker steps (:func:`celery_delayq.install` adds it; a ``DelayedTask`` bound to the app does
+so). When a worker of that app is built, the step reads the app's settings and, when
+``delayq_record_lateness`` is on, calls :func:`install`. Importing :mod:`celery_delayq`
+connects nothing. The ``task_prerun`` receiver, connected for that app's tasks only, then
+runs in the thread or process that runs the task: pool threads share one histogram (it has a
+lock), and each prefork child starts its own flusher thread at its first recorded task. On
+shutdown (``worker_process_shutdown`` in a prefork child, ``worker_shutdown`` otherwise) what
+is left is flushed. ``celery_delayq.worker.lateness.install(app)`` records whatever the setting says.
 
 >>> from celery import Celery
 >>> app = Celery(broker="redis://127.0.0.1:6390/0", set_as_current=False)
@@ -45,13 +45,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from celery.signals import (
-    task_prerun,
-    worker_init,
-    worker_process_shutdown,
-    worker_ready,
-    worker_shutdown,
-)
+from celery import bootsteps
+from celery.signals import task_prerun, worker_process_shutdown, worker_shutdown
 
 from ..config import DEFAULTS, DelayQConfig, _flag
 from ..store.envelope import DUE_HEADER
@@ -59,7 +54,7 @@ from ..store.facade import get_store
 from ..store.lateness import Histogram, key_for
 from . import starts
 
-__all__ = ["FLUSH_EVERY", "LatenessRecorder", "install", "recorder_for", "uninstall"]
+__all__ = ["FLUSH_EVERY", "DelayQWorker", "LatenessRecorder", "install", "recorder_for", "uninstall"]
 
 logger = logging.getLogger(__name__)
 
@@ -146,28 +141,37 @@ class LatenessRecorder:
 
 def install(app: Any) -> LatenessRecorder:
     """Record due -> start lateness of the delayq messages ``app``'s worker runs (whatever
-    ``delayq_record_lateness`` says); returns the recorder (the same one when called again)."""
+    ``delayq_record_lateness`` says); returns the recorder (the same one when called again).
+    Its receivers act on ``app``'s tasks only."""
+    uid = f"celery_delayq.lateness:{id(app)}"
     with _lock:
         recorder = _recorders.get(id(app))
-        if recorder is None:
-            recorder = _recorders[id(app)] = LatenessRecorder(app)
-            task_prerun.connect(_on_task_prerun, weak=False, dispatch_uid="celery_delayq.store.lateness")
-            worker_process_shutdown.connect(
-                _on_shutdown, weak=False, dispatch_uid="celery_delayq.store.lateness"
-            )
-            worker_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="celery_delayq.store.lateness")
+        if recorder is not None:
+            return recorder
+        recorder = _recorders[id(app)] = LatenessRecorder(app)
+
+    def prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
+        task = task or sender
+        if getattr(task, "app", None) is app:
+            _record(recorder, task)
+
+    def shutdown(**_: Any) -> None:
+        recorder.stop()
+
+    task_prerun.connect(prerun, weak=False, dispatch_uid=uid)
+    worker_process_shutdown.connect(shutdown, weak=False, dispatch_uid=uid)
+    worker_shutdown.connect(shutdown, weak=False, dispatch_uid=uid)
     return recorder
 
 
 def uninstall(app: Any) -> None:
     """Stop recording for ``app`` (flushing what is left)."""
+    uid = f"celery_delayq.lateness:{id(app)}"
     with _lock:
         recorder = _recorders.pop(id(app), None)
-        if not _recorders:
-            task_prerun.disconnect(_on_task_prerun, dispatch_uid="celery_delayq.store.lateness")
-            worker_process_shutdown.disconnect(_on_shutdown, dispatch_uid="celery_delayq.store.lateness")
-            worker_shutdown.disconnect(_on_shutdown, dispatch_uid="celery_delayq.store.lateness")
     if recorder is not None:
+        for signal in (task_prerun, worker_process_shutdown, worker_shutdown):
+            signal.disconnect(dispatch_uid=uid)
         recorder.stop()
 
 
@@ -197,21 +201,11 @@ def _eta_is_due(eta: Any, due: float) -> bool:
         return False
 
 
-def _on_task_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
-    task = task or sender
-    recorder = _recorders.get(id(getattr(task, "app", None)))
-    if recorder is None and len(_recorders) == 1:
-        recorder = next(iter(_recorders.values()))
-    if recorder is not None:
-        try:
-            recorder.record(task)
-        except Exception:  # never fail a task for a measurement
-            logger.debug("delayq: lateness not recorded", exc_info=True)
-
-
-def _on_shutdown(**_: Any) -> None:
-    for recorder in list(_recorders.values()):
-        recorder.stop()
+def _record(recorder: LatenessRecorder, task: Any) -> None:
+    try:
+        recorder.record(task)
+    except Exception:  # never fail a task for a measurement
+        logger.debug("delayq: lateness not recorded", exc_info=True)
 
 
 def _setting(app: Any, name: str) -> bool:
@@ -222,26 +216,22 @@ def _setting(app: Any, name: str) -> bool:
     return _flag(name, value)
 
 
-def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    """``worker_init``: install the recorder when the worker's app has
-    ``delayq_record_lateness`` on, and the start check (:mod:`.starts`) when it has
-    ``delayq_start_check`` on (before the worker builds its consumer)."""
-    app = getattr(sender, "app", None)
-    if app is None:
-        return
-    if _setting(app, "delayq_record_lateness"):
-        install(app)
-    if _setting(app, "delayq_start_check"):
-        starts.install(app)
+class DelayQWorker(bootsteps.Step):  # type: ignore[misc]
+    """Worker bootstep of an app with delayq (:func:`celery_delayq.install` adds it, with the
+    slot receivers' step, :class:`~celery_delayq.flow.slots.SlotReceivers`): when the worker
+    is built, installs the lateness recorder when ``delayq_record_lateness`` is on, and adds
+    the start check (:class:`~.starts.StartCheck`) to the consumer when ``delayq_start_check``
+    is on. All of it is the worker's app's only: another app in the same process gets none
+    of it."""
 
+    name = "celery_delayq.worker.lateness.DelayQWorker"
 
-def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    """``worker_ready`` (its sender is the consumer; logging is set up by then, not yet at
-    ``worker_init``): say that lateness is recorded."""
-    recorder = recorder_for(getattr(sender, "app", None))
-    if recorder is not None:
-        logger.info("delayq: recording due -> start lateness of delayq messages in %s", recorder.key)
-
-
-worker_init.connect(_on_worker_init, weak=False, dispatch_uid="celery_delayq.worker_init")
-worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="celery_delayq.worker_ready")
+    def __init__(self, w: Any, **kwargs: Any) -> None:
+        super().__init__(w, **kwargs)
+        app = w.app
+        # (before a prefork pool forks: the children inherit the receivers)
+        self.recorder = install(app) if _setting(app, "delayq_record_lateness") else None
+        if _setting(app, "delayq_start_check"):
+            starts.install(app)  # the consumer, built after every worker step's __init__, has it
+        if self.recorder is not None:
+            logger.info("delayq: recording due -> start lateness of delayq messages in %s", self.recorder.key)

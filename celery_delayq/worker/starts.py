@@ -1,6 +1,6 @@
 """The fence where the work happens: a worker drops a stale copy of a job before it runs.
 
-The beat's fence (:mod:`.fence`) stops a beat that lost its lease *before* it publishes; what
+The beat's fence (:mod:`..beat.fence`) stops a beat that lost its lease *before* it publishes; what
 a beat paused *inside* its publish had already sent when it resumes cannot be called back. So
 every message a beat publishes from a lease through kombu (kombu's batch on Redis, RabbitMQ,
 compressed or exchange-routed messages, schedule points; not released gated jobs, which
@@ -12,8 +12,8 @@ claim itself, ``"<tries>|<beat token>"`` (a lease entry's, unique per claim). Me
 cannot have a stale copy.
 
 A worker whose app has ``delayq_start_check`` on (the default) runs :class:`StartCheck`, a
-consumer bootstep added from the ``worker_init`` receiver of :mod:`.worker` (so it is the app
-the worker runs that decides). It wraps the task strategies of the consumer: before a message
+consumer bootstep added by the app's delayq worker step (:class:`.lateness.DelayQWorker`, so it
+is the app the worker runs that decides). It wraps the task strategies of the consumer: before a message
 with the header becomes a task request, one ``lua/start.lua`` call (:meth:`.Store.start`)
 asks whether another claim of the same job instance started already (first start wins, its
 record kept ``delayq_start_ttl``). The same claim starts again (a Celery ``retry`` and an
@@ -191,6 +191,6 @@ class StartCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def install(app: Any) -> None:
     """Check task starts in the workers ``app`` runs (whatever ``delayq_start_check`` says):
-    adds :class:`StartCheck` to the app's consumer steps. Call before the worker is built (a
-    ``worker_init`` receiver of the worker's app does it when the setting is on)."""
+    adds :class:`StartCheck` to the app's consumer steps. Call before the worker is built (the
+    app's delayq worker step does it when the setting is on)."""
     app.steps["consumer"].add(StartCheck)

@@ -12,9 +12,12 @@ KEYS[1] due, KEYS[2] jobs, KEYS[3] leases, KEYS[4] wake: as claim.lua (KEYS[5] d
 schedules, KEYS[7] history: unused); the templates hash: KEYS[1] with "wire" for "due".
 ARGV: token, batch, reclaim TTL ms (as claim.lua); the template space (a field is "<space>|<j or b>|
 <shape>"); the delivery tag prefix (a tag is it and the job's id); the longest envelope pushed here
-(bytes); the gate and batch completion header names (a shape naming one is the beat's).
+(bytes); the gate and batch completion header names (a shape naming one is the beat's); optional,
+ARGV[9..14], the gate in the claim as claim.lua's ARGV[4..9] (includes/gating.lua): the due capped
+jobs it can gate are given a slot (and returned) or parked (and not returned), as claim.lua does.
 Returns {now ms, next ms, repaired, pushed, {lateness ms, count, ...}, {queue, task, count, ...},
-{id, field, ...}, then id, envelope, due ms, tries per job returned, as claim.lua}: the lateness
+{id, field, ...}, (with ARGV[9..14]: {parked, id, key, ...} as claim.lua's,) then id, envelope, due ms,
+tries per job returned, as claim.lua}: the lateness
 (TIME after the pushes less the due time) by due time; the templates used; the field to fill for
 the first job of each shape met without a template.
 Memory: no script flags. Over maxmemory the first write (an LPUSH or a lease) is refused: the call
@@ -25,12 +28,15 @@ fails with the OOM error having written nothing, and the beat claims with claim.
 --!include lease
 --!include wake
 --!include claiming
+--!include gate
+--!include gating
 local token, batch, ttl, space, tag_prefix = ARGV[1], int_arg(2), int_arg(3), ARGV[4], ARGV[5]
 local max_payload, gate_header, done_header = int_arg(6), ARGV[7], ARGV[8]
 local sub, find, match = string.sub, string.find, string.match
+local g = gating_args(9)
 if not (token and token ~= '' and not find(token, '|', 1, true) and batch and batch >= 1 and ttl and ttl >= 1
     and max_payload and space and space ~= '' and tag_prefix and not find(tag_prefix, '[^%w%-_.:]')
-    and gate_header and done_header) then
+    and gate_header and done_header and g ~= false) then
   return redis.error_reply('delayq push: bad arguments (wanted: a token without "|", batch and TTL >= 1, '
     .. 'a payload limit, a space, a tag prefix of letters, digits and -_.:, two header names)')
 end
@@ -165,4 +171,9 @@ end
 for t, count in pairs(used) do
   templates[#templates + 1], templates[#templates + 2], templates[#templates + 3] = t.q, t.t, count
 end
-return hand_over({now, -1, repaired, #pushed, late, templates, misses}, back, gone, token, now + ttl)
+if not g then
+  return hand_over({now, -1, repaired, #pushed, late, templates, misses}, back, gone, token, now + ttl)
+end
+local keep, released, parked = gate_claimed(back, now, g)
+table.insert(released, 1, parked)
+return hand_over({now, -1, repaired, #pushed, late, templates, misses, released}, keep, gone, token, now + ttl)

@@ -21,8 +21,8 @@ done: {0, 0, 0}. Else the slot is removed, and the job too when it has a lease e
 not "gate" (running, or still the beat's); a job with no lease entry was stored again meanwhile
 (a retry with a countdown) and is kept. A batch member's outcome (not "retry") is counted in
 batch:<bid>, and the batch completed when it was its last (includes/gate.lua batch_check).
-Then the key's expired slots whose job is gone are purged and its parked jobs promoted into
-its free slots (includes/gate.lua promote).
+Then its parked jobs are promoted into its free slots (includes/gate.lua promote; when it has
+parked jobs and no free slot, its expired slots whose job is gone are purged first).
 Returns {1, promoted, done}: done is 1 when this call completed the batch.
 Runs when Redis is over maxmemory (it frees a job; its first write is the ZREM of the slot,
 which Redis 6.2 never refuses).

@@ -21,8 +21,8 @@ kept): the start TTL hold.lua gave (a message waiting for a worker) is over, and
 that dies is noticed after this TTL.
 Returns one entry per pair: 1 renewed, 0 no slot (released, or purged).
 Runs when Redis is over maxmemory (it rewrites scores, and lease entries with a token no
-longer than before). Its first write is an HDEL that
-deletes nothing (Redis 6.2 never refuses HDEL; see claim.lua).
+longer than before). Its first write is the HDEL of the first job's gate:check entry
+(Redis 6.2 never refuses HDEL; see claim.lua).
 ]]
 --!include args
 --!include lease
@@ -32,16 +32,15 @@ local ttl = int_arg(1)
 if ttl == nil or ttl < 1 or (#ARGV - 1) % 2 ~= 0 then
   return redis.error_reply('delayq slot_renew: a slot TTL and pairs of id, key expected')
 end
-redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
 local expiry = server_now() + ttl
 local out = {}
 local renewed = false
 for i = 2, #ARGV, 2 do
   local id, key = ARGV[i], ARGV[i + 1]
   local rkey = run_key(key)
+  redis.call('HDEL', G_CHECK, id)  -- started: no more checks (hold.lua); the first write (above)
   if redis.call('ZSCORE', rkey, id) then
     redis.call('ZADD', rkey, expiry, id)
-    redis.call('HDEL', G_CHECK, id)  -- started: no more checks (hold.lua)
     local entry = redis.call('HGET', KEYS[3], id)
     if entry and not lease_holds(entry, GATE_TOKEN) then
       if not lease_holds(entry, RUN_TOKEN) then

@@ -88,39 +88,48 @@ local function purge(key, now)
   end
   return purged
 end
--- promote(key, channel, shard, now): purge the key's expired slots (above), then, unless it
--- is paused, move as many parked jobs of it as it has free slots (all, with no cap) from
--- wait_key to due now - priority (claimed first by priority), and wake the beats. A member whose job is gone or no longer parked (stored
--- again meanwhile) is dropped from the list without counting. Returns how many were moved.
+-- promote(key, channel, shard, now): unless the key is paused or has no parked job, move as
+-- many parked jobs of it as it has free slots (all, with no cap) from wait_key to due now -
+-- priority (claimed first by priority), and wake the beats. When the key has no free slot, its
+-- expired slots whose job is gone are purged first (above; a claim or gate that finds the key
+-- full purges too). A member whose job is no longer parked (cancelled, or stored again
+-- meanwhile: its score is not PARK_MS) is dropped from the list without counting. Returns how
+-- many were moved.
 local function promote(key, channel, shard, now)
-  purge(key, now)
   if redis.call('HEXISTS', G_PAUSED, key) == 1 then
     return 0
   end
   local wkey = wait_key(key)
-  local free
-  local limit = limit_in_force(key, redis.call('HGET', G_KEYS, key))
-  if limit == nil then
-    free = redis.call('ZCARD', wkey)
-  else
-    free = limit - redis.call('ZCARD', run_key(key))
-  end
-  if free <= 0 then
+  local free = redis.call('ZCARD', wkey)
+  if free == 0 then
     return 0
+  end
+  local limit = limit_in_force(key, redis.call('HGET', G_KEYS, key))
+  if limit ~= nil then
+    local rkey = run_key(key)
+    free = math.min(free, limit - redis.call('ZCARD', rkey))
+    if free <= 0 and purge(key, now) > 0 then
+      free = math.min(redis.call('ZCARD', wkey), limit - redis.call('ZCARD', rkey))
+    end
   end
   local moved = 0
   while moved < free do
-    local popped = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
+    local popped = redis.call('ZRANGE', wkey, 0, math.min(free - moved, 500) - 1, 'WITHSCORES')
     if popped[1] == nil then
       break
     end
-    local id = popped[1]
-    redis.call('ZREM', wkey, id)
-    local score = tonumber(redis.call('ZSCORE', KEYS[1], id))
-    if score == PARK_MS and redis.call('HEXISTS', KEYS[2], id) == 1 then
-      local priority = 255 - math.floor(tonumber(popped[2]) / 1e13)
-      redis.call('ZADD', KEYS[1], now - priority, id)
-      moved = moved + 1
+    local ids = {}
+    for j = 1, #popped, 2 do
+      ids[#ids + 1] = popped[j]
+    end
+    redis.call('ZREM', wkey, unpack(ids))
+    for j = 1, #popped, 2 do
+      local id = popped[j]
+      if tonumber(redis.call('ZSCORE', KEYS[1], id)) == PARK_MS then
+        local priority = 255 - math.floor(tonumber(popped[j + 1]) / 1e13)
+        redis.call('ZADD', KEYS[1], now - priority, id)
+        moved = moved + 1
+      end
     end
   end
   if moved > 0 then
