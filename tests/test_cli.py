@@ -37,7 +37,7 @@ from celery_delayq.store.envelope import stored_form
 from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.lateness import Histogram, key_for
 from tests.support.acl import documented_rule, server_kind
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.cli import as_json, invoke
 from tests.support.processes import ROOT, subprocess_env
 from tests.support.store import bury, ids_on_shard, server_ms
@@ -807,9 +807,7 @@ def test_every_command_works_with_the_documented_acl_user(
         url = redis_url.replace("redis://", f"redis://{user}:{password}@")
         limited = make_app(redis_url, delayq_url=url)
 
-        @limited.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
+        add = add_task(limited)
 
         now = server_ms(r)
         for i in range(5):
@@ -844,9 +842,7 @@ def test_on_a_redis_cluster(redis_url: str, cluster_url: str, run: Run) -> None:
     """status, ls, show, cancel, purge and the dead-letter commands with ``delayq_cluster``."""
     app = make_app(redis_url, delayq_url=cluster_url, delayq_cluster=True)
 
-    @app.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add = add_task(app)
 
     now = int(time.time() * 1000)
     for i in range(40):

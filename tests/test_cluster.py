@@ -33,7 +33,7 @@ from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.scripts import SCRIPTS
 from tests import test_api, test_scripts
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, ids_on_shard, make_store, server_ms
@@ -45,10 +45,10 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def r(cluster_url: str) -> Iterator[RedisCluster]:
-    client = RedisCluster.from_url(cluster_url, decode_responses=True)
-    yield client
-    client.close()
+def r(cluster_url: str, redis_cluster: LocalCluster) -> RedisCluster:
+    """The session cluster's shared client (emptied around each test by ``cluster_url``)."""
+    client: RedisCluster = redis_cluster.shared_client()
+    return client
 
 
 @pytest.fixture
@@ -58,19 +58,10 @@ def store(cluster_url: str) -> Iterator[Store]:
     s.close()
 
 
-@pytest.fixture
-def fast_store(cluster_url: str) -> Iterator[Store]:
-    s = make_store(cluster_url, cluster=True, reclaim_ttl=0.2)
-    yield s
-    s.close()
-
-
 def cluster_app(broker: str, cluster_url: str, **conf: Any) -> Celery:
     application = make_app(broker, delayq_url=cluster_url, delayq_cluster=True, **conf)
 
-    @application.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add_task(application)
 
     @application.task(base=DelayedTask, name="t.noop", shared=False)
     def noop() -> None:

@@ -20,9 +20,10 @@ from celery_delayq.beat import dispatch as dispatch_module
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.store.facade import get_store
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
+from tests.support.clocks import Clock
 from tests.support.polling import wait_for
-from tests.support.store import broker_lists, published_ids, server_ms, store_raw_job
+from tests.support.store import broker_lists, expire_leases, published_ids, server_ms, store_raw_job
 
 HOUR = 3600.0
 
@@ -203,7 +204,6 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
         broker_connection_max_retries=0,
         broker_transport_options={"max_retries": 0},
         task_publish_retry=False,
-        delayq_reclaim_ttl=0.3,
     )
     dispatcher = dispatchers(down)
     dispatcher.run_once()  # logs, does not raise
@@ -222,9 +222,7 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
     assert broker_lists(r) == {}
 
     # Not lost: once the leases expire, a beat that reaches the broker delivers them.
-    lease_until = max(dq.get(res.id).lease_until for res in results)  # type: ignore[union-attr]
-    assert lease_until is not None
-    assert wait_for(lambda: server_ms(r) > lease_until.timestamp() * 1000 + 5, timeout=10)
+    assert sorted(expire_leases(get_store(app))) == sorted(res.id for res in results)
     healthy = dispatchers(app)
     healthy.run_once()
     assert sorted(published_ids(r)) == sorted(res.id for res in results)
@@ -232,7 +230,6 @@ def test_unreachable_broker_keeps_jobs_stored_and_leased(
     assert [job.id for job in dq.pending()] == [later.id]
 
 
-@pytest.mark.slow
 def test_an_unreachable_broker_makes_the_beat_back_off(
     app: Celery, app_factory: AppFactory, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -243,16 +240,19 @@ def test_an_unreachable_broker_makes_the_beat_back_off(
         broker_connection_retry=False,
         broker_connection_max_retries=0,
         broker_transport_options={"max_retries": 0},
-        delayq_reclaim_ttl=0.05,
     )
-    down.tasks["t.add"].apply_at(time.time() - 5, (1, 1))
-    # The dispatcher's monotonic clock is the test's: it moves only when the test says so.
+    job = down.tasks["t.add"].apply_at(time.time() - 5, (1, 1))
+    ttl = get_store(down).config.reclaim_ttl
+    # The dispatchers' monotonic clock is the test's: it moves only when the test says so. Their
+    # wall clock runs, and the test sets it ahead when a lease runs out (ended on the server).
     now = [time.monotonic()]
-    dispatcher = dispatchers(down, clock=lambda: now[0])
+    wall = Clock()
+    dispatcher = dispatchers(down, clock=lambda: now[0], wall=wall)
     wait = dispatcher.run_once()
     assert dispatcher.broker_backoff.delay == 0.5 and wait == 0.5
     passes = dispatcher.stats.passes
-    time.sleep(0.1)  # the lease has expired: the job is due again
+    assert expire_leases(get_store(down), [job.id]) == [job.id]  # the job is due again
+    wall.advance(ttl)
     now[0] += 0.4
     assert dispatcher.run_once() == pytest.approx(0.1)
     assert dispatcher.stats.passes == passes  # no claim during the back-off
@@ -261,13 +261,14 @@ def test_an_unreachable_broker_makes_the_beat_back_off(
     assert dispatcher.stats.passes == passes + 1 and dispatcher.broker_backoff.delay == 1.0
     assert wait == 1.0 and dispatcher.broker_backoff.retry_at == now[0] + 1.0
     # With the broker back, the next claim after the back-off publishes and resets it.
-    healthy = dispatchers(app, clock=lambda: now[0])
+    healthy = dispatchers(app, clock=lambda: now[0], wall=wall)
     healthy.broker_backoff.fail()
     healthy.broker_backoff.fail()  # backing off 1 s, as after two outages
     assert healthy.run_once() == 1.0 and healthy.stats.published == 0
     assert healthy.stats.passes == 0  # no claim during the back-off
     now[0] += 1.0
-    time.sleep(0.1)  # the failing beat's lease has expired
+    assert expire_leases(get_store(app), [job.id]) == [job.id]  # the failing beat's lease ran out
+    wall.advance(ttl)
     healthy.run_once()
     assert healthy.stats.published == 1 and healthy.broker_backoff.delay == 0.0
 
@@ -445,16 +446,19 @@ def test_other_publish_errors_are_retried_then_dead_lettered(
         raise RuntimeError("codec unavailable")
 
     compression.register(failing_encoder, lambda b: b, "application/x-delayq-failing", aliases=["failing"])
-    app = app_factory(delayq_reclaim_ttl=0.05)
+    app = app_factory()
     dq = DelayQ(app)
     job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2), compression="failing")
     other = app.tasks["t.add"].apply_at(time.time() - 1, (5, 6))
-    dispatcher = dispatchers(app)
+    wall = Clock()
+    dispatcher = dispatchers(app, wall=wall)
     for attempt in range(1, PUBLISH_ATTEMPTS):
         dispatcher.run_once()
         stored = dq.get(job.id)
         assert stored is not None and stored.state == "leased" and stored.tries == attempt
-        time.sleep(0.1)
+        # The lease runs out: on the server, and on the beat's clock (its next claim is then).
+        assert expire_leases(get_store(app), [job.id]) == [job.id]
+        wall.advance(get_store(app).config.reclaim_ttl)
     assert dq.get(other.id) is None  # the rest of the batch went out
     dispatcher.run_once()
     dead = dq.get(job.id)
@@ -474,7 +478,7 @@ def test_a_failure_inside_the_publish_batch_publishes_and_acks_nothing(
     class Crash(BaseException):
         pass
 
-    app = app_factory(delayq_reclaim_ttl=0.2)
+    app = app_factory()
     jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(5)]
     calls = {"n": 0}
 
@@ -491,7 +495,7 @@ def test_a_failure_inside_the_publish_batch_publishes_and_acks_nothing(
         before_task_publish.disconnect(die_on_third)
     assert r.llen("celery") == 0
     assert all(DelayQ(app).get(j.id).state == "leased" for j in jobs)  # type: ignore[union-attr]
-    time.sleep(0.3)
+    assert sorted(expire_leases(get_store(app))) == sorted(j.id for j in jobs)
     dispatchers(app).run_once()
     bodies = [json.loads(m)["headers"]["id"] for m in r.lrange("celery", 0, -1)]
     assert sorted(bodies) == sorted(j.id for j in jobs)
@@ -576,12 +580,12 @@ def test_a_refused_wake_subscription_never_stops_the_claims(
     try:
         app = make_app(redis_url, redis_url.replace("redis://", f"redis://{user}:{password}@"))
 
-        @app.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
+        add = add_task(app)
 
         first = add.apply_in(0, (1, 2))
-        dispatcher = dispatchers(app)
+        # Its sleeps move its monotonic clock (no real waiting): how long it slept is on that clock.
+        clock = Clock(time.monotonic)
+        dispatcher = dispatchers(app, clock=clock, sleep=clock.advance)
         with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.dispatch"):
             dispatcher.run_once()
         assert dispatcher.subscription is None
@@ -590,9 +594,9 @@ def test_a_refused_wake_subscription_never_stops_the_claims(
         # A job stored now sends a wake message that this beat cannot hear: the safety poll,
         # within about RESUBSCRIBE_EVERY s (not delayq_max_sleep, 20 s), finds it.
         second = add.apply_in(0, (2, 3))
-        started = time.monotonic()
+        started = clock()
         dispatcher.wait(dispatcher.config.max_sleep)
-        assert time.monotonic() - started < dispatch_module.RESUBSCRIBE_EVERY + 2.0
+        assert clock() - started < dispatch_module.RESUBSCRIBE_EVERY + 2.0 < dispatcher.config.max_sleep
         dispatcher.run_once()
         assert published_ids(r) == [first.id, second.id]
         warned = [

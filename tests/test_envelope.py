@@ -41,7 +41,7 @@ from celery_delayq.producer.options import clean_options, current_worker_task
 from celery_delayq.store.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.jobs import MAX_STORED_SHAPES, EnqueueOutcome
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import server_ms
 
@@ -56,9 +56,7 @@ def app(redis_url: str) -> Iterator[Celery]:
     def any_(*args: Any, **kwargs: Any) -> None:
         return None
 
-    @application.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add_task(application)
 
     @application.task(base=DelayedTask, name="t.noop", shared=False)
     def noop() -> None:

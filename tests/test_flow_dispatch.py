@@ -32,9 +32,10 @@ from celery_delayq.flow.gate import (
     member_id,
 )
 from celery_delayq.store.facade import Store, get_store
+from tests.support.clocks import Clock
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
-from tests.support.store import broker_lists, published_ids
+from tests.support.store import broker_lists, expire_leases, expire_slots, published_ids, server_ms
 from tests.support.wire import body_of
 
 AppFactory = Callable[..., Celery]
@@ -152,13 +153,13 @@ def test_a_beat_stalled_between_gate_and_hold_past_its_lease(
     id among the key's running ones and releases it again on the same slot (the count is not
     doubled, the parked job stays parked). Both beats published it: the duplicate of a beat
     stalled between publish and ack, as for any job."""
-    app = app_factory(delayq_reclaim_ttl=0.5)
+    app = app_factory()
     first, second = store_gated(app, Gate("tenant:4", limit=1), 2)
-    stalled, other = dispatchers(app), dispatchers(app_factory(delayq_reclaim_ttl=0.5))
+    stalled, other = dispatchers(app), dispatchers(app_factory())
     hold = stalled.store.hold
 
     def stall_then_hold(*args: Any, **kwargs: Any) -> dict[str, bool]:
-        time.sleep(0.7)  # past the lease
+        assert sorted(expire_leases(stalled.store)) == sorted([first, second])  # past the lease
         other.run_once()
         return hold(*args, **kwargs)
 
@@ -179,13 +180,24 @@ def test_a_slot_not_renewed_comes_back_and_the_job_is_delivered_again(
 ) -> None:
     """A message no worker starts (lost, or a backlog longer than delayq_start_ttl) renews
     nothing: after delayq_start_ttl the job is claimed again and released again on its one slot."""
-    app = app_factory(delayq_start_ttl=1.0, delayq_max_sleep=0.2)
+    app = app_factory(delayq_start_ttl=30.0)
     first, second = store_gated(app, Gate("tenant:5", limit=1), 2)
     assert first != second
-    dispatcher = dispatchers(app)
+    wall = Clock()
+    dispatcher = dispatchers(app, wall=wall)
+    before = server_ms(r)
     dispatcher.run_once()
+    after = server_ms(r)
     assert published_ids(r) == [first]
-    assert wait_for(lambda: (dispatcher.run_once(), len(published_ids(r)) == 2)[1], 5, 0.1)
+    released = get_store(app).get(first)
+    assert released is not None and released.lease_until_ms is not None
+    assert before + 30_000 <= released.lease_until_ms <= after + 30_000  # held for delayq_start_ttl
+    dispatcher.run_once()
+    assert published_ids(r) == [first]  # not before
+    # delayq_start_ttl passes, on the server and on the beat's clock, with no renewal.
+    assert expire_leases(get_store(app), [first]) == [first]
+    wall.advance(30.0)
+    dispatcher.run_once()
     assert published_ids(r) == [first, first]
     job = get_store(app).get(first)
     assert job is not None and (job.state, job.tries) == ("running", 2)
@@ -198,15 +210,18 @@ def test_a_message_waiting_for_a_worker_longer_than_the_slot_ttl_is_not_delivere
 ) -> None:
     """No worker runs: the released job's message waits in the queue past delayq_slot_ttl,
     within delayq_start_ttl. The beat does not deliver it again, and its slot stays taken."""
-    app = app_factory(delayq_slot_ttl=0.5, delayq_start_ttl=30, delayq_max_sleep=0.1)
+    app = app_factory(delayq_slot_ttl=30, delayq_start_ttl=3600)
     first, _ = store_gated(app, Gate("tenant:9", limit=1), 2)
-    dispatcher = dispatchers(app)
+    wall, clock = Clock(), Clock(time.monotonic)
+    dispatcher = dispatchers(app, wall=wall, clock=clock)
     dispatcher.run_once()
     assert published_ids(r) == [first]
-    deadline = time.monotonic() + 2.0  # four slot TTLs
-    while time.monotonic() < deadline:
+    for _ in range(4):  # four slot TTLs pass (on the server and on the beat's clocks), passes between
+        assert expire_slots(get_store(app), "tenant:9") == [first]
+        wall.advance(30.0)
+        clock.advance(30.0)
         dispatcher.run_once()
-        time.sleep(0.05)
+        dispatcher.run_once()
     assert published_ids(r) == [first]
     job = get_store(app).get(first)
     assert job is not None and (job.state, job.tries) == ("running", 1)

@@ -36,7 +36,7 @@ from celery_delayq.store.scripts import _NO_FLAGS, SCRIPTS
 from tests.support.acl import STORE_PASSWORD, documented_rule, server_kind
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
-from tests.support.store import make_store, server_ms, snapshot
+from tests.support.store import expire_leases, expire_slots, make_store, server_ms, snapshot
 from tests.support.wake import Wake
 
 __all__ = ["redis_server"]  # a fixture, used by name
@@ -48,8 +48,6 @@ RELEASED, PARKED, DEFERRED, NOT_HELD = (
     GateDecision.NOT_HELD,
 )
 SLOT_MS = 60_000
-#: A slot short enough to expire within a test.
-SHORT_SLOT_MS = 150
 
 
 def ids_of(key: str, n: int, stem: str = "j") -> list[str]:
@@ -189,12 +187,14 @@ def test_a_redelivered_running_job_keeps_its_one_slot(store: Store, r: redis.Red
     of the key stays parked meanwhile."""
     [job] = ids_of("k", 1)
     first = put(store, r, [job])
-    assert decisions(claim_and_gate(store, "beat-a", {job: Gate("k", 1)}, SHORT_SLOT_MS)) == {job: RELEASED}
-    assert hold(store, "beat-a", [(job, "k")], SHORT_SLOT_MS) == {job: True}
+    assert decisions(claim_and_gate(store, "beat-a", {job: Gate("k", 1)}, SLOT_MS)) == {job: RELEASED}
+    assert hold(store, "beat-a", [(job, "k")], SLOT_MS) == {job: True}
     [other] = ids_of("k", 1, "other")
     put(store, r, [other])
     assert decisions(claim_and_gate(store, "beat-a", {other: Gate("k", 1)})) == {other: PARKED}
-    wait_for(lambda: server_ms(r) > (score(store, r, job) or 0) + 5, timeout=5)
+    assert claim_and_gate(store, "beat-b", {job: Gate("k", 1)}) == {}  # not before the slot ends
+    # The slot and the job's score run out (on the server: as when SLOT_MS passes).
+    assert expire_slots(store, "k") == [job] and expire_leases(store, [job]) == [job]
     results = claim_and_gate(store, "beat-b", {job: Gate("k", 1)})
     assert decisions(results) == {job: RELEASED}
     assert run_ids(store, r, "k") == [job]
@@ -465,13 +465,13 @@ def test_slot_renew_extends_slots_and_running_scores(store: Store, r: redis.Redi
 
 def test_an_expired_slot_of_a_cancelled_job_is_purged_by_the_next_gate(store: Store, r: redis.Redis) -> None:
     [job] = start(store, r, "k", 1, 1)
-    store.renew_slots([(job, "k")], SHORT_SLOT_MS)
+    store.renew_slots([(job, "k")], SLOT_MS)
     assert store.cancel(job) == CancelOutcome.DELIVERING
     [fresh] = ids_of("k", 1, "fresh")
     put(store, r, [fresh])
     assert decisions(claim_and_gate(store, "beat-a", {fresh: Gate("k", 1)})) == {fresh: PARKED}
     assert run_ids(store, r, "k") == [job]  # its slot has not expired yet
-    wait_for(lambda: server_ms(r) > r.zscore(store.keys.for_key("k").running("k"), job) + 5, timeout=5)
+    assert expire_slots(store, "k") == [job]  # now it has (on the server)
     [other] = ids_of("k", 1, "other")
     put(store, r, [other])
     assert decisions(claim_and_gate(store, "beat-b", {other: Gate("k", 1)})) == {other: RELEASED}
@@ -488,8 +488,9 @@ def test_an_operator_frees_a_slot_a_cancelled_jobs_dead_worker_kept(store: Store
     assert decisions(claim_and_gate(store, "beat-a", {parked: Gate("k", 1)})) == {parked: PARKED}
     store.cancel(job)
     assert store.resume("k") == 0  # the slot has not expired: the worker may still run
-    store.renew_slots([(job, "k")], SHORT_SLOT_MS)
-    wait_for(lambda: server_ms(r) > r.zscore(store.keys.for_key("k").running("k"), job) + 5, timeout=5)
+    store.renew_slots([(job, "k")], SLOT_MS)
+    assert store.resume("k") == 0  # renewed: still not
+    assert expire_slots(store, "k") == [job]  # the renewals stop: the slot runs out
     assert store.resume("k") == 1
     assert run_ids(store, r, "k") == [] and (score(store, r, parked) or PARK_MS) <= server_ms(r)
 
@@ -498,8 +499,9 @@ def test_an_expired_slot_whose_job_is_stored_is_kept(store: Store, r: redis.Redi
     """A dead worker's job is stored (its score passed too): its slot stays for its
     redelivery, and a new job is parked."""
     [job] = start(store, r, "k", 1, 1)
-    store.renew_slots([(job, "k")], SHORT_SLOT_MS)
-    wait_for(lambda: server_ms(r) > (score(store, r, job) or 0) + 5, timeout=5)
+    store.renew_slots([(job, "k")], SLOT_MS)
+    # The slot and the job's score run out (on the server: as when SLOT_MS passes).
+    assert expire_slots(store, "k") == [job] and expire_leases(store, [job]) == [job]
     [fresh] = ids_of("k", 1, "fresh")
     put(store, r, [fresh])
     results = claim_and_gate(store, "beat-a", {fresh: Gate("k", 1), job: Gate("k", 1)})

@@ -21,7 +21,7 @@ from celery_delayq.exceptions import InvalidDueTime, InvalidOptions, PayloadTooL
 from celery_delayq.store.envelope import decode_envelope
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.scripts import SCRIPTS
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import broker_lists, command_calls, snapshot
 
@@ -38,9 +38,7 @@ def app_factory(redis_url: str) -> Iterator[AppFactory]:
     def factory(**conf: Any) -> Celery:
         application = make_app(redis_url, **conf)
 
-        @application.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
+        add_task(application)
 
         apps.append(application)
         return application

@@ -29,11 +29,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ
+from celery_delayq import DelayQ
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, batch_of, completion_id, member_id
 from celery_delayq.store.facade import Store, get_store
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.store import broker_lists
 
 Dispatchers = Callable[..., Dispatcher]
@@ -56,9 +56,7 @@ def rewind_app(urls: tuple[str, str, str], *, backend: bool = True) -> Celery:
         conf["result_backend"] = results
     app = make_app(broker, store, **conf)
 
-    @app.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add_task(app)
 
     @app.task(name="t.done", shared=False)
     def done(batch_id: str, counts: Any) -> str:

@@ -22,7 +22,7 @@ from celery_delayq.store.keys import KeySpace
 from celery_delayq.store.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, run_pipelined, script_from_text
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
-from tests.support.store import command_calls, ids_on_shard, make_store, server_ms
+from tests.support.store import command_calls, expire_leases, ids_on_shard, make_store, server_ms
 from tests.support.wake import Wake
 
 __all__ = ["redis_server"]  # a fixture, used by name
@@ -213,15 +213,14 @@ def test_claim_drops_a_due_member_without_envelope(store: Store, r: redis.Redis)
     assert store.count() == 1
 
 
-def test_expired_lease_is_reclaimed_with_original_due(fast_store: Store, r: redis.Redis) -> None:
-    store = fast_store
+def test_expired_lease_is_reclaimed_with_original_due(store: Store, r: redis.Redis) -> None:
     due = server_ms(r) - 500
     store.enqueue([("a", due, "env")])
     shard = store.keys.shard_of("a")
 
     first = claim_one(store, shard, "beat-1")
     assert [(j.id, j.due_ms, j.tries) for j in first.jobs] == [("a", due, 1)]
-    lease_until = first.now_ms + 200
+    lease_until = first.now_ms + 30_000
     assert first.next_ms == lease_until
     record = store.get("a")
     assert record is not None
@@ -231,8 +230,9 @@ def test_expired_lease_is_reclaimed_with_original_due(fast_store: Store, r: redi
         1,
         lease_until,
     )
-    # Wait (on the server's clock) for the lease to expire.
-    assert wait_for(lambda: server_ms(r) > lease_until + 5, timeout=10)
+    assert claim_one(store, shard, "beat-2").jobs == []  # not before the lease ends
+    # The lease runs out (its score moved to the server's now - 1 ms, as when its TTL passes).
+    assert expire_leases(store, ["a"]) == ["a"]
 
     second = claim_one(store, shard, "beat-2")
     assert [(j.id, j.due_ms, j.tries, j.envelope) for j in second.jobs] == [("a", due, 2, "env")]
@@ -247,17 +247,16 @@ def test_expired_lease_is_reclaimed_with_original_due(fast_store: Store, r: redi
     assert store.count() == 0
 
 
-def test_a_job_due_before_1970_is_reclaimed_like_any_other(fast_store: Store, r: redis.Redis) -> None:
+def test_a_job_due_before_1970_is_reclaimed_like_any_other(store: Store, r: redis.Redis) -> None:
     """The public API refuses due times before the epoch, but a job stored with one through the
     Store must not wedge its shard: its lease ("-5|1|token") is read back as any other."""
-    store = fast_store
     store.enqueue([("neg", -5, "env")])
     shard = store.keys.shard_of("neg")
     first = claim_one(store, shard, "beat-1")
     assert [(j.id, j.due_ms, j.tries) for j in first.jobs] == [("neg", -5, 1)]
     record = store.get("neg")
     assert record is not None and (record.state, record.due_ms, record.tries) == ("leased", -5, 1)
-    assert wait_for(lambda: server_ms(r) > first.now_ms + 205, timeout=10)
+    assert expire_leases(store) == ["neg"]
     second = claim_one(store, shard, "beat-2")
     assert [(j.id, j.due_ms, j.tries) for j in second.jobs] == [("neg", -5, 2)]
 
@@ -314,14 +313,14 @@ def test_renew_extends_only_the_leases_the_token_holds(store: Store, r: redis.Re
     assert store.renew("beat-1", {}) == ({}, None)
 
 
-def test_renew_after_expiry_and_re_claim_says_not_held(fast_store: Store, r: redis.Redis) -> None:
-    fast_store.enqueue([("a", server_ms(r) - 1, "env")])
-    shard = fast_store.keys.shard_of("a")
-    claim_one(fast_store, shard, "beat-1")
-    time.sleep(0.3)
-    claim_one(fast_store, shard, "beat-2")
-    assert fast_store.renew("beat-1", {shard: ["a"]})[0] == {"a": False}
-    assert fast_store.renew("beat-2", {shard: ["a"]})[0] == {"a": True}
+def test_renew_after_expiry_and_re_claim_says_not_held(store: Store, r: redis.Redis) -> None:
+    store.enqueue([("a", server_ms(r) - 1, "env")])
+    shard = store.keys.shard_of("a")
+    claim_one(store, shard, "beat-1")
+    assert expire_leases(store, ["a"]) == ["a"]
+    claim_one(store, shard, "beat-2")
+    assert store.renew("beat-1", {shard: ["a"]})[0] == {"a": False}
+    assert store.renew("beat-2", {shard: ["a"]})[0] == {"a": True}
 
 
 # -- cancel -----------------------------------------------------------------------------------

@@ -236,6 +236,10 @@ def test_the_charts_show_a_new_job_once_their_window_passes(
     some_jobs(app, 1)  # one more, due 10.5 min from now
     shown = page.get("/api/status").json()  # counted before it, kept: the same charts
     assert (shown["due"], shown["due_24h"]) == (kept["due"], kept["due_24h"])
+    # Kept in Redis for 4 refreshes (1 s): the window passes on the server (the keys expire now).
+    chart_keys = [get_store(app).keys.web_counts(name) for name in ("hour", "day")]
+    assert all(0 < r.pttl(key) <= 1000 for key in chart_keys)
+    assert all(r.pexpire(key, 1) for key in chart_keys)
 
     def counted_anew() -> bool:
         view = page.get("/api/status").json()

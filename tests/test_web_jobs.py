@@ -16,11 +16,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, Schedules
+from celery_delayq import Schedules
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.spark import write_rows
 from celery_delayq.store.facade import Store, get_store
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.store import bury
 from tests.support.web import Answer, Client
 
@@ -499,10 +499,7 @@ def test_a_full_redis_refuses_a_move_with_507_and_keeps_every_job(
     with EmbeddedRedis(extra_args=["--maxmemory-policy", "noeviction"]) as server:
         full = make_app(redis_url, delayq_url=server.url)
         try:
-
-            @full.task(base=DelayedTask, name="t.add", shared=False)
-            def add_full(x: int, y: int) -> int:  # pragma: no cover - never runs here
-                return x + y
+            add_task(full)
 
             for i in range(3):
                 full.tasks["t.add"].apply_in(HOUR, args=(i, i), task_id=f"f{i}")

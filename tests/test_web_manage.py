@@ -16,12 +16,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.flow.gate import member_id
 from celery_delayq.schedules.api import Schedules
 from celery_delayq.store.facade import Store, get_store
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.cli import as_json, invoke
 from tests.support.store import bury, gate_due, open_batch, server_ms
 from tests.support.store import snapshot as every_key
@@ -516,9 +515,7 @@ def test_a_full_redis_answers_507_and_loses_nothing(dashboard: Dashboard) -> Non
         url = server.url + "/0"
         full = make_app(url)
 
-        @full.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
+        add_task(full)
 
         try:
             Schedules(full).add("tick", "t.add", 60.0, [1, 2])

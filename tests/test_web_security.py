@@ -26,10 +26,10 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq import DelayQ, Schedules
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.web.context import local_target
-from tests.support.apps import make_app
+from tests.support.apps import add_task, make_app
 from tests.support.cli import invoke
 from tests.support.processes import ROOT, stop_processes
 from tests.support.store import bury
@@ -262,9 +262,7 @@ def test_the_redis_password_never_appears_in_a_page_or_json(
     url = f"redis://:{password}@127.0.0.1:{server.port}/0"
     app = make_app(url, delayq_url=url)
 
-    @app.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add_task(app)
 
     try:
         names = stored(app)

@@ -31,6 +31,7 @@ from celery_delayq.schedules.api import Schedules, point_id
 from celery_delayq.store.envelope import decode_envelope
 from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
+from tests.support.store import expire_leases
 from tests.support.wire import (
     JOB_VALUES,
     OPTION_SETS,
@@ -198,7 +199,7 @@ def test_a_job_whose_lease_was_taken_over_is_not_pushed_again(
     """kombu's path publishes, then acks: a beat whose lease expired meanwhile has already
     published, and the beat that re-claimed the job publishes it again. On the push path
     the push happens only while the lease is held, so the slow beat pushes nothing."""
-    application = app_factory(delayq_reclaim_ttl=0.2)
+    application = app_factory()
     jobs = [application.tasks["t.add"].apply_at(time.time() - 1, (i,)) for i in range(20)]
     slow, fast = Dispatcher(application), Dispatcher(application)
     store = get_store(application)
@@ -206,7 +207,7 @@ def test_a_job_whose_lease_was_taken_over_is_not_pushed_again(
         (res.shard, job) for res in store.claim(range(store.config.shards), slow.token) for job in res.jobs
     ]
     assert len(claimed) == 20
-    time.sleep(0.3)  # the slow beat's leases expire
+    assert len(expire_leases(store)) == 20  # the slow beat's leases expire
     fast.run_once()
     assert fast.stats.published == 20 and fast.pushing
     slow.publish_claimed(claimed)  # the slow beat goes on with what it claimed

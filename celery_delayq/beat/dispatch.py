@@ -123,6 +123,7 @@ class Dispatcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.app = app
         self.store = store or get_store(app)
@@ -131,6 +132,9 @@ class Dispatcher:
         self.stats = DispatchStats()
         self.clock = clock
         self.wall = wall
+        #: How :meth:`wait` sleeps while it has no wake subscription (a test gives a sleep
+        #: that moves its ``clock`` instead).
+        self.sleep = sleep
         self._keep_lateness = keep_lateness
         shards = self.config.shards
         # Earliest time (server ms) each shard may have something due; None: look now.
@@ -782,7 +786,7 @@ class Dispatcher:
                 self.chores()
                 continue
             if pubsub is None:  # until the next safety poll (seconds_until_due)
-                time.sleep(min(remaining, chore_in))
+                self.sleep(min(remaining, chore_in))
                 continue
             try:
                 message = pubsub.get_message(timeout=min(remaining, chore_in))

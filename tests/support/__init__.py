@@ -4,8 +4,10 @@
   ``forget_subscriptions``);
 * ``servers``: the session's Redis server and one of each supported kind (``redis_url``, ``r``);
 * ``server_kinds``: ``redis_server`` to import into a module that runs on every server kind;
-* ``store``: a ``Store`` on a URL (``make_store``, the ``store`` and ``fast_store`` fixtures)
-  and what tests read from or write to Redis (server clock, snapshots, broker lists, ``bury``...);
+* ``store``: a ``Store`` on a URL (``make_store``, the ``store`` fixture), what tests read from
+  or write to Redis (server clock, snapshots, broker lists, ``bury``...) and ``expire_leases``,
+  and ``expire_slots``, which end leases and slots on the server instead of waiting for them to
+  run out;
 * ``wake``: the wake channel seen from a test (``Wake``, the ``wake`` fixture);
 * ``stack``: the end-to-end worker/beat stack and its producer (``start_stack``, ``Producer``,
   the ``producers`` fixture, ``check_exactly_once``, ``env_for``, ``rabbitmq_or_skip``...);
@@ -15,6 +17,7 @@
 * ``cron``: cron expressions and their expected firing times;
 * ``processes``: real celery worker/beat processes (``ROOT``, ``subprocess_env``, ``Procs``);
 * ``polling``: ``wait_for``;
+* ``clocks``: ``Clock``, a real clock a test sets ahead (a dispatcher's ``wall`` or ``clock``);
 * ``cluster``: a local Redis Cluster (``LocalCluster``, ``redis_cluster``, ``cluster_url``);
 * ``spark``: one local Spark session.
 

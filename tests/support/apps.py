@@ -1,6 +1,7 @@
-"""In-process Celery apps for tests: :func:`make_app`, the ``app``, ``app_factory`` and
-``dispatchers`` fixtures, the autouse fixture that forgets shared tasks after each test, and
-:func:`forget_subscriptions` for an app whose results subscribed to the backend."""
+"""In-process Celery apps for tests: :func:`make_app`, :func:`add_task` (the tests' ``t.add``),
+the ``app``, ``app_factory`` and ``dispatchers`` fixtures, the autouse fixture that forgets
+shared tasks after each test, and :func:`forget_subscriptions` for an app whose results
+subscribed to the backend."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ def _forget_shared_tasks() -> Iterator[None]:
     _state._on_app_finalizers.intersection_update(before)
 
 
+def add_task(app: Celery) -> Any:
+    """Register the tests' ``t.add`` (``x + y``, a :class:`DelayedTask`, not shared) on ``app``;
+    returns the task. The one definition the test modules share."""
+
+    @app.task(base=DelayedTask, name="t.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    return add
+
+
 def make_app(broker: str, delayq_url: str | None = None, **conf: Any) -> Celery:
     app = Celery("t", broker=broker, set_as_current=False)
     app.conf.update(
@@ -44,9 +56,7 @@ def app(redis_url: str) -> Iterator[Celery]:
     """An in-process app (broker and store on the session server) with two DelayedTasks."""
     application = make_app(redis_url)
 
-    @application.task(base=DelayedTask, name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
+    add_task(application)
 
     @application.task(base=DelayedTask, name="t.noop", shared=False)
     def noop() -> None:
@@ -64,9 +74,7 @@ def app_factory(redis_url: str) -> Iterator[Callable[..., Celery]]:
     def factory(broker: str | None = None, **conf: Any) -> Celery:
         application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
 
-        @application.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: int, y: int) -> int:
-            return x + y
+        add_task(application)
 
         apps.append(application)
         return application

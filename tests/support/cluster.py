@@ -32,6 +32,7 @@ class LocalCluster:
         self.node_timeout_ms = self.NODE_TIMEOUT_MS if replicas else self.NODE_TIMEOUT_NO_REPLICAS_MS
         self.use_cli = use_cli  # False, or no redis-cli on PATH: joined with redis-py
         self.nodes: list[EmbeddedRedis] = []
+        self._shared: Any = None
 
     @property
     def url(self) -> str:
@@ -181,7 +182,18 @@ class LocalCluster:
 
         return RedisCluster.from_url(self.url, decode_responses=True)
 
+    def shared_client(self) -> Any:
+        """One :meth:`client` for the cluster's life, for the fixtures (a new RedisCluster
+        asks every node for its slots and ``COMMAND``: some 20 ms each on a loaded machine).
+        Not to be closed by its users: :meth:`stop` closes it."""
+        if self._shared is None:
+            self._shared = self.client()
+        return self._shared
+
     def stop(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
         for node in self.nodes:
             node.stop()
 
@@ -202,8 +214,7 @@ def redis_cluster() -> Iterator[LocalCluster]:
 @pytest.fixture
 def cluster_url(redis_cluster: LocalCluster) -> Iterator[str]:
     """URL of the session cluster's first node (any node will do), empty before and after."""
-    client = redis_cluster.client()
+    client = redis_cluster.shared_client()
     client.flushall()
     yield redis_cluster.url
     client.flushall()
-    client.close()

@@ -1,13 +1,14 @@
-"""What tests need of a store and of Redis itself: a :class:`Store` on a URL and the ``store`` and
-``fast_store`` fixtures (in ``pytest_plugins``), the server's clock, ids on one shard, snapshots
+"""What tests need of a store and of Redis itself: a :class:`Store` on a URL and the ``store``
+fixture (in ``pytest_plugins``), the server's clock, ids on one shard, snapshots
 of the database, the broker's lists and the ids published there, command statistics, and jobs
-written raw, buried or passed through a key's gate (:func:`gate_due`) the way a beat does."""
+written raw, buried or passed through a key's gate (:func:`gate_due`) the way a beat does, and
+leases ended on the server (:func:`expire_leases`) instead of waiting for them to run out."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -32,6 +33,76 @@ def server_ms(client: Any) -> int:
     """The server's clock (``TIME``) in ms, as the claim script computes it."""
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+# KEYS: a shard's due, leases and wake keys. ARGV: job ids (none: every job the shard's leases
+# hash holds). Each held job that is still in the due set gets the score a lease that ran out
+# 1 ms ago has (the server's TIME - 1, the claim script's clock), and the wake marker is brought
+# down to it when later, as after a real expiry (the claim set the marker to the shard's next
+# score, which was at most the lease's end). The lease entry is left as it is: the claim reads
+# it to know the job's due time and tries. Returns the ids whose lease it ended.
+_EXPIRE_LEASES = """
+local t = redis.call('TIME')
+local ended = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - 1)
+local ids = ARGV
+if #ids == 0 then
+  ids = redis.call('HKEYS', KEYS[2])
+end
+local done = {}
+for _, id in ipairs(ids) do
+  if redis.call('HEXISTS', KEYS[2], id) == 1 and redis.call('ZSCORE', KEYS[1], id) then
+    redis.call('ZADD', KEYS[1], 'XX', ended, id)
+    done[#done + 1] = id
+  end
+end
+if #done > 0 then
+  local marker = tonumber(redis.call('GET', KEYS[3]))
+  if marker == nil or marker > tonumber(ended) then
+    redis.call('SET', KEYS[3], ended)
+  end
+end
+return done
+"""
+
+
+def expire_leases(store: Store, job_ids: Iterable[str] | None = None) -> list[str]:
+    """End the leases of ``job_ids`` (every lease in the store when None) now, on the server,
+    as if each had run out 1 ms ago: what a test would otherwise sleep a reclaim TTL for. The
+    next claim takes the jobs again (tries + 1, their due time kept) and the holder's renew
+    or ack is refused once another beat has claimed them. Returns the ids whose lease ended
+    (a job not leased, or gone, is left alone)."""
+    if job_ids is None:
+        work = [(keys, []) for keys in store.keys.all_shards()]
+    else:
+        by_shard: dict[int, list[str]] = {}
+        for job_id in job_ids:
+            by_shard.setdefault(store.keys.shard_of(job_id), []).append(job_id)
+        work = [(store.keys.shard(index), ids) for index, ids in by_shard.items()]
+    ended: list[str] = []
+    for keys, ids in work:
+        done = store.client.eval(_EXPIRE_LEASES, 3, keys.due, keys.leases, keys.wake, *ids)
+        ended.extend(item.decode() if isinstance(item, bytes) else str(item) for item in done)
+    return ended
+
+
+# KEYS: a key's running set (job id -> slot expiry ms). Every slot's expiry becomes the server's
+# TIME - 1: the slots ran out 1 ms ago, as when delayq_slot_ttl passes with no renewal.
+_EXPIRE_SLOTS = """
+local t = redis.call('TIME')
+local ended = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - 1)
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], 'XX', ended, id)
+end
+return ids
+"""
+
+
+def expire_slots(store: Store, key: str) -> list[str]:
+    """End the slots of ``key``'s running jobs now, on the server, as if ``delayq_slot_ttl``
+    had passed with no renewal; the jobs' leases are left as they are. Returns their ids."""
+    done = store.client.eval(_EXPIRE_SLOTS, 1, store.keys.for_key(key).running(key))
+    return [item.decode() if isinstance(item, bytes) else str(item) for item in done]
 
 
 def ids_on_shard(keys: KeySpace, shard: int, n: int, stem: str = "job") -> list[str]:
@@ -73,16 +144,9 @@ def command_calls(client: Any, command: str) -> tuple[int, int]:
 
 @pytest.fixture
 def store(redis_url: str) -> Iterator[Store]:
-    """Leases last 30 s: they never expire during a test."""
+    """Leases last 30 s: they never run out during a test unless it ends them
+    (:func:`expire_leases`)."""
     s = make_store(redis_url, reclaim_ttl=30.0)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def fast_store(redis_url: str) -> Iterator[Store]:
-    """Leases last 0.2 s, so expiry can be tested quickly."""
-    s = make_store(redis_url, reclaim_ttl=0.2)
     yield s
     s.close()
 
