@@ -21,7 +21,7 @@ from ..flow.gate import PARK_MS, batch_of, check_key, check_limit, completion_id
 from ..store import lateness
 from ..store.dead import RequeueOutcome
 from ..store.envelope import decode_envelope
-from ..store.facade import Store
+from ..store.facade import get_store
 from ..store.jobs import CancelOutcome, JobRecord, RescheduleOutcome
 from ..store.keys import is_point_id
 from ..store.lateness import Snapshot
@@ -98,7 +98,7 @@ class DelayQ:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.store = Store.for_app(app)
+        self.store = get_store(app)
         self.config = self.store.config
 
     def get(self, job_id: str) -> PendingJob | None:

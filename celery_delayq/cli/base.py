@@ -19,7 +19,7 @@ from ..config import DelayQConfig, redact_url, setting_name
 from ..due import ms_to_datetime
 from ..exceptions import ConfigurationError
 from ..schedules.api import Schedules
-from ..store.facade import Store
+from ..store.facade import Store, get_store
 from .errors import EXIT_NOT_DONE, StoreProblem, cli_error, rule_for, usage
 from .render import emit_json, make_console
 from .timeparse import is_relative, parse_when
@@ -106,7 +106,7 @@ class Session:
 def cli_store(app: Any) -> Store:
     """The app's store (made once per app) with a connect timeout of :data:`CONNECT_TIMEOUT`."""
     try:
-        return Store.for_app(app, connect_timeout=CONNECT_TIMEOUT)
+        return get_store(app, connect_timeout=CONNECT_TIMEOUT)
     except (ValueError, TypeError) as exc:
         name = setting_name(app, "delayq_url")
         raise StoreProblem(f"bad {name} {redact_url(DelayQConfig.from_app(app).url)!r}: {exc}") from exc

@@ -38,7 +38,7 @@ from ..exceptions import (
 from ..producer.build import app_state, build_envelopes, frozen_options
 from ..producer.options import short_repr
 from ..store.envelope import decode_envelope
-from ..store.facade import Store
+from ..store.facade import get_store
 from .gate import (
     BATCH_DONE_HEADER,
     BATCH_PREFIX,
@@ -76,14 +76,14 @@ class BatchResult:
     @classmethod
     def restore(cls, batch_id: str, app: Any) -> BatchResult | None:
         """The handle of the stored batch ``batch_id``; None when there is no such batch."""
-        if Store.for_app(app).batch_state(batch_id) is None:
+        if get_store(app).batch_state(batch_id) is None:
             return None
         return cls(batch_id, app)
 
     def state(self) -> BatchState:
         """The batch's counters as they are in Redis now; :class:`BatchNotFound` (a ``LookupError``)
         when it is gone."""
-        state = Store.for_app(self.app).batch_state(self.id)
+        state = get_store(self.app).batch_state(self.id)
         if state is None:
             raise BatchNotFound(f"batch {self.id!r} is not stored (never made, deleted, or expired)")
         return state
@@ -105,7 +105,7 @@ class BatchResult:
         between the two is not missed; then sleeps until the completion notification
         (``"<id>|<counts>"``), not by polling. ``TimeoutError`` after ``timeout`` seconds.
         """
-        store = Store.for_app(self.app)
+        store = get_store(self.app)
         deadline = None if timeout is None else time.monotonic() + timeout
         subscription = store.batch_subscription()
         opening = f"{self.id}|"
@@ -135,7 +135,7 @@ class BatchResult:
         """Remove every member not released yet (waiting, parked or deferred); how many.
         Members running or being published are left to end; the batch completes once they
         have (the cancelled ones count as ``cancelled``)."""
-        return Store.for_app(self.app).cancel_batch(self.id)
+        return get_store(self.app).cancel_batch(self.id)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.id}>"
@@ -234,7 +234,7 @@ def store_batch(
     completion_task = None if on_complete is None else _task_signature(on_complete, "on_complete")
     state = app_state(app)
     max_payload = DelayQConfig.from_app(app).max_payload
-    store = Store.for_app(app)
+    store = get_store(app)
     # eta None: now on the server's clock, stored as a delay of 0 (added to the script's TIME)
     relative = eta is None
     due_ms = store.server_now_ms() if relative else due_ms_from_eta(eta, app)

@@ -42,7 +42,7 @@ from ..config import DelayQConfig
 from ..due import due_ms_from_delay, due_ms_from_eta
 from ..exceptions import InvalidArguments, InvalidOptions, UnknownTask
 from ..flow.gate import GATE_OPTIONS
-from ..store.facade import Store
+from ..store.facade import get_store
 from .build import app_state, build_envelopes, new_task_ids
 from .options import TRANSPORT_OPTIONS, clean_options
 from .result import ScheduledResult
@@ -73,7 +73,7 @@ def apply_in(sig: Any, delay: Any, **options: Any) -> Any:
     Redis server's now (not this machine's clock); see :func:`apply_at`."""
     _check_signature(sig)
     due_ms_from_delay(delay, now_ms=0)  # bad input raises before any round trip
-    base = None if sig.app.conf.task_always_eager else Store.for_app(sig.app).server_now_ms()
+    base = None if sig.app.conf.task_always_eager else get_store(sig.app).server_now_ms()
     return _schedule(sig, due_ms_from_delay(delay, now_ms=base), options, base)
 
 
@@ -206,7 +206,7 @@ def _schedule(sig: Signature, due_ms: int, options: dict[str, Any], base: int | 
     stored = jobs.jobs
     if base is not None:
         stored = [(job_id, due - base, envelope) for job_id, due, envelope in stored]
-    statuses = Store.for_app(app).enqueue(stored, replace=replace, relative=base is not None)
+    statuses = get_store(app).enqueue(stored, replace=replace, relative=base is not None)
     if isinstance(sig, _chain | group | _chord) or len(jobs.jobs) != 1:
         return result
     one: ScheduledResult = scheduled_results(app, jobs.names[0], [jobs.jobs[0][0]], statuses)[0]
@@ -228,7 +228,7 @@ def _check_chord_counter_lives(app: Any, due_ms: int) -> None:
     if not lifetime:
         return
     seconds = lifetime.total_seconds() if isinstance(lifetime, timedelta) else float(lifetime)
-    ahead = (due_ms - Store.for_app(app).server_now_ms()) / 1000.0
+    ahead = (due_ms - get_store(app).server_now_ms()) / 1000.0
     if ahead >= seconds:
         raise InvalidOptions(
             f"chord due in {ahead:.0f} s, after result_chord_expires ({seconds:.0f} s): Celery's "

@@ -28,7 +28,7 @@ from ..due import (
 from ..exceptions import InvalidDueTime, InvalidOptions
 from ..flow.gate import GATE_HEADER, GATE_OPTIONS, Gate, check_key, gated_id, key_tag, pop_gate
 from ..store.envelope import DUE_HEADER
-from ..store.facade import Store
+from ..store.facade import get_store
 from ..store.jobs import EnqueueOutcome
 from ..store.keys import is_point_id
 from .build import app_state, build_envelopes, new_task_ids
@@ -102,7 +102,7 @@ def take_gate(app: Any, options: MutableMapping[str, Any], *, ask_store: bool = 
     key = options.get("concurrency_key")
     if ask_store and key is not None and options.get("concurrency_limit") is None:
         pop_gate(dict(options))  # every other check, before the round trip
-        has_limit, _ = Store.for_app(app).key_limit(check_key(key))
+        has_limit, _ = get_store(app).key_limit(check_key(key))
     return pop_gate(options, has_limit=has_limit)
 
 
@@ -189,7 +189,7 @@ class DelayQTaskMixin:
         Redis server's now (not this machine's clock)."""
         app = self._delayq_app()
         due_ms_from_delay(delay, now_ms=0)  # bad input raises before any round trip
-        base = None if app_state(app).always_eager else Store.for_app(app).server_now_ms()
+        base = None if app_state(app).always_eager else get_store(app).server_now_ms()
         due_ms = due_ms_from_delay(delay, now_ms=base)
         return self._delayq_schedule([(due_ms, args, kwargs)], options, base)[0]
 
@@ -255,7 +255,7 @@ class DelayQTaskMixin:
                 (store_id or task_id, due_ms - shift, envelope)
                 for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
             ]
-        statuses = Store.for_app(app).enqueue(jobs, replace=replace, relative=base is not None)
+        statuses = get_store(app).enqueue(jobs, replace=replace, relative=base is not None)
         return scheduled_results(app, self.name, ids, statuses)
 
     def apply_async(
@@ -291,7 +291,7 @@ class DelayQTaskMixin:
         countdown = options.pop("countdown", None)
         expires = options.get("expires")
         if expires is not None:  # seconds count from the call: the server's now
-            now = ms_to_datetime(Store.for_app(app).server_now_ms())
+            now = ms_to_datetime(get_store(app).server_now_ms())
             options["expires"] = celery_expires(expires, now=now)
         # As in Celery (as_task_v2), a non-zero countdown wins over eta, and a countdown
         # <= 0 (or an eta in the past) means "run at once". (Clamp with a comparison, not
@@ -299,7 +299,7 @@ class DelayQTaskMixin:
         base = None
         if countdown or eta is None:  # counted from the server's now (by the enqueue script)
             seconds = _countdown_seconds(countdown)
-            base = Store.for_app(app).server_now_ms()
+            base = get_store(app).server_now_ms()
             due_ms = due_ms_from_delay(0.0 if seconds < 0 else seconds, now_ms=base)
         else:
             # A naive eta is UTC, as Celery's worker reads it.

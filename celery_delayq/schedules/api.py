@@ -41,7 +41,7 @@ from ..due import ms_to_datetime
 from ..exceptions import CorruptData, InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
 from ..producer.build import build_envelope
 from ..producer.result import ScheduledResult
-from ..store.facade import Store
+from ..store.facade import Store, get_store
 from ..store.jobs import EnqueueOutcome
 from ..store.keys import iso_ms as _iso_ms
 from ..store.keys import point_id
@@ -58,7 +58,7 @@ class Schedules:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.store: Store = Store.for_app(app)
+        self.store: Store = get_store(app)
         self.keys = self.store.keys
 
     # -- building ---------------------------------------------------------------------------

@@ -37,20 +37,13 @@ __all__ = ["Store", "get_store"]
 class Store(JobsPart, DeliveryPart, ReadsPart, DeadPart, SchedulesPart, FlowPart, BatchesPart, BeatsPart):
     """One app's shards in one Redis deployment."""
 
-    @classmethod
-    def for_app(cls, app: Any, connect_timeout: float | None = None) -> Store:
-        """The app's store (one per app and process, kept by the app's extension,
-        :func:`~celery_delayq.config.extension`; redis-py pools are fork-safe).
-        ``connect_timeout`` applies when this call makes it (the CLI's)."""
-        ext = extension(app)
-        store: Store | None = ext.parts.get("store")
-        if store is None:
-            store = ext.part(
-                "store", lambda: cls(DelayQConfig.from_app(app), connect_timeout=connect_timeout)
-            )
-        return store
 
-
-def get_store(app: Any) -> Store:
-    """The app's :class:`Store`: :meth:`Store.for_app`."""
-    return Store.for_app(app)
+def get_store(app: Any, connect_timeout: float | None = None) -> Store:
+    """The app's :class:`Store` (one per app and process, kept by the app's extension,
+    :func:`~celery_delayq.config.extension`; redis-py pools are fork-safe).
+    ``connect_timeout`` applies when this call makes it (the CLI's)."""
+    ext = extension(app)
+    store: Store | None = ext.parts.get("store")
+    if store is None:
+        store = ext.part("store", lambda: Store(DelayQConfig.from_app(app), connect_timeout=connect_timeout))
+    return store

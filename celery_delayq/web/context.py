@@ -18,7 +18,7 @@ from ..admin.views import local_text
 from ..config import DelayQConfig, redact_url
 from ..due import ms_to_datetime
 from ..schedules.api import Schedules
-from ..store.facade import Store
+from ..store.facade import get_store
 from ..store.lateness import WindowReader
 
 __all__ = [
@@ -106,7 +106,7 @@ class Dashboard:
         self, app: Any, allow_actions: bool = False, refresh_seconds: float = REFRESH_SECONDS
     ) -> None:
         self.app = app
-        self.store = Store.for_app(app, connect_timeout=CONNECT_TIMEOUT)
+        self.store = get_store(app, connect_timeout=CONNECT_TIMEOUT)
         self.dq = DelayQ(app)
         self.schedules = Schedules(app)
         self.allow_actions = allow_actions
