@@ -116,15 +116,23 @@ class SlotKeeper:
     def started(self, job_id: str, header: Any) -> bool:
         """A task with this gate header started here: renew its slot until it ends. False when
         the header does not read (the beat released such a job without a slot)."""
-        gate = Gate.from_header(header)
+        gate = self._track(job_id, header)
         if gate is None:
             return False
+        self.take_over(job_id, gate.key)
+        return True
+
+    def _track(self, job_id: str, header: Any) -> Gate | None:
+        """Note a started task of this gate ``header`` as running here (its slot renewed until it
+        ends); None when the header does not read."""
+        gate = Gate.from_header(header)
+        if gate is None:
+            return None
         if self._pid != os.getpid():
             self._start_renewer()
         with self._lock:
             self.running[job_id] = (gate.key, gate.batch or batch_of(job_id))
-        self.take_over(job_id, gate.key)
-        return True
+        return gate
 
     def take_over(self, job_id: str, key: str) -> None:
         """The task starts: its slot, which lasted ``delayq_start_ttl`` while the message waited
@@ -166,13 +174,10 @@ class SlotKeeper:
     def start_soon(self, job_id: str, header: Any) -> bool:
         """:meth:`started`, with the take-over queued for this process' thread (:meth:`send`)
         instead of sent from the task's thread: the task does not wait for Redis."""
-        gate = Gate.from_header(header)
+        gate = self._track(job_id, header)
         if gate is None:
             return False
-        if self._pid != os.getpid():
-            self._start_renewer()
         with self._lock:
-            self.running[job_id] = (gate.key, gate.batch or batch_of(job_id))
             self._outbox.append(("take", job_id, gate.key))
         self._kick.set()
         return True
