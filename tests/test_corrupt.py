@@ -231,12 +231,12 @@ def test_fire_resets_a_run_state_that_does_not_read(
 ) -> None:
     schedules = Schedules(sched_app)
     store = get_store(sched_app)
-    schedules.add("h", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    schedules.add("h", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
     keys = store.keys.for_job("{h}")
     r.hset(keys.history, "h", history)
     stored = schedules.get("h")  # a run state that does not read reads as no runs yet
     assert stored is not None and stored.run_count == 0 and stored.next_run is None
-    assert wait_for(lambda: store.claim([store.keys.shard_of("{h}")], "beat-1")[0].jobs, 5)
+    assert wait_for(lambda: store.claim([store.keys.shard_of("{h}")], "beat-1")[0].jobs, 5, 0.01)
     [point] = [j for j in store.scan() if j.state == "leased"]
     schedule = decode_envelope(point.envelope).schedule
     assert schedule is not None
@@ -530,12 +530,12 @@ def test_a_rule_that_cannot_plan_a_point_stops_its_schedule_in_the_dead_letters(
     stopped with one log line; later passes and the stall sweep publish nothing either."""
     schedules = Schedules(sched_app)
     store = get_store(sched_app)
-    schedules.add("bad", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    schedules.add("bad", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
     keys = store.keys.for_job("{bad}")
     definition = json.loads(r.hget(keys.schedules, "bad") or "")
     r.hset(keys.schedules, "bad", json.dumps({**definition, "rule": rule}))
     dispatcher = dispatchers(sched_app)
-    wait_for(lambda: dispatcher.run_once() is not None and store.count_dead() == 1, timeout=5)
+    wait_for(lambda: dispatcher.run_once() is not None and store.count_dead() == 1, 5, 0.01)
     [(point, record)] = list(store.dead())
     assert point.startswith("{bad}@")
     assert record["reason"].startswith("schedule stopped: the rule or policy of schedule 'bad' "), record

@@ -535,7 +535,7 @@ def _due_point(app: Celery, r: redis.Redis, name: str) -> int:
     stored = Schedules(app).get(name)
     assert stored is not None and stored.next_run is not None
     at = ms_of(stored.next_run)
-    assert wait_for(lambda: server_ms(r) > at + 5, timeout=5)
+    assert wait_for(lambda: server_ms(r) > at + 5, 5, 0.01)
     return at
 
 
@@ -543,7 +543,7 @@ def test_a_stale_holder_cannot_advance_the_schedule(app_factory: AppFactory, r: 
     app = app_factory()
     schedules = Schedules(app)
     store = get_store(app)
-    schedules.add("st", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    schedules.add("st", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
     at = _due_point(app, r, "st")
     pid = point_id("st", at)
     shard = store.keys.shard_of(pid)
@@ -575,7 +575,7 @@ def test_a_point_held_while_its_schedule_is_deleted_is_acked_without_advancing(
     app = app_factory()
     schedules = Schedules(app)
     store = get_store(app)
-    schedules.add("gone", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 900))
+    schedules.add("gone", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
     at = _due_point(app, r, "gone")
     pid = point_id("gone", at)
     [claimed] = store.claim([store.keys.shard_of(pid)], "beat-A")
@@ -590,7 +590,7 @@ def test_a_schedule_changed_while_its_point_is_leased(
     change: str, app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
     schedules = Schedules(app)
-    schedules.add("c", "t.add", IntervalRule(1000, int(time.time() * 1000) - 900), (1, 2))
+    schedules.add("c", "t.add", IntervalRule(1000, int(time.time() * 1000) - 980), (1, 2))
     at = _due_point(app, r, "c")
     pid = point_id("c", at)
     seen: list[list[str]] = []
