@@ -323,6 +323,7 @@ def form_of(page: str, action: str) -> list[tuple[str, str]]:
     raise AssertionError(f"no form with a {action!r} button on the page")
 
 
+@pytest.mark.slow
 def test_the_batch_page_deletes_and_lands_on_the_batches_list(
     app: Celery, r: redis.Redis, dashboard: Callable[..., Client]
 ) -> None:

@@ -39,6 +39,7 @@ def test_quick_benchmark_runs_every_row() -> None:
     assert "| what " in proc.stdout and "| met? |" in proc.stdout
 
 
+@pytest.mark.slow
 def test_rows_are_listed() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -47,6 +48,7 @@ def test_rows_are_listed() -> None:
     assert [line.split()[0] for line in proc.stdout.splitlines()] == NAMES
 
 
+@pytest.mark.slow
 def test_unknown_row_is_refused() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--only", "nope"],

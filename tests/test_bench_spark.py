@@ -59,6 +59,7 @@ def test_master_cores() -> None:
         master_cores("spark://host:7077")
 
 
+@pytest.mark.slow
 def test_rows_are_the_same_on_both_sides() -> None:
     """The Python rows (the baselines') match what the Spark DataFrame is built from."""
     pytest.importorskip("pyarrow")

@@ -114,6 +114,7 @@ RUNTIME = sorted(
 )
 
 
+@pytest.mark.slow
 def test_the_runtime_needs_neither_the_extras_nor_the_cli_nor_the_dev_tools() -> None:
     proc = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *RUNTIME],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
@@ -121,6 +122,7 @@ def test_the_runtime_needs_neither_the_extras_nor_the_cli_nor_the_dev_tools() ->
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_without_rich_every_command_says_how_to_install_it() -> None:
     code = (
         WITHOUT_EXTRAS
@@ -141,6 +143,7 @@ print(helped.exit_code, "Not installed:" in helped.output, "status" in helped.ou
     assert proc.stdout.splitlines()[1:] == [f"1 {hint}"] * 3 + ["0 True True"], proc.stdout
 
 
+@pytest.mark.slow
 def test_a_beat_with_a_metrics_port_but_no_prometheus_client_says_so_in_one_line() -> None:
     code = (
         WITHOUT_EXTRAS

@@ -386,6 +386,7 @@ def test_dispatcher_delivers_into_a_plain_redis_broker_once(
     assert len(broker_lists(broker)["celery"]) == 300  # nothing twice
 
 
+@pytest.mark.slow
 def test_two_dispatchers_share_the_cluster_store(
     app: Celery, broker: redis.Redis, r: RedisCluster, dispatchers: Callable[..., Dispatcher]
 ) -> None:

@@ -143,6 +143,7 @@ def _html_of(page: str) -> PurePosixPath:
     return path.with_suffix("") / "index.html"
 
 
+@pytest.mark.slow
 def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     pages = list(_nav_pages(config["nav"]))

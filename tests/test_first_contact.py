@@ -93,6 +93,7 @@ def _short(out: str) -> None:
     ],
     ids=["django-namespace", "plain"],
 )
+@pytest.mark.slow
 def test_beat_without_a_store_url_is_one_line_naming_the_setting(
     tmp_path: Path, source: str, spelled: str, advice: str
 ) -> None:
@@ -106,6 +107,7 @@ def test_beat_without_a_store_url_is_one_line_naming_the_setting(
         assert "delayq_url" not in out and "app.conf" not in out
 
 
+@pytest.mark.slow
 def test_the_delayq_command_names_the_django_setting_too(tmp_path: Path) -> None:
     (tmp_path / "proj.py").write_text(DJANGO_APP)
     code, out = _run(["celery", "-A", "proj", "delayq", "status"], tmp_path)
@@ -118,6 +120,7 @@ def test_the_delayq_command_names_the_django_setting_too(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("command", [["status"], ["schedules", "ls"]])
+@pytest.mark.slow
 def test_delayq_without_an_app_says_to_pass_dash_a(tmp_path: Path, command: list[str]) -> None:
     code, out = _run(["celery", "delayq", *command], tmp_path)
     assert code == 3, out
@@ -179,6 +182,7 @@ def test_a_cron_string_in_beat_schedule_runs_from_the_store(tmp_path: Path, redi
         app.close()
 
 
+@pytest.mark.slow
 def test_a_bad_cron_string_in_beat_schedule_is_one_line_naming_the_entry(tmp_path: Path) -> None:
     (tmp_path / "cronproj.py").write_text(CRON_APP)
     env = dict(_env(), CRON_URL="redis://127.0.0.1:1/0", CRON_RULE="61 * * * *")

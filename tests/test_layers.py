@@ -481,6 +481,7 @@ def imported_test_modules(source: str, module: str) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+@pytest.mark.slow
 def test_no_test_module_imports_another() -> None:
     """Shared helpers and fixtures live in ``tests/support``; a test module importing another
     would run (and collect) the other's module code and tie the two together."""

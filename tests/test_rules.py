@@ -562,7 +562,7 @@ def dst_cases(rng: random.Random, n: int) -> list[tuple[str, str, int]]:
     return cases
 
 
-@pytest.mark.parametrize("n", [200, pytest.param(5000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [50, pytest.param(5000, marks=pytest.mark.slow)])
 def test_random_schedules_around_dst_changes_match_the_reference(
     n: int, capsys: pytest.CaptureFixture[str]
 ) -> None:

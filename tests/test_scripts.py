@@ -725,6 +725,7 @@ def test_wait_replicas_waits_for_a_replica_and_warns_without_one(
 # -- calls larger than Lua's unpack, and bad input ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_claim_takes_5000_due_jobs_of_one_shard_in_one_call(store: Store, r: redis.Redis) -> None:
     """The largest batch the settings allow (5000), all due on one shard: each job is leased once,
     with one call (its ZADD of 10,000 values goes in slices that Lua's ``unpack`` can take)."""

@@ -544,6 +544,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRedis]:
         server.stop()
 
 
+@pytest.mark.slow
 def test_tls_store_url(
     tls_server: TLSRedis,
     redis_url: str,

@@ -113,6 +113,7 @@ def test_the_security_tests_pass_without_redis_server_on_path(tmp_path: Path) ->
     assert " failed" not in out and " passed" in out, out[-2000:]
 
 
+@pytest.mark.slow
 def test_a_beat_delivers_5000_jobs_due_on_one_shard_in_one_claim(redis_url: str) -> None:
     """``delayq_batch_size`` 5000 (the most allowed) and 5000 jobs due on one shard: one pass
     of the beat claims them all in one call and delivers each exactly once."""

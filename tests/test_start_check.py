@@ -233,6 +233,7 @@ def test_a_hung_store_costs_the_consumer_one_wait_per_retry_not_one_per_message(
         assert consumer.requested == ["j0", *(f"j{i}" for i in range(1, 6)), "plain"]
 
 
+@pytest.mark.slow
 def test_the_beat_metrics_count_the_copies_dropped(
     app_factory: Callable[..., Any], redis_url: str, dispatchers: Callable[..., Dispatcher]
 ) -> None:

@@ -69,6 +69,7 @@ def test_api_status_is_the_cli_status_plus_the_next_24_hours(
     assert time.time() * 1000 - served["now_ms"] < 60_000
 
 
+@pytest.mark.slow
 def test_without_the_web_extra_the_command_says_how_to_install_it(app: Celery) -> None:
     code = """
 import sys
@@ -89,6 +90,7 @@ print(result.exit_code, result.output.strip())
     assert proc.stdout.strip() == f"1 {hint}"
 
 
+@pytest.mark.slow
 def test_python_m_web_serves_a_store_by_its_url(app: Celery, stored: list[str]) -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -115,6 +117,7 @@ def _answers(client: Client) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_an_unreachable_store_is_exit_3_before_serving() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "celery_delayq", "web", "--url", "redis://:pw123@127.0.0.1:1/0",
