@@ -1,9 +1,11 @@
 """Test session: fixture registration and hooks only.
 
 Fixtures and helpers live in ``tests/support`` and test modules import helpers from there
-explicitly (``from tests.support.apps import make_app``). The modules listed in
-``pytest_plugins`` register their fixtures for every test, so fixtures used by name
-(``redis_url``, ``app``, ``procs``, ``spark``...) need no import.
+explicitly (``from tests.support.apps import make_app``). The general modules listed in
+``pytest_plugins`` register their fixtures for every test, so those fixtures (``redis_url``,
+``r``, ``app``, ``app_factory``, ``dispatchers``, ``procs``, ``store``...) need no import; a
+fixture of one area (``dashboard``, ``producers``, ``spark``, ``browser``) is imported by the
+test modules that use it.
 
 Markers (``pyproject.toml``): ``e2e`` for tests that start celery worker/beat processes or
 the demo, ``slow`` for long ones, ``cluster``, ``spark``, ``rabbitmq`` for what a test needs.
@@ -28,18 +30,17 @@ SLOW_SECONDS = 0.5
 #: The fast-half tests over :data:`SLOW_SECONDS` in this session: (node id, seconds).
 UNMARKED_SLOW: list[tuple[str, float]] = []
 
+#: The general fixture modules, for every test. A fixture of one area is imported by the test
+#: modules that use it (``from tests.support.web import dashboard``, named in ``__all__``):
+#: ``producers`` (tests.support.stack), ``dashboard`` (web), ``spark``, ``browser``.
+#: ``cluster`` and ``wake`` are still here as tests/test_gate_scripts.py uses their fixtures by name.
 pytest_plugins = [
     "tests.support.apps",
     "tests.support.servers",
     "tests.support.processes",
-    "tests.support.cluster",
-    "tests.support.spark",
-    "tests.support.wire",
     "tests.support.store",
-    "tests.support.stack",
+    "tests.support.cluster",
     "tests.support.wake",
-    "tests.support.web",
-    "tests.support.browser",
 ]
 
 

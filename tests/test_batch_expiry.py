@@ -28,7 +28,9 @@ from tests.support.polling import wait_for
 from tests.support.processes import Procs
 from tests.support.stack import assert_alive, env_for
 from tests.support.store import make_full, make_store, open_batch, server_ms, snapshot
-from tests.support.web import Client
+from tests.support.web import Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 TOKEN = "beat-expiry"
 

@@ -20,7 +20,9 @@ from celery.exceptions import NotRegistered
 
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.support.stack import STARTUP, Producer, log_of, runs, starts
+from tests.support.stack import STARTUP, Producer, log_of, producers, runs, starts
+
+__all__ = ["producers"]  # a fixture, used by name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -33,12 +33,15 @@ from tests.support.stack import (
     assert_alive,
     check_exactly_once,
     log_of,
+    producers,
     runs,
     spread,
     start_stack,
     starts,
     warm_up,
 )
+
+__all__ = ["producers"]  # a fixture, used by name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

@@ -35,6 +35,7 @@ from tests.support.stack import (
     check_exactly_once,
     delete_queue,
     log_of,
+    producers,
     rabbitmq_or_skip,
     runs,
     spread,
@@ -44,6 +45,8 @@ from tests.support.stack import (
     warm_up,
 )
 from tests.support.store import server_ms
+
+__all__ = ["producers"]  # a fixture, used by name
 
 pytestmark = pytest.mark.e2e
 

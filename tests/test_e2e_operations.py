@@ -21,8 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_delayq.devtools.embedded import free_port
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.support.stack import Producer
+from tests.support.stack import Producer, producers
 from tests.support.store import stored_lateness
+
+__all__ = ["producers"]  # a fixture, used by name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -41,6 +41,7 @@ from tests.support.stack import (
     broker_backlog,
     env_for,
     log_of,
+    producers,
     rabbitmq_or_skip,
     runs,
     start_stack,
@@ -50,6 +51,8 @@ from tests.support.stack import (
     delete_queue as _delete_queue,
 )
 from tests.support.store import published_ids
+
+__all__ = ["producers"]  # a fixture, used by name
 
 #: Jobs due at once: one pass of beat A claims them all (batch 500 x 16 shards).
 JOBS = 2000

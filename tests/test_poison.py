@@ -29,7 +29,9 @@ from celery_delayq import Schedules
 from celery_delayq.store.facade import get_store
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
-from tests.support.stack import Producer, assert_alive, log_of, start_stack, warm_up
+from tests.support.stack import Producer, assert_alive, log_of, producers, start_stack, warm_up
+
+__all__ = ["producers"]  # a fixture, used by name
 
 pytestmark = pytest.mark.e2e
 

@@ -63,6 +63,7 @@ from tests.support.stack import (
     lateness_line,
     leases_of,
     log_of,
+    producers,
     rabbitmq_or_skip,
     runs,
     spread,
@@ -70,6 +71,8 @@ from tests.support.stack import (
     starts,
     warm_up,
 )
+
+__all__ = ["producers"]  # a fixture, used by name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

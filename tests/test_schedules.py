@@ -15,7 +15,7 @@ import redis
 from celery import Celery
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
-from celery_delayq import DelayedTask, DelayQ, Scheduler, Schedules
+from celery_delayq import DelayQ, Scheduler, Schedules
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.exceptions import (
@@ -30,7 +30,7 @@ from celery_delayq.schedules.rules import CronRule, IntervalRule, parse_rule
 from celery_delayq.store.delivery import ClaimedJob
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.schedules import FireOutcome
-from tests.support.apps import add_task, make_app
+from tests.support.apps import AppFactory
 from tests.support.polling import wait_for
 from tests.support.store import expire_leases, server_ms, snapshot
 from tests.support.wire import body_of
@@ -38,32 +38,7 @@ from tests.support.wire import body_of
 HOUR = 3600.0
 HOUR_MS = 3_600_000
 
-AppFactory = Callable[..., Celery]
-
-
 # -- fixtures and helpers -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def app_factory(redis_url: str) -> Iterator[AppFactory]:
-    """Apps with ``t.add`` and ``t.noop`` on the test server (store and broker), with settings."""
-    apps: list[Celery] = []
-
-    def factory(**conf: Any) -> Celery:
-        application = make_app(redis_url, delayq_url=redis_url, **conf)
-
-        add_task(application)
-
-        @application.task(base=DelayedTask, name="t.noop", shared=False)
-        def noop() -> None:
-            return None
-
-        apps.append(application)
-        return application
-
-    yield factory
-    for application in apps:
-        application.close()
 
 
 @pytest.fixture

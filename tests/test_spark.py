@@ -27,7 +27,10 @@ from celery_delayq.store.keys import KeySpace
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
+from tests.support.spark import spark
 from tests.support.store import command_calls, make_store
+
+__all__ = ["spark"]  # a fixture, used by name
 
 pa = pytest.importorskip("pyarrow")
 

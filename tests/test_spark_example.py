@@ -32,6 +32,9 @@ from examples import spark_reminders as ex
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
+from tests.support.spark import spark
+
+__all__ = ["spark"]  # a fixture, used by name
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
 

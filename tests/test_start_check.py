@@ -32,8 +32,10 @@ from tests.support.apps import make_app
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
 from tests.support.processes import Procs
-from tests.support.stack import Producer, env_for, log_of, runs, start_stack, starts, warm_up
+from tests.support.stack import Producer, env_for, log_of, producers, runs, start_stack, starts, warm_up
 from tests.support.store import broker_lists, make_store
+
+__all__ = ["producers"]  # a fixture, used by name
 
 TTL_MS = 60_000
 

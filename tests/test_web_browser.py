@@ -28,11 +28,13 @@ from celery_delayq.admin.views import keys_view
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.spark import write_rows
 from celery_delayq.store.facade import get_store
-from tests.support.browser import WINDOW, Browser
+from tests.support.browser import WINDOW, Browser, browser
 from tests.support.processes import Procs
 from tests.support.stack import Producer, env_for, runs, start_stack, starts_by_id, warm_up
 from tests.support.store import bury
 from tests.support.web import serve_dashboard
+
+__all__ = ["browser"]  # a fixture, used by name
 
 pytestmark = pytest.mark.e2e
 

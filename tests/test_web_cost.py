@@ -21,7 +21,9 @@ from celery_delayq.store.lateness import WindowReader, key_for, tally
 from celery_delayq.web import context
 from celery_delayq.web.context import SharedReads
 from tests.support.store import gate_due
-from tests.support.web import Client
+from tests.support.web import Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 #: What a page's live refresh sends (static/app.js).
 LIVE = {"X-Delayq-Live": "1"}

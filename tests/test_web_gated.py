@@ -23,7 +23,9 @@ from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.flow import GateDecision
 from tests.support.cli import as_json, invoke
 from tests.support.store import server_ms
-from tests.support.web import Client
+from tests.support.web import Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 TOKEN = "beat-gated-test"
 

@@ -15,7 +15,9 @@ from celery_delayq.config import DelayQConfig
 from celery_delayq.devtools.embedded import free_port
 from tests.support.cli import as_json, invoke
 from tests.support.polling import wait_for
-from tests.support.web import Client
+from tests.support.web import Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 PAGES = ["/", "/jobs", "/schedules", "/dead", "/keys", "/batches"]
 

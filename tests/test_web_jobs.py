@@ -22,7 +22,9 @@ from celery_delayq.spark import write_rows
 from celery_delayq.store.facade import Store, get_store
 from tests.support.apps import add_task, make_app
 from tests.support.store import bury
-from tests.support.web import Answer, Client
+from tests.support.web import Answer, Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 Dashboard = Callable[..., Client]
 #: The en dash of a range ("Jobs 1, dash, 50 of 120").

@@ -24,7 +24,9 @@ from tests.support.apps import add_task, make_app
 from tests.support.cli import as_json, invoke
 from tests.support.store import bury, gate_due, open_batch, server_ms
 from tests.support.store import snapshot as every_key
-from tests.support.web import Answer, Client
+from tests.support.web import Answer, Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 Dashboard = Callable[..., Client]
 

@@ -18,7 +18,9 @@ from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.lateness import Histogram, PublishLateness, key_for, minute_key, tally
 from celery_delayq.worker.lateness import LatenessRecorder
 from tests.support.store import bury
-from tests.support.web import Client
+from tests.support.web import Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 MINUTE = lateness.MINUTE_MS
 

@@ -33,7 +33,9 @@ from tests.support.apps import add_task, make_app
 from tests.support.cli import invoke
 from tests.support.processes import ROOT, stop_processes
 from tests.support.store import bury
-from tests.support.web import Client
+from tests.support.web import Client, dashboard
+
+__all__ = ["dashboard"]  # a fixture, used by name
 
 HOUR = 3600.0
 

@@ -1,7 +1,7 @@
 """Fixtures and helpers shared by the test modules, which import them from here explicitly.
 
-* ``apps``: in-process Celery apps (``make_app``, ``app``, ``app_factory``, ``dispatchers``,
-  ``forget_subscriptions``);
+* ``apps``: in-process Celery apps (``make_app``, ``app``, ``app_factory`` the one app factory,
+  ``dispatchers``, ``forget_subscriptions``);
 * ``servers``: the session's Redis server and one of each supported kind (``redis_url``, ``r``);
 * ``server_kinds``: ``redis_server`` to import into a module that runs on every server kind;
 * ``store``: a ``Store`` on a URL (``make_store``, the ``store`` fixture), what tests read from
@@ -21,7 +21,9 @@
 * ``cluster``: a local Redis Cluster (``LocalCluster``, ``redis_cluster``, ``cluster_url``);
 * ``spark``: one local Spark session.
 
-``tests/conftest.py`` registers the fixture modules (``pytest_plugins``) so that fixtures
-used by name keep working without an import. No test module imports another test module
-(``tests/test_layers.py`` checks it).
+``tests/conftest.py`` registers the general fixture modules (``pytest_plugins``: ``apps``,
+``servers``, ``processes``, ``store``, ``cluster``, ``wake``) so that their fixtures work by name
+without an import; a fixture of one area (``producers``, ``dashboard``, ``spark``, ``browser``) is
+imported by the modules that use it and named in their ``__all__``. No test module imports
+another test module (``tests/test_layers.py`` checks it).
 """

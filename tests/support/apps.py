@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from kombu import Queue
 
 from celery_delayq import DelayedTask
 
@@ -66,15 +67,34 @@ def app(redis_url: str) -> Iterator[Celery]:
     application.close()
 
 
+#: ``app_factory(broker=None, **settings)``: a fresh app, closed at the end of the test.
+AppFactory = Callable[..., Celery]
+
+
 @pytest.fixture
-def app_factory(redis_url: str) -> Iterator[Callable[..., Celery]]:
-    """Fresh apps with ``t.add``; the store is always the test server, the broker may differ."""
+def app_factory(redis_url: str) -> Iterator[AppFactory]:
+    """The tests' one app factory: ``app_factory(broker=None, **settings)`` makes a fresh app
+    with the tasks ``t.add`` (``add(x, y=None)``, returns ``x``: any one or two arguments, as the
+    push path's option sets send) and ``t.noop``, and queues ``celery`` and ``q2``; the broker
+    and the store (``delayq_url``) default to the test server, any setting may be given
+    (``delayq_url=...``, ``task_queues=...``). Every app made is closed at the end of the test.
+
+    A module needing ``t.add``'s checked ``(x, y)`` signature (:func:`add_task`) overrides it
+    (tests/test_producer.py)."""
     apps: list[Celery] = []
 
     def factory(broker: str | None = None, **conf: Any) -> Celery:
-        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
+        conf.setdefault("delayq_url", redis_url)
+        conf.setdefault("task_queues", [Queue("celery"), Queue("q2")])
+        application = make_app(broker or redis_url, **conf)
 
-        add_task(application)
+        @application.task(base=DelayedTask, name="t.add", shared=False)
+        def add(x: Any, y: Any = None) -> Any:
+            return x
+
+        @application.task(base=DelayedTask, name="t.noop", shared=False)
+        def noop() -> None:
+            return None
 
         apps.append(application)
         return application

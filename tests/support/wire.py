@@ -1,23 +1,20 @@
 """The push path's differential tests, shared by tests/test_wire.py and tests/test_push.py:
-the ``app_factory`` fixture (apps with ``t.add`` and queues ``celery``/``q2``), the option sets
-compared with kombu, the generated job values, and the broker lists taken and compared."""
+the option sets compared with kombu, the generated job values, and the broker lists taken and
+compared. Their apps come from the ``app_factory`` fixture (tests/support/apps.py; ``AppFactory``
+is re-exported here)."""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 from hypothesis import given
 from hypothesis import strategies as st
-from kombu import Queue
 
-from celery_delayq import DelayedTask
-from tests.support.apps import make_app
+from tests.support.apps import AppFactory
 
 __all__ = [
     "JOB_VALUES",
@@ -25,35 +22,11 @@ __all__ = [
     "WITH_AND_WITHOUT_ETA",
     "AppFactory",
     "OptionSet",
-    "app_factory",
     "body_of",
     "comparable",
     "take_lists",
     "text_body",
 ]
-
-AppFactory = Callable[..., Celery]
-
-
-@pytest.fixture
-def app_factory(redis_url: str) -> Iterator[AppFactory]:
-    """Apps with ``t.add`` and queues ``celery``/``q2``; broker and store default to the test server."""
-    apps: list[Celery] = []
-
-    def factory(broker: str | None = None, **conf: Any) -> Celery:
-        conf.setdefault("task_queues", [Queue("celery"), Queue("q2")])
-        application = make_app(broker or redis_url, delayq_url=redis_url, **conf)
-
-        @application.task(base=DelayedTask, name="t.add", shared=False)
-        def add(x: Any, y: Any = None) -> Any:
-            return x
-
-        apps.append(application)
-        return application
-
-    yield factory
-    for application in apps:
-        application.close()
 
 
 def take_lists(r: redis.Redis) -> dict[str, list[dict[str, Any]]]:
