@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_delayq.__main__ import main
 from celery_delayq.devtools.embedded import find_server_binary
 
 
@@ -63,28 +64,31 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_an_unreachable_url_is_one_line_and_exit_2() -> None:
+def _demo(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``python -m celery_delayq demo <args>`` in this process (its ``main``): the exit code,
+    stdout and stderr. The demo's argument and URL checks are about the command, not the
+    process; the runs above and below start real processes."""
+    code = main(["demo", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_an_unreachable_url_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"redis://127.0.0.1:{_closed_port()}/0"
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery_delayq", "demo", "--url", url],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
+    code, stdout, stderr = _demo(capsys, "--url", url)
+    out = stdout + stderr
+    assert code == 2, out
     assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
-    assert proc.stderr.startswith(f"Error: cannot reach Redis at {url}: "), out
+    assert stderr.startswith(f"Error: cannot reach Redis at {url}: "), out
     assert "Connection refused" in out
 
 
-def test_a_bad_url_is_one_line_and_exit_2() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery_delayq", "demo", "--url", "http://127.0.0.1:1/0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout == "", proc.stdout
-    assert proc.stderr.startswith("Error: bad --url 'http://127.0.0.1:1/0'"), proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_a_bad_url_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = _demo(capsys, "--url", "http://127.0.0.1:1/0")
+    assert code == 2, stdout + stderr
+    assert stdout == "", stdout
+    assert stderr.startswith("Error: bad --url 'http://127.0.0.1:1/0'"), stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.e2e
@@ -112,13 +116,8 @@ def test_the_demo_says_when_its_worker_could_not_keep_up_and_keeps_its_logs(redi
         shutil.rmtree(logs, ignore_errors=True)
 
 
-def test_demo_rejects_bad_arguments() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery_delayq", "demo", "--jobs", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert "--jobs must be >= 1" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, stderr = _demo(capsys, "--jobs", "0")
+    assert code == 2
+    assert "--jobs must be >= 1" in stderr
+    assert "Traceback" not in stderr
