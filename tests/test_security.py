@@ -31,7 +31,7 @@ from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.store.connection import make_client
 from celery_delayq.store.facade import get_store
 from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
-from tests.support.apps import make_app
+from tests.support.apps import AppFactory
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, server_ms
@@ -39,8 +39,6 @@ from tests.support.wire import body_of
 
 HOUR = 3600.0
 ADMIN = ("admin", "admin-pw")
-
-AppFactory = Callable[..., Celery]
 
 
 def server_rule(admin: redis.Redis, user: str = "delayq") -> list[str]:
@@ -107,27 +105,6 @@ def acl_url(server: EmbeddedRedis, user: str = "delayq", password: str = STORE_P
 
 
 @pytest.fixture
-def apps() -> Iterator[AppFactory]:
-    """Apps with ``t.add`` (and any other task names given) on the given broker and store."""
-    made: list[Celery] = []
-
-    def factory(broker: str, store: str, *tasks: str, **conf: Any) -> Celery:
-        application = make_app(broker, delayq_url=store, **conf)
-        for name in ("t.add", *tasks):
-
-            @application.task(base=DelayedTask, name=name, shared=False)
-            def add(x: int, y: int = 0) -> int:
-                return x + y
-
-        made.append(application)
-        return application
-
-    yield factory
-    for application in made:
-        application.close()
-
-
-@pytest.fixture
 def dispatchers() -> Iterator[Callable[[Celery], Dispatcher]]:
     made: list[Dispatcher] = []
 
@@ -159,15 +136,20 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
     acl_server: EmbeddedRedis,
     redis_url: str,
     r: redis.Redis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """Producers, DelayQ, Schedules and a beat's passes under the documented rule, with the
     broker on another server: all work, nothing but CONFIG GET is refused, and every command
     of the rule is used (database 1 needs SELECT, an idle connection's health check PING)."""
     store_url = acl_url(acl_server, db=1) + "?health_check_interval=1"
-    app = apps(redis_url, store_url)
-    producer = apps(redis_url, store_url, "other.task")
+    app = app_factory(redis_url, delayq_url=store_url)
+    producer = app_factory(redis_url, delayq_url=store_url)
+
+    @producer.task(base=DelayedTask, name="other.task", shared=False)
+    def other(x: int) -> int:
+        return x
+
     add = app.tasks["t.add"]
     dq = DelayQ(app)
 
@@ -257,7 +239,7 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     acl_server: EmbeddedRedis,
     redis_url: str,
     r: redis.Redis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -265,7 +247,7 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     (the stall sweep's look): the safety poll claims every shard instead, with one warning,
     and the sweep does its lap."""
     set_user(admin, [*server_rule(admin), "-mget", "-exists"])
-    app = apps(redis_url, acl_url(acl_server, db=1))
+    app = app_factory(redis_url, delayq_url=acl_url(acl_server, db=1))
     dispatcher = dispatchers(app)
     dispatcher.run_once()
     res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))  # its wake message is not read
@@ -283,11 +265,11 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
 
 
 def test_the_dashboards_kept_chart_counts_under_the_documented_rule(
-    admin: redis.Redis, acl_server: EmbeddedRedis, redis_url: str, apps: AppFactory
+    admin: redis.Redis, acl_server: EmbeddedRedis, redis_url: str, app_factory: AppFactory
 ) -> None:
     """The overview's chart counts are kept (SET PX), read (GET) and forgotten (PEXPIRE 0)
     within the rule: nothing is refused."""
-    store = get_store(apps(redis_url, acl_url(acl_server, db=1)))
+    store = get_store(app_factory(redis_url, delayq_url=acl_url(acl_server, db=1)))
     store.keep_counts("hour", {"counts": [1, 2]}, 60_000)
     assert store.kept_counts(["hour", "day"]) == [{"counts": [1, 2]}, None]
     store.forget_counts(["hour", "day"])
@@ -309,7 +291,7 @@ def test_the_documented_rule_with_its_cluster_words_runs_a_beat_on_a_cluster(
     cluster_url: str,
     redis_url: str,
     r: redis.Redis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """The rule alone cannot connect to a cluster (redis-py reads CLUSTER SLOTS and COMMAND);
@@ -327,7 +309,7 @@ def test_the_documented_rule_with_its_cluster_words_runs_a_beat_on_a_cluster(
         for node in nodes:
             node.execute_command("ACL", "SETUSER", "delayq", *cluster_words())
             node.execute_command("ACL", "LOG", "RESET")
-        app = apps(redis_url, store_url, delayq_cluster=True)
+        app = app_factory(redis_url, delayq_url=store_url, delayq_cluster=True)
         add = app.tasks["t.add"]
         due = add.apply_at(time.time() - 5, (1, 2))
         later = add.apply_in(HOUR, (3, 4))
@@ -403,18 +385,20 @@ def test_check_server_degrades_when_info_and_config_are_refused(
     acl_server: EmbeddedRedis,
     redis_url: str,
     r: redis.Redis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     admin.config_set("maxmemory-policy", "allkeys-lru")
     try:
-        as_admin = apps(redis_url, f"redis://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{acl_server.port}/0")
+        as_admin = app_factory(
+            redis_url, delayq_url=f"redis://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{acl_server.port}/0"
+        )
         assert any("maxmemory-policy" in w for w in get_store(as_admin).check_server())
         # The documented user: CONFIG GET refused, so the policy check is skipped silently.
-        assert get_store(apps(redis_url, acl_url(acl_server))).check_server() == []
+        assert get_store(app_factory(redis_url, delayq_url=acl_url(acl_server))).check_server() == []
         # A user without INFO either: a warning instead of the version check, and all else works.
         set_user(admin, [w for w in server_rule(admin, "no-info") if w != "+info"])
-        app = apps(redis_url, acl_url(acl_server, "no-info"))
+        app = app_factory(redis_url, delayq_url=acl_url(acl_server, "no-info"))
         [warning] = get_store(app).check_server()
         assert warning.startswith("cannot read INFO") and "version was not checked" in warning
         job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 1))
@@ -427,14 +411,14 @@ def test_check_server_degrades_when_info_and_config_are_refused(
 def test_a_broker_with_another_user_on_the_stores_server_goes_through_kombu(
     admin: redis.Redis,
     acl_server: EmbeddedRedis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """The broker (admin user) is the store's server and database, but the store connects as the
     limited user: the beat does not take the push path (it needs the same user), so kombu
     publishes with the broker's user and nothing is refused."""
     broker = f"redis://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{acl_server.port}/0"
-    app = apps(broker, acl_url(acl_server))
+    app = app_factory(broker, delayq_url=acl_url(acl_server))
     add = app.tasks["t.add"]
     jobs = [add.apply_at(time.time() - 1, (i, i)) for i in range(3)]
     jobs.append(add.apply_at(time.time() - 1, (3, 3), priority=3))  # list "celery\x06\x163"
@@ -449,7 +433,7 @@ def test_a_broker_with_another_user_on_the_stores_server_goes_through_kombu(
 def test_one_user_for_store_and_broker_takes_the_atomic_path(
     admin: redis.Redis,
     acl_server: EmbeddedRedis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """Store and broker as the same user, allowed the store's rule plus what publishing needs
@@ -457,7 +441,7 @@ def test_one_user_for_store_and_broker_takes_the_atomic_path(
     extra = ["+lpush", "+sadd", "+llen", "+multi", "+exec", "~celery*", "~_kombu.*"]
     admin.execute_command("ACL", "SETUSER", "delayq", *extra)
     url = acl_url(acl_server)
-    app = apps(url, url)
+    app = app_factory(url, delayq_url=url)
     add = app.tasks["t.add"]
     jobs = [add.apply_at(time.time() - 1, (i, i)) for i in range(3)]
     jobs.append(add.apply_at(time.time() - 1, (3, 3), priority=3))
@@ -549,13 +533,13 @@ def test_tls_store_url(
     tls_server: TLSRedis,
     redis_url: str,
     r: redis.Redis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """rediss:// with ssl_ca_certs: producers, DelayQ, Schedules, the beat's scripts and its
     wake subscription all go over TLS (the broker is plain Redis on another server)."""
     url = f"{tls_server.url}/0?ssl_ca_certs={tls_server.ca_file}"
-    app = apps(redis_url, url)
+    app = app_factory(redis_url, delayq_url=url)
     store = get_store(app)
     assert store.client.connection_pool.connection_class is redis.SSLConnection
     assert store.check_server() == []
@@ -614,7 +598,7 @@ def test_the_beat_never_unpickles(
     redis_url: str,
     r: redis.Redis,
     tmp_path: Path,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """A pickle body is published as it is (never loaded), and pickle bytes in place of the
@@ -623,7 +607,7 @@ def test_the_beat_never_unpickles(
     assert (tmp_path / "armed").exists()  # the payload works when loaded
     marker = tmp_path / "unpickled"
     payload = pickle.dumps(Armed(marker))
-    app = apps(redis_url, redis_url, accept_content=["json"], delayq_push=push)
+    app = app_factory(redis_url, delayq_url=redis_url, accept_content=["json"], delayq_push=push)
     past = server_ms(r) - 1000
     envelope = {
         "v": 2,
@@ -671,12 +655,12 @@ def test_the_beat_never_unpickles(
 def test_two_prefixes_on_one_database_never_meet(
     redis_url: str,
     r: redis.Redis,
-    apps: AppFactory,
+    app_factory: AppFactory,
     dispatchers: Callable[[Celery], Dispatcher],
 ) -> None:
     """Prefixes "alpha" and "alpha:beta" (one a prefix of the other) on one server and broker."""
-    one = apps(redis_url, redis_url, delayq_prefix="alpha")
-    two = apps(redis_url, redis_url, delayq_prefix="alpha:beta")
+    one = app_factory(redis_url, delayq_url=redis_url, delayq_prefix="alpha")
+    two = app_factory(redis_url, delayq_url=redis_url, delayq_prefix="alpha:beta")
     now = time.time()
     jobs: dict[Celery, dict[str, str]] = {}
     for app in (one, two):
