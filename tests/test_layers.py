@@ -20,7 +20,6 @@ from __future__ import annotations
 import ast
 import functools
 import pkgutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -463,21 +462,12 @@ TESTS = Path(__file__).resolve().parent
 REUSED_TESTS = {("tests.test_cluster", "tests.test_api"), ("tests.test_cluster", "tests.test_scripts")}
 
 
-def statements(node: ast.AST) -> Iterator[ast.AST]:
-    """Every statement under ``node``, at any depth (an import is a statement, never inside an
-    expression): a quicker walk than :func:`ast.walk`, which visits every expression too."""
-    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-        for child in getattr(node, field, ()):
-            yield child
-            yield from statements(child)
-
-
 def imported_test_modules(source: str, module: str) -> list[tuple[int, str]]:
     """``(line, test module)`` for each import of a test module (``tests.test_*``) in ``source``,
     the text of ``module`` (``tests.x`` or ``tests.support.x``)."""
     package = module.rsplit(".", 1)[0]
     found: list[tuple[int, str]] = []
-    for node in statements(ast.parse(source)):
+    for node in ast.walk(ast.parse(source)):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -491,6 +481,7 @@ def imported_test_modules(source: str, module: str) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+@pytest.mark.slow
 def test_no_test_module_imports_another() -> None:
     """Shared helpers and fixtures live in ``tests/support``; a test module importing another
     would run (and collect) the other's module code and tie the two together."""
