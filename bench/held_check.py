@@ -2,7 +2,7 @@
 
 A capped job released by a beat and not started by a worker yet is *held*; with a result
 backend, a beat claims it again every ``delayq_slot_ttl`` and asks the backend whether its
-task ended (``lua/hold.lua``, ``publish.Ran``; see docs/guarantees.md, "Redis restored from an
+task ended (``lua/hold.lua``, ``results.Ran``; see docs/guarantees.md, "Redis restored from an
 older snapshot"). This stores ``N`` (default 400) jobs of one key capped at ``N``, has one
 in-process :class:`~celery_delayq.beat.dispatch.Dispatcher` release and hold them all (no worker:
 their messages stay in the broker), waits until they are due again, and times the one pass

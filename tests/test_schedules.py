@@ -867,7 +867,7 @@ def test_a_pass_costs_the_same_with_10_or_2000_schedules_not_due(
                 time.sleep(0.012)
                 # every shard claimed: no shard's marker read (the safety poll would skip them all,
                 # their points being far off)
-                beat._next = [None] * beat.config.shards
+                beat.wake.next = [None] * beat.config.shards
                 started = time.perf_counter()
                 beat.run_once()
                 elapsed += time.perf_counter() - started

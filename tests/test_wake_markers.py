@@ -17,7 +17,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq.beat.dispatch import BATCH_SWEEP_EVERY, Dispatcher
+from celery_delayq.beat.chores import BATCH_SWEEP_EVERY
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.store.beats import read_marker
 from celery_delayq.store.facade import Store
 from tests.support.store import published_ids, server_ms
@@ -41,7 +42,7 @@ def idle_beat(app: Celery, dispatchers: Callable[..., Dispatcher], **kwargs: Any
     clock = Clock()
     beat = dispatchers(app, clock=clock, **kwargs)
     beat.run_once()
-    assert all(nxt is not None for nxt in beat._next)
+    assert all(nxt is not None for nxt in beat.wake.next)
     return beat, clock
 
 
@@ -88,7 +89,7 @@ def test_the_safety_poll_claims_no_shard_when_no_marker_is_due(
     store = beat.store
     for res in later:
         assert res.due is not None
-        assert beat._next[store.keys.shard_of(res.id)] <= res.due.timestamp() * 1000
+        assert beat.wake.next[store.keys.shard_of(res.id)] <= res.due.timestamp() * 1000
 
 
 @pytest.mark.parametrize(
