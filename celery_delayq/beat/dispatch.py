@@ -379,8 +379,9 @@ class Dispatcher:
         """Publish each claimed job of this pass (``(shard, job)``) as its disposition says
         (:meth:`.publish_pass.PassPublisher.publish`); return what the ack step (:meth:`_settle`)
         does: the ids to ack by shard, the released gated jobs to hold, the fire calls of the
-        published schedule points. The step between claim and ack. ``misses``: the jobs
-        ``lua/push.lua`` asked a template for, (shard, templates-hash field) -> job."""
+        published schedule points. The step between claim and ack: a test may wrap it to stall
+        a beat there. ``misses``: the jobs ``lua/push.lua`` asked a template for, (shard,
+        templates-hash field) -> job."""
         state = self.pass_publisher.publish(claimed, misses or {})
         self._count_pass(state)
         return state.result()
