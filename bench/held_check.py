@@ -59,7 +59,7 @@ def one_pass(url: str, n: int, backend: bool) -> tuple[float, dict[str, int]]:
             dispatcher.run_once()
         time.sleep(0.8)  # past the check (or the start TTL)
         before = dict(dispatcher.stats.gated)
-        dispatcher._next = [0] * len(dispatcher._next)  # every shard claimed in this pass
+        dispatcher.wake.next = [0] * len(dispatcher.wake.next)  # every shard claimed in this pass
         started = time.perf_counter()
         dispatcher.run_once()
         seconds = time.perf_counter() - started

@@ -458,7 +458,7 @@ def test_wait_wakes_on_a_job_stored_on_any_node(
 
     def state() -> str:  # what the dispatcher and the shard held, for a failure message
         return (
-            f"woke after {woke:.2f} s; next {dispatcher._next}; server now {dispatcher.server_now_ms()}; "
+            f"woke after {woke:.2f} s; next {dispatcher.wake.next}; server now {dispatcher.server_now_ms()}; "
             f"{dispatcher.stats}; due {r.zscore(shard.due, job_id)}; lease {r.hget(shard.leases, job_id)}; "
             f"wake marker {r.get(shard.wake)}; broker {broker_lists(broker)}"
         )
