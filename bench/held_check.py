@@ -2,7 +2,7 @@
 
 A capped job released by a beat and not started by a worker yet is *held*; with a result
 backend, a beat claims it again every ``delayq_slot_ttl`` and asks the backend whether its
-task ended (``lua/hold.lua``, ``publish.Ran``; see docs/guarantees.md, "Redis restored from an
+task ended (``lua/hold.lua``, ``results.Ran``; see docs/guarantees.md, "Redis restored from an
 older snapshot"). This stores ``N`` (default 400) jobs of one key capped at ``N``, has one
 in-process :class:`~celery_delayq.beat.dispatch.Dispatcher` release and hold them all (no worker:
 their messages stay in the broker), waits until they are due again, and times the one pass
@@ -59,7 +59,7 @@ def one_pass(url: str, n: int, backend: bool) -> tuple[float, dict[str, int]]:
             dispatcher.run_once()
         time.sleep(0.8)  # past the check (or the start TTL)
         before = dict(dispatcher.stats.gated)
-        dispatcher._next = [0] * len(dispatcher._next)  # every shard claimed in this pass
+        dispatcher.wake.next = [0] * len(dispatcher.wake.next)  # every shard claimed in this pass
         started = time.perf_counter()
         dispatcher.run_once()
         seconds = time.perf_counter() - started

@@ -24,7 +24,7 @@ PINGS = 2000
 
 
 #: ``BENCH_APPLY_AT_WITHOUT=direct,plans``: the apply_at row also times the call with the store's
-#: own connections for single writes (scripts.DirectCalls) or build.py's per-app plans turned
+#: own connections for single writes (direct.DirectCalls) or plans.py's per-app plans turned
 #: off, in the same halves, and notes what each buys (the figures their comments give).
 WITHOUT = [name for name in os.environ.get("BENCH_APPLY_AT_WITHOUT", "").split(",") if name]
 
@@ -44,12 +44,12 @@ def turned_off(p: Any, what: str) -> Iterator[None]:
         finally:
             store._direct = kept
     elif what == "plans":
-        plan_for = build._plan_for
-        build._plan_for = lambda *args, **kwargs: None  # every envelope built the long way
+        plan_for = build.plan_for
+        build.plan_for = lambda *args, **kwargs: None  # every envelope built the long way
         try:
             yield
         finally:
-            build._plan_for = plan_for
+            build.plan_for = plan_for
     else:
         raise ValueError(f"BENCH_APPLY_AT_WITHOUT: {what!r} is not direct or plans")
 

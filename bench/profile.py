@@ -11,7 +11,7 @@ out) and the rate with and without the profiler. ``--kombu`` sets
 on RabbitMQ at 127.0.0.1:5672 (a queue of its own, deleted after): both take the kombu path,
 as a deployment with the broker elsewhere does. It also
 prints the fence's figures of the plain run (see ``FENCE_FRACTION`` in
-:mod:`celery_delayq.beat.dispatch`): renewals, and the residual window from the last lease check to
+:mod:`celery_delayq.beat.fence`): renewals, and the residual window from the last lease check to
 the end of each publish or batch flush.
 
 The profiler slows the Python side (often by half), so the profiled rate is lower

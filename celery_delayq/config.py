@@ -19,7 +19,6 @@ True
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
+from .setting_values import address, batch_expires, flag, number, optional_seconds, port
 
 __all__ = [
     "DEFAULTS",
@@ -168,94 +168,6 @@ def _conf_get(app: Any, name: str) -> Any:
         return DEFAULTS[name][0]
 
 
-def _number(name: str, value: Any, kind: type, minimum: float) -> Any:
-    """``value`` as ``kind`` (int or float), at least ``minimum``; strings of digits are accepted."""
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be a number, got {value!r}")
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError as exc:
-            raise ConfigurationError(f"{name} must be a number, got {value!r}") from exc
-    if not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be finite, got {value!r}")
-    if kind is int:
-        if value != int(value):
-            raise ConfigurationError(f"{name} must be a whole number, got {value!r}")
-        value = int(value)
-    else:
-        value = float(value)
-    if value < minimum:
-        raise ConfigurationError(f"{name} must be >= {minimum:g}, got {value!r}")
-    return value
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def _flag(name: str, value: Any) -> bool:
-    """A boolean setting: a bool, 0/1, or one of true/false/yes/no/on/off (any case)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ConfigurationError(f"{name} must be true or false, got {value!r}")
-
-
-def _port(name: str, value: Any) -> int | None:
-    """A TCP port from 1 to 65535, or None (also an empty string): off.
-
-    >>> _port("p", "9808"), _port("p", None), _port("p", "")
-    (9808, None, None)
-    """
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    port = int(_number(name, value, int, -math.inf))
-    if not 1 <= port <= 65535:
-        raise ConfigurationError(
-            f"{name} must be a TCP port from 1 to 65535 (None turns the endpoint off), got {value!r}"
-        )
-    return port
-
-
-def _optional_seconds(name: str, value: Any) -> float | None:
-    """A number of seconds >= 0, or None (also an empty string): off.
-
-    >>> _optional_seconds("s", "600"), _optional_seconds("s", None)
-    (600.0, None)
-    """
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    seconds: float = _number(name, value, float, 0)
-    return seconds
-
-
-def _batch_expires(name: str, value: Any) -> float | None:
-    """Seconds a finished batch is kept: a number >= 0.001 (one ms), or None (kept until deleted).
-
-    >>> _batch_expires("s", "86400"), _batch_expires("s", None)
-    (86400.0, None)
-    """
-    seconds = _optional_seconds(name, value)
-    if seconds is not None and seconds < 0.001:
-        raise ConfigurationError(
-            f"{name} must be a number of seconds >= 0.001, or None to keep finished batches, got {value!r}"
-        )
-    return seconds
-
-
-def _address(name: str, value: Any) -> str:
-    """A host name or IP address to listen on: a non-empty string without spaces."""
-    if not isinstance(value, str) or not value.strip() or " " in value.strip():
-        raise ConfigurationError(f"{name} must be a host name or IP address, got {value!r}")
-    return value.strip()
-
-
 @dataclass(frozen=True)
 class DelayQConfig:
     """The validated ``delayq_*`` settings of one app."""
@@ -316,7 +228,7 @@ class DelayQConfig:
             raise ConfigurationError(
                 f"{n['delayq_url']} must be a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}"
             )
-        cluster = _flag(n["delayq_cluster"], get["delayq_cluster"])
+        cluster = flag(n["delayq_cluster"], get["delayq_cluster"])
         if cluster and url.split("://", 1)[0] == "unix":
             raise ConfigurationError(
                 f"{n['delayq_cluster']} needs a redis:// or rediss:// URL of a cluster node in "
@@ -327,32 +239,32 @@ class DelayQConfig:
             raise ConfigurationError(
                 f"{n['delayq_prefix']} must be a non-empty string without braces or spaces, got {prefix!r}"
             )
-        batch = _number(n["delayq_batch_size"], get["delayq_batch_size"], int, 1)
+        batch = number(n["delayq_batch_size"], get["delayq_batch_size"], int, 1)
         if batch > 5000:
             raise ConfigurationError(f"{n['delayq_batch_size']} must be <= 5000, got {batch}")
         return cls(
             url=url,
             prefix=prefix,
-            shards=_number(n["delayq_shards"], get["delayq_shards"], int, 1),
-            reclaim_ttl=_number(n["delayq_reclaim_ttl"], get["delayq_reclaim_ttl"], float, 0.01),
+            shards=number(n["delayq_shards"], get["delayq_shards"], int, 1),
+            reclaim_ttl=number(n["delayq_reclaim_ttl"], get["delayq_reclaim_ttl"], float, 0.01),
             batch_size=batch,
-            max_sleep=_number(n["delayq_max_sleep"], get["delayq_max_sleep"], float, 0.01),
-            intercept_eta=_flag(n["delayq_intercept_eta"], get["delayq_intercept_eta"]),
-            dead_letter_unknown=_flag(n["delayq_dead_letter_unknown"], get["delayq_dead_letter_unknown"]),
-            max_payload=_number(n["delayq_max_payload"], get["delayq_max_payload"], int, 1024),
-            push=_flag(n["delayq_push"], get["delayq_push"]),
-            push_on_claim=_flag(n["delayq_push_on_claim"], get["delayq_push_on_claim"]),
+            max_sleep=number(n["delayq_max_sleep"], get["delayq_max_sleep"], float, 0.01),
+            intercept_eta=flag(n["delayq_intercept_eta"], get["delayq_intercept_eta"]),
+            dead_letter_unknown=flag(n["delayq_dead_letter_unknown"], get["delayq_dead_letter_unknown"]),
+            max_payload=number(n["delayq_max_payload"], get["delayq_max_payload"], int, 1024),
+            push=flag(n["delayq_push"], get["delayq_push"]),
+            push_on_claim=flag(n["delayq_push_on_claim"], get["delayq_push_on_claim"]),
             cluster=cluster,
-            wait_replicas=_number(n["delayq_wait_replicas"], get["delayq_wait_replicas"], int, 0),
-            record_lateness=_flag(n["delayq_record_lateness"], get["delayq_record_lateness"]),
-            publish_eta=_flag(n["delayq_publish_eta"], get["delayq_publish_eta"]),
-            metrics_port=_port(n["delayq_metrics_port"], get["delayq_metrics_port"]),
-            metrics_addr=_address(n["delayq_metrics_addr"], get["delayq_metrics_addr"]),
-            past_warning=_optional_seconds(n["delayq_past_warning"], get["delayq_past_warning"]),
-            slot_ttl=_number(n["delayq_slot_ttl"], get["delayq_slot_ttl"], float, 0.5),
-            start_ttl=_number(n["delayq_start_ttl"], get["delayq_start_ttl"], float, 0.5),
-            start_check=_flag(n["delayq_start_check"], get["delayq_start_check"]),
-            batch_expires=_batch_expires(n["delayq_batch_expires"], get["delayq_batch_expires"]),
+            wait_replicas=number(n["delayq_wait_replicas"], get["delayq_wait_replicas"], int, 0),
+            record_lateness=flag(n["delayq_record_lateness"], get["delayq_record_lateness"]),
+            publish_eta=flag(n["delayq_publish_eta"], get["delayq_publish_eta"]),
+            metrics_port=port(n["delayq_metrics_port"], get["delayq_metrics_port"]),
+            metrics_addr=address(n["delayq_metrics_addr"], get["delayq_metrics_addr"]),
+            past_warning=optional_seconds(n["delayq_past_warning"], get["delayq_past_warning"]),
+            slot_ttl=number(n["delayq_slot_ttl"], get["delayq_slot_ttl"], float, 0.5),
+            start_ttl=number(n["delayq_start_ttl"], get["delayq_start_ttl"], float, 0.5),
+            start_check=flag(n["delayq_start_check"], get["delayq_start_check"]),
+            batch_expires=batch_expires(n["delayq_batch_expires"], get["delayq_batch_expires"]),
         )
 
     @classmethod
@@ -387,7 +299,7 @@ def redact_url(url: str) -> str:
 #
 # :func:`extension` returns the app's :class:`DelayQApp`, whose parts are the validated
 # settings (:class:`DelayQConfig`, part ``"config"``), the store (``"store"``), the
-# message plans (:mod:`.producer.build`, ``"state"``) and the results cache (:mod:`.producer.result`,
+# message plans (:mod:`.producer.plans`, ``"state"``) and the results cache (:mod:`.producer.result`,
 # ``"results"``), each made on first use by the module that owns it (this module, beneath every
 # other, imports none of them). They live and die together: when the app's
 # configuration changes, the next :func:`extension` call returns a new object (whoever still

@@ -93,21 +93,24 @@ def test_cancel(app: Celery, redis_url: str) -> None:
     keep = add.apply_at(BASE, (1, 2))
     res = add.apply_at(BASE, (3, 4))
     dq = DelayQ(app)
-    assert dq.cancel(res.id) is True
+    cancelled = dq.cancel(res.id)
+    assert cancelled == "cancelled" and bool(cancelled) is True  # `if dq.cancel(id):` reads it
     assert dq.get(res.id) is None
     before = snapshot(redis_url)
-    assert dq.cancel(res.id) is False
-    assert dq.cancel("never-existed") is False
+    gone = dq.cancel(res.id)
+    assert gone == "missing" and bool(gone) is False
+    assert dq.cancel("never-existed") == "missing"
     assert snapshot(redis_url) == before
     assert dq.get(keep.id) is not None
     assert dq.count() == 1
 
 
-def test_cancel_while_leased_removes_but_returns_false(app: Celery) -> None:
+def test_cancel_while_leased_removes_but_says_delivering(app: Celery) -> None:
     res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))
     claim_job(app, res.id)
     dq = DelayQ(app)
-    assert dq.cancel(res.id) is False
+    delivering = dq.cancel(res.id)
+    assert delivering == "delivering" and bool(delivering) is False
     assert dq.get(res.id) is None
     assert dq.count() == 0
 
@@ -120,7 +123,8 @@ def test_reschedule(app: Celery, redis_url: str) -> None:
         (BASE + timedelta(days=2)).timestamp(),
         (BASE + timedelta(days=3)).isoformat(),
     ):
-        assert dq.reschedule(res.id, eta) is True
+        moved = dq.reschedule(res.id, eta)
+        assert moved == "moved" and bool(moved) is True
         job = dq.get(res.id)
         expected = (
             eta
@@ -131,7 +135,7 @@ def test_reschedule(app: Celery, redis_url: str) -> None:
         )
         assert job is not None and job.due == expected and job.args == [1, 2]
     before = snapshot(redis_url)
-    assert dq.reschedule("missing", BASE) is False
+    assert dq.reschedule("missing", BASE) == "missing" and not dq.reschedule("missing", BASE)
     with pytest.raises(InvalidDueTime):
         dq.reschedule(res.id, float("nan"))
     assert snapshot(redis_url) == before
@@ -142,7 +146,8 @@ def test_reschedule_while_leased_is_refused(app: Celery) -> None:
     claim_job(app, res.id)
     dq = DelayQ(app)
     before = dq.get(res.id)
-    assert dq.reschedule(res.id, BASE) is False
+    refused = dq.reschedule(res.id, BASE)
+    assert refused == "delivering" and bool(refused) is False
     assert dq.get(res.id) == before
 
 

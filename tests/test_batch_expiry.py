@@ -16,7 +16,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq.beat.dispatch import BATCH_SWEEP_EVERY
+from celery_delayq.beat.chores import BATCH_SWEEP_EVERY
 from celery_delayq.devtools.embedded import EmbeddedRedis
 from celery_delayq.exceptions import CorruptData, StoreFull
 from celery_delayq.flow.gate import Gate, batch_key, completion_id, member_id

@@ -455,8 +455,18 @@ def test_wait_wakes_on_a_job_stored_on_any_node(
     thread.join()
     assert woke < 8.0, woke  # woken by the wake message, not by the 10-s timeout
     assert dispatcher.stats.wakeups >= 1
-    assert wait_for(lambda: dispatcher.run_once() is not None and store.count() == 0, 5, 0.05)
-    assert [m["headers"]["id"] for m in broker_lists(broker)["celery"]] == [job_id]
+    shard = store.keys.shard(index)
+
+    def state() -> str:  # what the dispatcher and the shard held, for a failure message
+        return (
+            f"woke after {woke:.2f} s; next {dispatcher.wake.next}; server now {dispatcher.server_now_ms()}; "
+            f"{dispatcher.stats}; due {r.zscore(shard.due, job_id)}; lease {r.hget(shard.leases, job_id)}; "
+            f"wake marker {r.get(shard.wake)}; broker {broker_lists(broker)}"
+        )
+
+    # Generous: on a loaded two-core machine a cluster pass can take seconds.
+    assert wait_for(lambda: dispatcher.run_once() is not None and store.count() == 0, 30, 0.05), state()
+    assert [m["headers"]["id"] for m in broker_lists(broker)["celery"]] == [job_id], state()
 
 
 # -- recurring schedules ------------------------------------------------------------------------
@@ -555,17 +565,10 @@ def test_the_safety_poll_reads_the_markers_of_every_node(
     now_ms, markers = store.wake_markers()
     assert abs(now_ms - server_ms(r)) < 1000
     assert markers[spoiled] is None and all(markers[s] is not None for s in due_shards)
-    claims: list[list[int]] = []
-    claim = beat._claim
-
-    def spy(shards: list[int], failed: list[Exception]) -> Any:
-        claims.append(sorted(shards))
-        return claim(shards, failed)
-
-    beat._claim = spy  # type: ignore[method-assign]
     clock[0] += beat.config.max_sleep
+    # The shards the next pass claims, as the beat's wake decides them (the safety poll).
+    assert sorted(beat.wake.shards_to_claim()) == sorted(due_shards | {spoiled})
     beat.run_once()
-    assert claims == [sorted(due_shards | {spoiled})]
     ids = [m["headers"]["id"] for m in broker_lists(broker)["celery"]]
     assert sorted(ids) == sorted(res.id for res in results)
 

@@ -1,4 +1,4 @@
-"""The store's single writes over connections of its own (:class:`~celery_delayq.store.scripts.DirectCalls`):
+"""The store's single writes over connections of its own (:class:`~celery_delayq.store.direct.DirectCalls`):
 faults (a paused server, a killed connection, an error reply, a fork) leave no connection that
 reads another call's reply, and ``Store.close`` closes them. Each test runs on a server of its
 own (one is paused, one has its clients killed)."""
@@ -15,9 +15,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.store.direct import DirectCalls, _packed
 from celery_delayq.store.facade import Store
 from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
-from celery_delayq.store.scripts import SCRIPTS, DirectCalls, _packed
+from celery_delayq.store.scripts import SCRIPTS
 from tests.support.store import make_store, server_ms
 
 

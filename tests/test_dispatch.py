@@ -16,8 +16,8 @@ from celery.signals import before_task_publish
 from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
-from celery_delayq.beat import dispatch as dispatch_module
 from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.wake import RESUBSCRIBE_EVERY
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.store.facade import get_store
 from tests.support.apps import add_task, make_app
@@ -281,7 +281,7 @@ def test_cancel_during_publish_makes_the_ack_stale(
 
     def on_publish(sender: Any = None, headers: Any = None, **kwargs: Any) -> None:
         seen.append(dict(headers))
-        assert DelayQ(app).cancel(headers["id"]) is False  # held by the beat right now
+        assert DelayQ(app).cancel(headers["id"]) == "delivering"  # held by the beat right now
 
     before_task_publish.connect(on_publish, weak=False)
     try:
@@ -401,7 +401,7 @@ def test_a_broker_refusing_writes_is_an_outage_jobs_are_kept_never_buried(
 ) -> None:
     """A (real) Redis broker answering OOM: kombu reports it as OperationalError, so the job
     stays stored and is retried after every lease, however many times, and goes out on recovery."""
-    from celery_delayq.beat.dispatch import PUBLISH_ATTEMPTS
+    from celery_delayq.beat.publish import PUBLISH_ATTEMPTS
     from celery_delayq.devtools.embedded import EmbeddedRedis
 
     with EmbeddedRedis() as broker_server:
@@ -437,7 +437,7 @@ def test_other_publish_errors_are_retried_then_dead_lettered(
     through the lease; the claim that makes PUBLISH_ATTEMPTS attempts dead-letters the job."""
     from kombu import compression
 
-    from celery_delayq.beat.dispatch import PUBLISH_ATTEMPTS
+    from celery_delayq.beat.publish import PUBLISH_ATTEMPTS
 
     calls = {"n": 0}
 
@@ -586,7 +586,7 @@ def test_a_refused_wake_subscription_never_stops_the_claims(
         # Its sleeps move its monotonic clock (no real waiting): how long it slept is on that clock.
         clock = Clock(time.monotonic)
         dispatcher = dispatchers(app, clock=clock, sleep=clock.advance)
-        with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.dispatch"):
+        with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.wake"):
             dispatcher.run_once()
         assert dispatcher.subscription is None
         assert published_ids(r) == [first.id]
@@ -596,7 +596,7 @@ def test_a_refused_wake_subscription_never_stops_the_claims(
         second = add.apply_in(0, (2, 3))
         started = clock()
         dispatcher.wait(dispatcher.config.max_sleep)
-        assert clock() - started < dispatch_module.RESUBSCRIBE_EVERY + 2.0 < dispatcher.config.max_sleep
+        assert clock() - started < RESUBSCRIBE_EVERY + 2.0 < dispatcher.config.max_sleep
         dispatcher.run_once()
         assert published_ids(r) == [first.id, second.id]
         warned = [

@@ -7,7 +7,8 @@ import pytest
 
 from celery_delayq.beat.dispositions import Disposition, PassResult, PassState, disposition, due_in_range
 from celery_delayq.beat.firing import FireCall
-from celery_delayq.beat.publish import GatePass, Outcome
+from celery_delayq.beat.gating import GatePass
+from celery_delayq.beat.publish import Outcome
 from celery_delayq.due import MAX_DUE_MS
 from celery_delayq.store.delivery import ClaimedJob, ClaimResult, PushResult
 from celery_delayq.store.envelope import Envelope

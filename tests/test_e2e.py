@@ -133,9 +133,9 @@ def test_cancelled_job_never_runs(
     others = producer.record.apply_at_many([(due + i * 0.01, (i,), None) for i in range(20)])
     victim = producer.record.apply_at(due + 0.05, args=("victim",))
     assert producer.dq.get(victim.id) is not None
-    assert victim.cancel() is True
+    assert victim.cancel() == "cancelled"
     assert producer.dq.get(victim.id) is None
-    assert victim.cancel() is False  # already gone
+    assert victim.cancel() == "missing"  # already gone
 
     assert wait_for(lambda: r.hlen("e2e:runs") >= len(others), 30), procs.logs()
     time.sleep(max(0.0, due + 1.5 - time.time()))  # well past the cancelled job's due
@@ -154,8 +154,8 @@ def test_rescheduled_jobs_run_at_their_new_time(
     t0 = time.time()
     later = producer.record.apply_at(t0 + 2.0, args=("later",))
     earlier = producer.record.apply_at(t0 + 5.0, args=("earlier",))
-    assert later.reschedule(t0 + 4.0) is True
-    assert earlier.reschedule(t0 + 2.0) is True
+    assert later.reschedule(t0 + 4.0) == "moved"
+    assert earlier.reschedule(t0 + 2.0) == "moved"
     later_job, earlier_job = producer.dq.get(later.id), producer.dq.get(earlier.id)
     assert later_job is not None and earlier_job is not None
     assert abs(later_job.due.timestamp() - (t0 + 4.0)) < 0.002

@@ -31,13 +31,14 @@ from celery_delayq import config as extension_module
 from celery_delayq.exceptions import CorruptData
 from celery_delayq.producer.build import (
     _build_one,
-    _plan_for,
     _quick_saferepr,
     build_envelope,
     build_envelopes,
     new_task_ids,
 )
-from celery_delayq.producer.options import clean_options, current_worker_task
+from celery_delayq.producer.message import current_worker_task
+from celery_delayq.producer.options import clean_options
+from celery_delayq.producer.plans import plan_for
 from celery_delayq.store.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.jobs import MAX_STORED_SHAPES, EnqueueOutcome
@@ -118,7 +119,7 @@ def without_created(envelope: str) -> str:
 def test_planned_envelope_is_the_one_job_envelope(app: Celery, options: dict[str, Any]) -> None:
     task = app.tasks["t.any"]
     jobs = [(f"job-{i}", DUE + i, args, kwargs) for i, (args, kwargs) in enumerate(ARGS)]
-    assert _plan_for(app, task, clean_options(options), (), {}) is not None  # the planned path
+    assert plan_for(app, task, clean_options(options), (), {}) is not None  # the planned path
     planned = build_envelopes(app, task, jobs, options, max_payload=None)
     for (task_id, due, args, kwargs), envelope in zip(jobs, planned, strict=True):
         one = _build_one(app, task, task_id, due, args, kwargs, clean_options(options), None, None)
@@ -260,7 +261,7 @@ def test_arguments_dependent_routing_and_shadow_names_are_built_job_by_job(
         return x
 
     try:
-        assert _plan_for(app, routed, {}, (1,), {}) is None
+        assert plan_for(app, routed, {}, (1,), {}) is None
         direct = {}
         for x in (1, 2):
             sent_id = routed.apply_async((x,), task_id=f"direct-{x}").id

@@ -15,7 +15,7 @@ from celery import Celery
 
 from celery_delayq import config as extension_module
 from celery_delayq.config import DelayQConfig, extension, installed, reconfigure
-from celery_delayq.producer.build import app_state
+from celery_delayq.producer.plans import app_state
 from celery_delayq.store.facade import get_store
 from tests.support.apps import make_app
 

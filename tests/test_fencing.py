@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 import redis
 
-from celery_delayq.beat.dispatch import FENCE_FRACTION, Dispatcher
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.fence import FENCE_FRACTION
 from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.schedules.api import Schedules

@@ -337,8 +337,8 @@ def test_dq_cancel_of_a_member_counts_in_its_batch(app: Celery) -> None:
     add = app.tasks["t.add"]
     dq = DelayQ(app)
     result = dq.batch([add.s(i, i) for i in range(3)], ETA, batch_id="m")
-    assert dq.cancel_outcome(member_id("m", 1)) == "cancelled"
-    assert dq.cancel_outcome(member_id("m", 1)) == "missing"
+    assert dq.cancel(member_id("m", 1)) == "cancelled"
+    assert dq.cancel(member_id("m", 1)) == "missing"
     assert result.progress()["cancelled"] == 1 and result.progress()["waiting"] == 2
     assert dq.count() == 2
 

@@ -508,6 +508,65 @@ def test_an_expired_slot_whose_job_is_stored_is_kept(store: Store, r: redis.Redi
     assert decisions(results) == {job: RELEASED, fresh: PARKED}
 
 
+def test_a_release_moves_the_head_of_the_parked_list_into_its_slot(store: Store, r: redis.Redis) -> None:
+    """promote reads the parked list's head once: with one free slot (a release) it is the job
+    moved; a head that is no longer parked (cancelled) is dropped and the next one moved; with
+    two free slots the list is read again; a key with none parked promotes nothing."""
+    a, b = start(store, r, "k", 2, 2)
+    parked = ids_of("k", 4, "p")
+    put(store, r, parked)
+    assert decisions(claim_and_gate(store, "beat-a", {j: Gate("k", 2) for j in parked})) == dict.fromkeys(
+        parked, PARKED
+    )
+    assert store.cancel(parked[0]) is not None
+    assert store.release(a, "k", "succeeded") == ReleaseResult(True, 1, False)
+    assert (score(store, r, parked[1]) or PARK_MS) <= server_ms(r)
+    assert wait_ids(store, r, "k") == parked[2:]
+    assert store.key_state("k").running == 1  # the moved job gets its slot when claimed
+    assert store.set_limit("k", 3) == 2  # b runs: two free slots, the two left moved
+    assert wait_ids(store, r, "k") == []
+    assert all((score(store, r, j) or PARK_MS) < PARK_MS for j in parked[2:])
+    assert store.release(b, "k", "succeeded") == ReleaseResult(True, 0, False)
+
+
+def test_hold_and_renew_never_give_back_a_slot_that_is_gone(store: Store, r: redis.Redis) -> None:
+    """hold.lua and slot_renew.lua check and extend a slot in one ZADD XX: a job whose slot is
+    gone (a release came first, or an operator removed it) is not held or renewed, and gets no
+    slot back (the cap would not count it)."""
+    a, b = ids_of("k", 2)
+    put(store, r, [a, b])
+    claim_and_gate(store, "beat-a", {a: Gate("k", 2), b: Gate("k", 2)})
+    r.zrem(store.keys.for_key("k").running("k"), a, b)
+    assert hold(store, "beat-a", [(a, "k")]) == {a: False}
+    assert store.renew_slots([(b, "k")], SLOT_MS) == {b: False}
+    assert run_ids(store, r, "k") == []
+    assert lease(store, r, a) is not None and lease(store, r, a).endswith("|beat-a")  # type: ignore[union-attr]
+
+
+def test_a_dead_worker_s_slot_comes_back_after_its_ttl_and_the_waiting_job_starts(
+    store: Store, r: redis.Redis
+) -> None:
+    """Limit 1: the running job's worker takes its slot over (slot TTL 50 ms here) and dies (no
+    renewal, no release) while another job waits. Once the TTL has passed the job is claimed
+    again and released into its same slot (the cap holds: the waiting job stays parked);
+    its second run's release hands the slot to the waiting job."""
+    [job] = start(store, r, "k", 1, 1)
+    [waiting] = ids_of("k", 1, "w")
+    put(store, r, [waiting])
+    assert decisions(claim_and_gate(store, "beat-a", {waiting: Gate("k", 1)})) == {waiting: PARKED}
+    assert store.renew_slots([(job, "k")], 50) == {job: True}  # the take-over; then it dies
+    expiry = score(store, r, job)
+    assert expiry is not None
+    assert decisions(claim_and_gate(store, "beat-b", {job: Gate("k", 1)})) == {}  # not due yet
+    assert wait_for(lambda: server_ms(r) > expiry, 5, 0.01)
+    assert decisions(claim_and_gate(store, "beat-b", {job: Gate("k", 1)})) == {job: RELEASED}
+    assert run_ids(store, r, "k") == [job] and wait_ids(store, r, "k") == [waiting]
+    assert all(hold(store, "beat-b", [(job, "k")]).values())
+    assert store.release(job, "k", "succeeded") == ReleaseResult(True, 1, False)
+    assert decisions(claim_and_gate(store, "beat-b", {waiting: Gate("k", 1)})) == {waiting: RELEASED}
+    assert run_ids(store, r, "k") == [waiting] and store.get(job) is None
+
+
 # -- batches -----------------------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ STORE_LAYER = {
         "beats",
         "connection",
         "scripts",
+        "direct",
     )
 }
 
@@ -301,7 +302,7 @@ def _names(*names: str) -> frozenset[str]:
 
 
 #: What every sub-package may import: the root modules beneath everything.
-BASE = ("config", "exceptions", "due")
+BASE = ("config", "setting_values", "exceptions", "due")
 
 SUBPACKAGES = {
     #: The one door to Redis. Beneath everything but the root modules and the names a gated
@@ -388,7 +389,8 @@ def test_each_subpackage_keeps_its_import_rule(package: str) -> None:
 
 
 def test_the_root_holds_about_a_dozen_entries() -> None:
-    """The package shows the data flow: the root keeps the settings, the errors and due times
+    """The package shows the data flow: the root keeps the settings (and how their values are read),
+    the errors and due times
     (beneath everything), the entry points, and one sub-package per concept."""
     root = Path(celery_delayq.__file__).parent
     entries = {p.name for p in root.iterdir() if p.name != "__pycache__"}
@@ -399,6 +401,7 @@ def test_the_root_holds_about_a_dozen_entries() -> None:
         "__main__.py",
         "py.typed",
         "config.py",
+        "setting_values.py",
         "exceptions.py",
         "due.py",
     }

@@ -19,15 +19,15 @@ from celery import Celery
 from celery.signals import task_prerun
 
 from celery_delayq import DelayedTask
-from celery_delayq.beat import dispatch as dispatch_module
-from celery_delayq.beat.dispatch import BEAT_FORGET_MS, Dispatcher
+from celery_delayq.beat.dispatch import Dispatcher
+from celery_delayq.beat.heartbeat import BEAT_FORGET_MS
 from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.config import DelayQConfig
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.exceptions import ConfigurationError
 from celery_delayq.store import lateness
 from celery_delayq.store.facade import get_store
-from celery_delayq.store.lateness import BOUNDS, Histogram
+from celery_delayq.store.lateness import BOUNDS, LATENESS_FLUSH_EVERY, Histogram
 from celery_delayq.worker import lateness as worker
 from tests.support.metrics import scrape, value
 from tests.support.store import broker_lists, server_ms
@@ -104,10 +104,10 @@ def test_the_histogram_is_flushed_at_most_every_two_seconds_even_while_asleep(
     started = time.monotonic()
     dispatcher.run_once()
     assert dispatcher.stats.published == 3
-    if time.monotonic() - started < dispatch_module.LATENESS_FLUSH_EVERY:
+    if time.monotonic() - started < LATENESS_FLUSH_EVERY:
         assert not r.exists(PUBLISH_KEY), "flushed before its interval"
     # the beat sleeps (nothing is due for 20 s): the flush happens within the sleep
-    dispatcher.wait(dispatch_module.LATENESS_FLUSH_EVERY + 1.5)
+    dispatcher.wait(LATENESS_FLUSH_EVERY + 1.5)
     assert lateness.read(get_store(app), "delayq", "publish").count == 3
     # a second batch in the same pass interval is added to the same hash
     enqueue_due(app, 2)

@@ -298,15 +298,15 @@ def test_scheduled_result_cancel_and_reschedule(app: Celery) -> None:
     assert repr(res) == f"<ScheduledResult: {res.id} due={res.due.isoformat() if res.due else None}>"
 
     new_due = datetime(2032, 2, 2, tzinfo=UTC)
-    assert res.reschedule(new_due) is True
+    assert res.reschedule(new_due) == "moved"
     assert res.due == new_due
     job = DelayQ(app).get(res.id)
     assert job is not None and job.due == new_due
 
-    assert res.cancel() is True
+    assert res.cancel() == "cancelled"
     assert DelayQ(app).get(res.id) is None
-    assert res.cancel() is False
-    assert res.reschedule(datetime(2033, 1, 1, tzinfo=UTC)) is False
+    assert res.cancel() == "missing"
+    assert res.reschedule(datetime(2033, 1, 1, tzinfo=UTC)) == "missing"
     assert res.due == new_due  # unchanged when nothing moved
     assert DelayQ(app).count() == 0
 
@@ -316,9 +316,9 @@ def test_scheduled_result_reschedule_while_leased_is_refused(app: Celery) -> Non
     store = get_store(app)
     store.claim([store.keys.shard_of(res.id)], "beat-test")
     due = res.due
-    assert res.reschedule(time.time() + HOUR) is False
+    assert res.reschedule(time.time() + HOUR) == "delivering"
     assert res.due == due
-    assert res.cancel() is False  # removed, but it was being delivered
+    assert res.cancel() == "delivering"  # removed, but it was being delivered
     assert DelayQ(app).get(res.id) is None
 
 

@@ -127,8 +127,8 @@ def lua_env() -> Iterator[Callable[[bool], tuple[Celery, Dispatcher, WireTemplat
                 get_store(application).client.delete("celery")
                 dispatcher = Dispatcher(application)
                 producer = stack.enter_context(application.producer_or_acquire())
-                dispatcher.publishing.begin(producer)
-                space = dispatcher.publishing.space
+                dispatcher.push_path.begin(producer)
+                space = dispatcher.push_path.space
                 assert space is not None
                 templates = WireTemplates(producer.channel, producer, dispatcher.publishing.direct_args)
                 args = [space, 1_048_576, GATE_HEADER, BATCH_DONE_HEADER]

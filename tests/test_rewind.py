@@ -227,7 +227,7 @@ def test_without_a_result_backend_a_held_job_waits_for_its_start_ttl(
     app = rewind_app(urls, backend=False)
     job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 1), concurrency_key="k", concurrency_limit=1)
     beat = dispatchers(app)
-    assert beat.publishing.ran.backend is None
+    assert beat.gating.ran.backend is None
     beat.run_once()
     store = get_store(app)
     keys = store.keys.for_job(job.id)
@@ -238,7 +238,7 @@ def test_without_a_result_backend_a_held_job_waits_for_its_start_ttl(
 
 def test_a_result_older_than_the_jobs_due_time_is_not_taken_for_its_run(urls: tuple[str, str, str]) -> None:
     """An id used again: the result of the earlier job does not release the new one."""
-    from celery_delayq.beat.publish import Ran
+    from celery_delayq.beat.results import Ran
 
     app = rewind_app(urls)
     ran = Ran(app)

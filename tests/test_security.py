@@ -202,7 +202,7 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
     dispatcher.wait(5)  # woken through the wake channel, then sleeps until the job is due
     assert dispatcher.stats.wakeups > wakeups
     assert delivered(dispatcher, r, soon.id)
-    dispatcher._last_full -= dispatcher.config.max_sleep  # the safety poll: TIME and MGET
+    dispatcher.wake.last_full -= dispatcher.config.max_sleep  # the safety poll: TIME and MGET
     dispatcher.run_once()
     time.sleep(1.1)  # idle past health_check_interval: the next command is preceded by PING
     assert {j.id for j in dq.pending()} == {later.id, moved.id}
@@ -251,9 +251,9 @@ def test_a_user_of_the_older_rule_without_mget_and_exists_still_delivers(
     dispatcher = dispatchers(app)
     dispatcher.run_once()
     res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))  # its wake message is not read
-    with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="celery_delayq.beat.wake"):
         for _ in range(2):
-            dispatcher._last_full -= dispatcher.config.max_sleep  # a safety poll now
+            dispatcher.wake.last_full -= dispatcher.config.max_sleep  # a safety poll now
             dispatcher.run_once()
     assert published(r) == [res.id]
     lines = [rec.getMessage() for rec in caplog.records]

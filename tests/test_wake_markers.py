@@ -17,7 +17,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq.beat.dispatch import BATCH_SWEEP_EVERY, Dispatcher
+from celery_delayq.beat.chores import BATCH_SWEEP_EVERY
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.store.beats import read_marker
 from celery_delayq.store.facade import Store
 from tests.support.store import published_ids, server_ms
@@ -41,36 +42,29 @@ def idle_beat(app: Celery, dispatchers: Callable[..., Dispatcher], **kwargs: Any
     clock = Clock()
     beat = dispatchers(app, clock=clock, **kwargs)
     beat.run_once()
-    assert all(nxt is not None for nxt in beat._next)
+    assert all(nxt is not None for nxt in beat.wake.next)
     return beat, clock
 
 
-def spy_claims(beat: Dispatcher) -> list[list[int]]:
-    """The shards of each claim the beat sends from now on (claim.lua or push.lua)."""
-    calls: list[list[int]] = []
-    claim = beat._claim
-
-    def spy(shards: list[int], failed: list[Exception]) -> Any:
-        calls.append(sorted(shards))
-        return claim(shards, failed)
-
-    beat._claim = spy  # type: ignore[method-assign]
-    return calls
+def shards_to_claim(beat: Dispatcher) -> list[int]:
+    """The shards the beat's next pass claims, as its wake decides them (with the safety poll
+    when one is due): ``run_once`` claims these and no other."""
+    return sorted(beat.wake.shards_to_claim())
 
 
 def test_a_job_whose_wake_message_was_lost_is_delivered_by_the_safety_poll(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
     beat, clock = idle_beat(app, dispatchers)
-    claims = spy_claims(beat)
     res = app.tasks["t.add"].apply_at(time.time() - 1, (1, 2))  # the beat never reads the message
     shard = beat.store.keys.shard_of(res.id)
+    assert shards_to_claim(beat) == []  # it does not know yet
     beat.run_once()
-    assert published_ids(r) == [] and claims == []  # it does not know yet
+    assert published_ids(r) == []
     clock.now += MAX_SLEEP
+    assert shards_to_claim(beat) == [shard]  # only the shard whose marker was due
     beat.run_once()
     assert published_ids(r) == [res.id]
-    assert claims == [[shard]]  # only the shard whose marker was due
 
 
 def test_the_safety_poll_claims_no_shard_when_no_marker_is_due(
@@ -79,16 +73,16 @@ def test_the_safety_poll_claims_no_shard_when_no_marker_is_due(
     add = app.tasks["t.add"]
     later = [add.apply_in(3600 + i, (i, i)) for i in range(40)]  # every shard holds a later job
     beat, clock = idle_beat(app, dispatchers)
-    claims = spy_claims(beat)
     for _ in range(3):
         clock.now += MAX_SLEEP
+        assert shards_to_claim(beat) == []
         assert 0 < beat.run_once() <= MAX_SLEEP
-    assert claims == [] and published_ids(r) == []
+    assert published_ids(r) == []
     # The markers told the beat each shard's next due time.
     store = beat.store
     for res in later:
         assert res.due is not None
-        assert beat._next[store.keys.shard_of(res.id)] <= res.due.timestamp() * 1000
+        assert beat.wake.next[store.keys.shard_of(res.id)] <= res.due.timestamp() * 1000
 
 
 @pytest.mark.parametrize(
@@ -116,10 +110,9 @@ def test_a_missing_or_unreadable_marker_means_the_shard_is_claimed(
         r.set(wake, "9" * 400)
     else:
         r.set(wake, corrupt)
-    claims = spy_claims(beat)
     clock.now += MAX_SLEEP
+    assert shards_to_claim(beat) == [shard]
     beat.run_once()
-    assert claims == [[shard]]
     assert published_ids(r) == [res.id]
     # The claim wrote the marker again (its lease's expiry: the claim's next due time).
     assert read_marker(r.get(wake)) is not None
@@ -169,15 +162,13 @@ def test_unreadable_markers_fall_back_to_claiming_every_shard(
 ) -> None:
     """A Redis error reading the markers: every shard is claimed (the claim reports errors)."""
     beat, clock = idle_beat(app, dispatchers)
-    claims = spy_claims(beat)
 
     def fail() -> Any:
         raise redis.ConnectionError("gone")
 
     beat.store.wake_markers = fail  # type: ignore[method-assign]
     clock.now += MAX_SLEEP
-    beat.run_once()
-    assert claims == [list(range(beat.config.shards))]
+    assert shards_to_claim(beat) == list(range(beat.config.shards))
 
 
 def test_store_wake_markers_reads_the_clock_and_every_marker(store: Store, r: redis.Redis) -> None:

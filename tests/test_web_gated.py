@@ -16,7 +16,7 @@ from celery import Celery
 
 from celery_delayq import DelayQ
 from celery_delayq.admin.status import status_view
-from celery_delayq.beat.publish import message_headers
+from celery_delayq.beat.routing import message_headers
 from celery_delayq.flow.gate import GATE_HEADER, Gate, completion_id
 from celery_delayq.store.envelope import decode_envelope
 from celery_delayq.store.facade import Store, get_store

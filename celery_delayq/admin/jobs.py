@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DelayQ", "PendingJob"]
 
-# The outcomes :meth:`DelayQ.cancel_outcome`, :meth:`DelayQ.reschedule_outcome` and
+# The outcomes :meth:`DelayQ.cancel`, :meth:`DelayQ.reschedule` and
 # :meth:`DelayQ.requeue_dead` report, by the words they share: each is the store's ``str`` enum
 # member (``CANCELLED == "cancelled"``), typed ``str`` so that the outcomes of the three compare.
 CANCELLED: str = CancelOutcome.CANCELLED
@@ -106,19 +106,11 @@ class DelayQ:
         record = self.store.get(job_id)
         return PendingJob.from_record(record) if record else None
 
-    def cancel(self, job_id: str) -> bool:
-        """Remove a job. True when it was waiting, so it will never run.
-
-        False when there is no such job, or when a beat was delivering it at
-        that moment (it is removed, so it is not delivered again, but it may
-        already be in the broker).
-        """
-        return self.cancel_outcome(job_id) == CANCELLED
-
-    def cancel_outcome(self, job_id: str) -> CancelOutcome:
-        """:meth:`cancel`, saying what happened: ``"cancelled"`` (it was waiting: it will never
-        run), ``"delivering"`` (removed while a beat held it: it may already be in the broker)
-        or ``"missing"`` (no such job). A schedule's next point raises ``InvalidSchedule``.
+    def cancel(self, job_id: str) -> CancelOutcome:
+        """Remove a job, and say what happened (a ``str`` enum, true only for ``"cancelled"``):
+        ``"cancelled"`` (it was waiting: it will never run), ``"delivering"`` (removed while a
+        beat held it: it is not delivered again, but it may already be in the broker) or
+        ``"missing"`` (no such job). A schedule's next point raises ``InvalidSchedule``.
 
         A batch's member is cancelled through its batch (it counts as ``cancelled`` there):
         ``"cancelled"`` when it was not released yet; a member being published or running is
@@ -132,15 +124,9 @@ class DelayQ:
             return CancelOutcome.MISSING if self.store.get(job_id) is None else CancelOutcome.DELIVERING
         return self.store.cancel(job_id)
 
-    def reschedule(self, job_id: str, eta: Any) -> bool:
-        """Move a waiting job to ``eta`` (as ``apply_at`` takes it).
-
-        False when there is no such job or a beat is delivering it now.
-        """
-        return self.reschedule_outcome(job_id, eta) == MOVED
-
-    def reschedule_outcome(self, job_id: str, eta: Any) -> RescheduleOutcome:
-        """:meth:`reschedule`, saying what happened: ``"moved"``, ``"delivering"`` (refused: a
+    def reschedule(self, job_id: str, eta: Any) -> RescheduleOutcome:
+        """Move a waiting job to ``eta`` (as ``apply_at`` takes it), and say what happened (a
+        ``str`` enum, true only for ``"moved"``): ``"moved"``, ``"delivering"`` (refused: a
         beat holds the job now) or ``"missing"``. A schedule's next point raises
         ``InvalidSchedule``."""
         due_ms = due_ms_from_eta(eta, self.app)

@@ -236,7 +236,7 @@ def cancel_result(dq: DelayQ, store: Store, job_id: str) -> dict[str, Any]:
     refusal = point_refusal(dq, job_id, "cancel")
     if refusal:
         return {"id": job_id, "outcome": "schedule-point", "message": refusal}
-    outcome = dq.cancel_outcome(job_id)
+    outcome = dq.cancel(job_id)
     message = CANCEL_TEXT.get(outcome) or missing_text(store, job_id)
     if outcome == DELIVERING:
         message = f"{job_id!r} {message}"
@@ -253,7 +253,7 @@ def move_result(
     refusal = point_refusal(dq, job_id, what)
     if refusal:
         return {"id": job_id, "outcome": "schedule-point", "message": refusal}
-    outcome = dq.reschedule_outcome(job_id, due_ms / 1000.0)
+    outcome = dq.reschedule(job_id, due_ms / 1000.0)
     if outcome == MOVED:
         message = due_text
     elif outcome == DELIVERING:

@@ -3,7 +3,7 @@
 A pass (:meth:`.dispatch.Dispatcher.publish_claimed`) takes the jobs a claim returned and
 gives each one a :class:`Disposition`, decided by :func:`disposition` from the job's values
 alone (its due time, its decoded envelope, the gate's answer for the pass, the tasks the beat
-knows): no Redis, no broker, no clock. The dispatcher then carries it out (publishes,
+knows): no Redis, no broker, no clock. :mod:`.publish_pass` then carries it out (publishes,
 dead-letters, holds) and gathers what it did in a :class:`PassState`, made afresh for each
 pass; what the ack step needs of it is a :class:`PassResult`.
 
@@ -20,10 +20,11 @@ A claimed job goes, in order of the checks:
 - ``RELEASE``: a gated job the gate released: published through kombu, then held for its worker;
 - ``PUBLISH``: published by the pass's strategy (push path, kombu, or Celery), then acked.
 
-Two shortcuts come before the decision, both in the dispatcher's loop: a job the gate keeps is
-not decoded again, and on the push path a job that is neither gated nor a batch's completion is
-first built from its stored text, undecoded (:meth:`.publish.Pusher.publish_raw`, which leaves
-to the decoded way any job it cannot build or whose task the beat does not know).
+Two shortcuts come before the decision, both in the pass's loop (:mod:`.publish_pass`): a job
+the gate keeps is not decoded again, and on the push path a job that is neither gated nor a
+batch's completion is first built from its stored text, undecoded
+(:meth:`.push.Pusher.publish_raw`, which leaves to the decoded way any job it cannot build or
+whose task the beat does not know).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from ..due import MAX_DUE_MS
 from ..store.delivery import ClaimedJob
 from ..store.envelope import Envelope
 from .firing import FireCall
-from .publish import GatePass, Publisher, Pusher
+from .gating import GatePass
+from .publish import Publisher
+from .push import Pusher
 
 __all__ = ["Disposition", "PassResult", "PassState", "disposition", "due_in_range", "is_retry"]
 
@@ -130,7 +133,7 @@ class PassState:
 
     #: the gate's answer for the pass's gated and completion jobs
     gate: GatePass
-    #: the pass's strategy (:meth:`.publish.Publishing.begin`)
+    #: the pass's strategy (:meth:`.push.PushPath.begin`)
     publisher: Publisher
     #: the jobs ``lua/push.lua`` asked a template for: (shard, templates-hash field) -> a job
     misses: dict[tuple[int, str], ClaimedJob] = field(default_factory=dict)

@@ -153,3 +153,57 @@ class Fence:
             return 0, 0.0, 0.0
         p99 = windows[min(len(windows) - 1, math.ceil(0.99 * len(windows)) - 1)]
         return len(windows), p99 * 1000.0, windows[-1] * 1000.0
+
+    def report(self, to_push: set[str]) -> None:
+        """Count and log what the fence kept from the broker in this pass (``to_push``: the ids
+        of the push path's jobs)."""
+        # Lost jobs of the push path are push_claimed.lua's to drop (and count), not the fence's;
+        # those this beat had sent before it found their lease lost were published.
+        lost = self.lost.difference(to_push)
+        fenced = len(lost.difference(self.sent_ids))
+        early = len(lost.intersection(self.sent_ids))
+        if early:
+            logger.warning(
+                "delayq: fence: %d job(s) this beat published in this pass were found re-claimed by "
+                "another beat afterwards (this beat was paused or slowed inside its publish): the other "
+                "beat published them too, and workers with delayq_start_check on run only the "
+                "copy that starts first",
+                early,
+            )
+        if fenced:
+            self.stats.fenced += fenced
+            self.stats.stale_acks += fenced
+            logger.warning(
+                "delayq: fence: %d claimed job(s) were not published: their lease was no longer "
+                "this beat's when it was renewed before publishing (this beat was paused or slowed "
+                "past %.0f%% of the lease, %.1f s)",
+                fenced,
+                FENCE_FRACTION * 100,
+                self.ttl,
+            )
+        if self.overran:
+            logger.warning(
+                "delayq: fence: %d message(s) reached the broker after their lease may have expired "
+                "(the publish or the batch flush took longer than the last %.0f%% of the lease, "
+                "%.1f s); if another beat re-claimed them meanwhile they run twice",
+                self.overran,
+                (1 - FENCE_FRACTION) * 100,
+                self.ttl,
+            )
+
+    def log_window(self) -> None:
+        """Log the residual window (:meth:`window`) when anything went through kombu, once
+        (the beat is stopping)."""
+        count, p99, most = self.window()
+        if count:
+            logger.info(
+                "delayq: fence: residual window (last lease check -> publish sent or batch flushed) "
+                "over the last %d publishes/flushes: p99 %.1f ms, max %.1f ms; %d renewal(s), %d "
+                "job(s) not published for a lost lease",
+                count,
+                p99,
+                most,
+                self.stats.renewals,
+                self.stats.fenced,
+            )
+            self.windows.clear()  # logged once, however often the beat's stop() is called

@@ -24,6 +24,7 @@ from ..store.envelope import Envelope
 from ..store.facade import Store
 from ..store.schedules import FireOutcome
 from .publish import Outcome, Publisher, Publishing
+from .push import PushPath
 from .stats import DispatchStats
 
 __all__ = ["FireCall", "ScheduleFiring", "next_point", "plan_point"]
@@ -153,11 +154,13 @@ class ScheduleFiring:
     def publish(
         self,
         publishing: Publishing,
+        push_path: PushPath,
         publisher: Publisher,
         points: list[tuple[int, ClaimedJob, Envelope]],
         sent: list[int],
     ) -> list[FireCall]:
-        """Publish due schedule points (per their missed-run policy) with ``publisher``, adding
+        """Publish due schedule points (per their missed-run policy) with ``publisher`` (never the
+        push path: a pass on it logs once that they leave it), adding
         the due times of those published to ``sent``; return the fire calls that ack them and
         advance each schedule (run by :meth:`settle` once the publishes reached the broker)."""
         names: list[tuple[int, str]] = []
@@ -210,8 +213,8 @@ class ScheduleFiring:
                 if not publish_it:
                     logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
                 else:
-                    if publishing.pushing:
-                        publishing.leaves_push("schedule points")
+                    if push_path.pushing:
+                        push_path.leaves_push("schedule points")
                     outcome = publisher.publish(shard, job, envelope)
                     if outcome is Outcome.OUTAGE:
                         break

@@ -4,7 +4,7 @@ One :class:`DispatcherCollector` per beat, in a :class:`~prometheus_client.Colle
 of its own (never the process-wide default registry), served by
 :func:`prometheus_client.start_http_server` on ``delayq_metrics_addr:delayq_metrics_port``.
 Nothing is observed on the dispatch path: at each scrape the collector turns the
-dispatcher's counters (:class:`~celery_delayq.beat.dispatch.DispatchStats`) and its in-process
+dispatcher's counters (:class:`~celery_delayq.beat.stats.DispatchStats`) and its in-process
 lateness histogram into metric families, and reads the store's sizes and the workers'
 lateness histogram from Redis in one pipeline, at most every ``REDIS_READ_EVERY`` s (later
 scrapes in that time reuse the last read). In the same read, the flow-control keys

@@ -1,7 +1,8 @@
 """What Celery would send for a stored job: the arguments of the ``Producer.publish`` call
 ``send_task_message`` makes (:func:`direct_args`), that call itself (:func:`send_task`, as
 ``apply_async`` would), and whether the first may stand in for the second
-(:func:`can_publish_direct`). Used by the publishing strategies of :mod:`.publish`.
+(:func:`can_publish_direct`), and the headers a message carries (:func:`message_headers`). Used
+by the publishing strategies of :mod:`.publish` and :mod:`.push`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from celery.signals import after_task_publish, before_task_publish, task_sent
 from ..due import due_iso
 from ..store.envelope import CLAIM_HEADER, DUE_HEADER, Envelope
 
-__all__ = ["can_publish_direct", "direct_args", "send_task", "transport_batches"]
+__all__ = ["can_publish_direct", "direct_args", "message_headers", "send_task", "transport_batches"]
 
 
 def can_publish_direct(app: Any, producer: Any) -> bool:
@@ -26,13 +27,22 @@ def can_publish_direct(app: Any, producer: Any) -> bool:
     batches (Redis). Then each message is handed to kombu's ``Producer.publish``
     with the arguments :func:`direct_args` works out (exactly the same message), or,
     when the broker is the store's Redis, built by :func:`.wire.wire_message` and pushed by
-    :meth:`.publish.Pusher.push` (the push path).
+    :meth:`.push.Pusher.push` (the push path).
     """
     if app.conf.task_send_sent_event:
         return False
     if any(sig.receivers for sig in (before_task_publish, after_task_publish, task_sent)):
         return False
     return transport_batches(producer)
+
+
+def message_headers(envelope: Envelope) -> dict[str, Any]:
+    """The headers the message of ``envelope`` carries: its own, and those of its route's
+    ``headers`` option (:func:`direct_args` merges them)."""
+    extra = envelope.route.get("headers")
+    if isinstance(extra, dict) and extra:
+        return {**envelope.headers, **extra}
+    return envelope.headers
 
 
 def transport_batches(producer: Any) -> bool:

@@ -52,7 +52,7 @@ class DispatchStats:
     claim_sizes: list[int] = field(default_factory=lambda: [0] * (len(CLAIM_SIZE_BOUNDS) + 1))
     lateness_ms: list[float] = field(default_factory=list)
     #: gated jobs by what the gate decided (lua/gate.lua): released, parked, deferred, not-held,
-    #: held; and finished: the result backend says it ran already (publish.Ran)
+    #: held; and finished: the result backend says it ran already (results.Ran)
     gated: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: released gated jobs a beat published and then held for their worker (lua/hold.lua)
     held: int = 0

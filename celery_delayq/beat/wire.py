@@ -215,7 +215,7 @@ class WireTemplates:
         self.producer = producer
         self.args_for = args_for
         self._templates: dict[tuple[Any, ...], Any] = {}
-        #: the template space of lua/push.lua (set by the owner: publish.Publishing)
+        #: the template space of lua/push.lua (set by the owner: push.PushPath)
         self.space = ""
 
     def build(self, raw: str, due_ms: int) -> tuple[str, str, str, str] | None:

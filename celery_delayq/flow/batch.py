@@ -35,8 +35,9 @@ from ..exceptions import (
     StoreFull,
     UnknownTask,
 )
-from ..producer.build import app_state, build_envelopes, frozen_options
+from ..producer.build import build_envelopes
 from ..producer.options import short_repr
+from ..producer.plans import app_state, frozen_options
 from ..store.envelope import decode_envelope
 from ..store.facade import get_store
 from .gate import (

@@ -147,13 +147,9 @@ class SlotKeeper:
     def finished(self, job_id: str, header: Any, outcome: str) -> bool:
         """A gated task ended (or was revoked before it ran): give its slot back with
         ``outcome``; whether Redis said the slot was released. Never raises."""
-        with self._lock:
-            known = self.running.pop(job_id, None)
+        known = self._untrack(job_id, header)
         if known is None:
-            gate = Gate.from_header(header)
-            if gate is None:
-                return False
-            known = (gate.key, gate.batch or batch_of(job_id))
+            return False
         key, batch = known
         try:
             result = get_store(self.app).release(job_id, key, outcome, batch)
@@ -168,6 +164,16 @@ class SlotKeeper:
             )
             return False
         return bool(result.released)
+
+    def _untrack(self, job_id: str, header: Any) -> tuple[str, str | None] | None:
+        """Forget an ended task: its ``(key, batch id or None)``, from the running set or else
+        from its gate ``header``; None when neither has it (nothing to give back)."""
+        with self._lock:
+            known = self.running.pop(job_id, None)
+        if known is not None:
+            return known
+        gate = Gate.from_header(header)
+        return None if gate is None else (gate.key, gate.batch or batch_of(job_id))
 
     # -- the task's life, off the task's path ---------------------------------------------------
 
@@ -185,13 +191,9 @@ class SlotKeeper:
     def finish_soon(self, job_id: str, header: Any, outcome: str) -> bool:
         """:meth:`finished`, with the release queued for this process' thread (:meth:`send`);
         False when the header does not read (nothing to give back)."""
-        with self._lock:
-            known = self.running.pop(job_id, None)
+        known = self._untrack(job_id, header)
         if known is None:
-            gate = Gate.from_header(header)
-            if gate is None:
-                return False
-            known = (gate.key, gate.batch or batch_of(job_id))
+            return False
         if self._pid != os.getpid():
             self._start_renewer()
         with self._lock:

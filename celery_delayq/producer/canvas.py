@@ -43,8 +43,9 @@ from ..due import due_ms_from_delay, due_ms_from_eta
 from ..exceptions import InvalidArguments, InvalidOptions, UnknownTask
 from ..flow.gate import GATE_OPTIONS
 from ..store.facade import get_store
-from .build import app_state, build_envelopes, new_task_ids
+from .build import build_envelopes, new_task_ids
 from .options import TRANSPORT_OPTIONS, clean_options
+from .plans import app_state
 from .result import ScheduledResult
 from .task import scheduled_results
 

@@ -12,6 +12,7 @@ from vine import promise
 from ..admin.jobs import DelayQ
 from ..config import extension
 from ..due import due_ms_from_eta, ms_to_datetime
+from ..store.jobs import CancelOutcome, RescheduleOutcome
 
 __all__ = ["ScheduledResult"]
 
@@ -109,12 +110,13 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
         kept[key] = (backend, shared)  # the entry keeps the backend alive: its id stays its own
         return shared
 
-    def cancel(self) -> bool:
-        """Remove the job; True when it was waiting and so will never run."""
+    def cancel(self) -> CancelOutcome:
+        """Remove the job: :meth:`DelayQ.cancel` (true only when it was waiting and so will
+        never run)."""
         return DelayQ(self.app).cancel(self.id)
 
-    def reschedule(self, eta: Any) -> bool:
-        """Move the waiting job to ``eta``; False when it no longer waits."""
+    def reschedule(self, eta: Any) -> RescheduleOutcome:
+        """Move the waiting job to ``eta``: :meth:`DelayQ.reschedule` (true only when moved)."""
         moved = DelayQ(self.app).reschedule(self.id, eta)
         if moved:
             self.due = ms_to_datetime(due_ms_from_eta(eta, self.app))

@@ -31,8 +31,9 @@ from ..store.envelope import DUE_HEADER
 from ..store.facade import get_store
 from ..store.jobs import EnqueueOutcome
 from ..store.keys import is_point_id
-from .build import app_state, build_envelopes, new_task_ids
+from .build import build_envelopes, new_task_ids
 from .options import TRANSPORT_OPTIONS, due_item, short_repr
+from .plans import app_state
 from .result import ScheduledResult
 
 __all__ = [

@@ -4,9 +4,10 @@
 composed of its parts by seam (``jobs``, ``delivery``, ``reads``, ``dead``, ``schedules``,
 ``flow``, ``batches``, ``beats``, over ``base``: the client, the script calls, the per-shard loop),
 ``connection`` (the client factory and Redis's errors), ``scripts`` (the Lua scripts of ``lua/``,
-called by SHA), ``keys`` (every key name), ``envelope`` (the stored format of a job), ``bounded``
-(bounded reads of stored data), ``lua_formats`` (the Python mirror of the Lua helpers' text
-formats), ``lateness`` (the lateness histograms kept in Redis).
+called by SHA), ``direct`` (single script calls over the store's own connections), ``keys``
+(every key name), ``envelope`` (the stored format of a job), ``bounded`` (bounded reads of
+stored data), ``lua_formats`` (the Python mirror of the Lua helpers' text formats),
+``lateness`` (the lateness histograms kept in Redis).
 
 May import: the root modules and ``flow.gate`` (the names a gated job carries). Only this
 package imports ``redis`` or the script table (``tests/test_layers.py``).

@@ -22,9 +22,10 @@ from redis.cluster import RedisCluster
 from ..config import DelayQConfig
 from ..exceptions import StoreError, StoreFull
 from .connection import REDIS_ERRORS, is_oom, make_client
+from .direct import DirectCalls
 from .envelope import joined_form, loaded_form, shape_id_of
 from .keys import KeySpace
-from .scripts import SCRIPTS, DirectCalls, LuaScript, ScriptCall, run_pipelined, run_replicated
+from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
 
 _DONE = (False, True)  # 0 nothing done, 1 done (bury, sched_del)
 

@@ -34,19 +34,25 @@ class EnqueueOutcome(enum.StrEnum):
 
 
 class CancelOutcome(enum.StrEnum):
-    """What cancelling a job did (``lua/cancel.lua``)."""
+    """What cancelling a job did (``lua/cancel.lua``); true only when ``CANCELLED``."""
 
     CANCELLED = "cancelled"  # it was waiting: it will never run
     DELIVERING = "delivering"  # removed while a beat held it: it may already be in the broker
     MISSING = "missing"  # no such job
 
+    def __bool__(self) -> bool:
+        return self is CancelOutcome.CANCELLED
+
 
 class RescheduleOutcome(enum.StrEnum):
-    """What moving a job did (``lua/reschedule.lua``)."""
+    """What moving a job did (``lua/reschedule.lua``); true only when ``MOVED``."""
 
     MOVED = "moved"
     DELIVERING = "delivering"  # refused: a beat holds the job now
     MISSING = "missing"
+
+    def __bool__(self) -> bool:
+        return self is RescheduleOutcome.MOVED
 
 
 # The scripts' integer replies, by code (see each script's header).

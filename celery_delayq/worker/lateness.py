@@ -48,7 +48,8 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import task_prerun, worker_process_shutdown, worker_shutdown
 
-from ..config import DEFAULTS, DelayQConfig, _flag
+from ..config import DEFAULTS, DelayQConfig
+from ..setting_values import flag
 from ..store.envelope import DUE_HEADER
 from ..store.facade import get_store
 from ..store.lateness import Histogram, key_for
@@ -213,7 +214,7 @@ def _setting(app: Any, name: str) -> bool:
         value = app.conf[name]
     except KeyError:
         value = DEFAULTS[name][0]
-    return _flag(name, value)
+    return flag(name, value)
 
 
 class DelayQWorker(bootsteps.Step):  # type: ignore[misc]

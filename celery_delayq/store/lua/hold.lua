@@ -54,7 +54,10 @@ for i = 4, #ARGV, 2 do
   local id, key = ARGV[i], ARGV[i + 1]
   local entry = redis.call('HGET', KEYS[3], id)
   local rkey = run_key(key)
-  if entry and lease_holds(entry, token) and redis.call('ZSCORE', rkey, id) then
+  -- the slot check and its new expiry in one ZADD XX CH (ZSCORE only when the expiry was
+  -- that already: CH counts no change)
+  if entry and lease_holds(entry, token)
+      and (redis.call('ZADD', rkey, 'XX', 'CH', expiry, id) == 1 or redis.call('ZSCORE', rkey, id)) then
     local due, tries = lease_read(entry)
     if due == nil then
       due, tries = now, 1
@@ -66,7 +69,6 @@ for i = 4, #ARGV, 2 do
       redis.call('HSET', G_CHECK, id, '1')
     end
     redis.call('ZADD', KEYS[1], score, id)
-    redis.call('ZADD', rkey, expiry, id)
     earliest = math.min(earliest or score, score)
     out[#out + 1] = 1
   elseif redis.call('ZSCORE', rkey, id) then

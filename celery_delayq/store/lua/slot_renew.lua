@@ -39,8 +39,9 @@ for i = 2, #ARGV, 2 do
   local id, key = ARGV[i], ARGV[i + 1]
   local rkey = run_key(key)
   redis.call('HDEL', G_CHECK, id)  -- started: no more checks (hold.lua); the first write (above)
-  if redis.call('ZSCORE', rkey, id) then
-    redis.call('ZADD', rkey, expiry, id)
+  -- the slot check and its new expiry in one ZADD XX CH (ZSCORE only when the expiry was
+  -- that already: CH counts no change)
+  if redis.call('ZADD', rkey, 'XX', 'CH', expiry, id) == 1 or redis.call('ZSCORE', rkey, id) then
     local entry = redis.call('HGET', KEYS[3], id)
     if entry and not lease_holds(entry, GATE_TOKEN) then
       if not lease_holds(entry, RUN_TOKEN) then

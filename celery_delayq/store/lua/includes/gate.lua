@@ -88,35 +88,47 @@ local function purge(key, now)
   end
   return purged
 end
--- promote(key, channel, shard, now): unless the key is paused or has no parked job, move as
+-- promote(key, channel, shard, now): unless the key has no parked job or is paused, move as
 -- many parked jobs of it as it has free slots (all, with no cap) from wait_key to due now -
 -- priority (claimed first by priority), and wake the beats. When the key has no free slot, its
 -- expired slots whose job is gone are purged first (above; a claim or gate that finds the key
 -- full purges too). A member whose job is no longer parked (cancelled, or stored again
 -- meanwhile: its score is not PARK_MS) is dropped from the list without counting. Returns how
--- many were moved.
+-- many were moved. The list's head is read first (a key with none parked costs one read), and
+-- is the one job moved when one slot is free (the usual release: no second read of the list).
 local function promote(key, channel, shard, now)
-  if redis.call('HEXISTS', G_PAUSED, key) == 1 then
-    return 0
-  end
   local wkey = wait_key(key)
-  local free = redis.call('ZCARD', wkey)
-  if free == 0 then
+  local popped = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
+  if popped[1] == nil or redis.call('HEXISTS', G_PAUSED, key) == 1 then
     return 0
   end
+  -- free: the key's free slots, nil for no cap; reuse: the head read above is the one job to
+  -- move (one free slot)
+  local free = nil
   local limit = limit_in_force(key, redis.call('HGET', G_KEYS, key))
   if limit ~= nil then
     local rkey = run_key(key)
-    free = math.min(free, limit - redis.call('ZCARD', rkey))
+    free = limit - redis.call('ZCARD', rkey)
     if free <= 0 and purge(key, now) > 0 then
-      free = math.min(redis.call('ZCARD', wkey), limit - redis.call('ZCARD', rkey))
+      free = limit - redis.call('ZCARD', rkey)
+    end
+    if free <= 0 then
+      return 0
     end
   end
-  local moved = 0
-  while moved < free do
-    local popped = redis.call('ZRANGE', wkey, 0, math.min(free - moved, 500) - 1, 'WITHSCORES')
-    if popped[1] == nil then
-      break
+  local moved, reuse = 0, free == 1
+  while true do
+    if reuse then
+      reuse = false
+    else
+      local want = 500
+      if free ~= nil then
+        want = math.min(free - moved, 500)
+      end
+      popped = redis.call('ZRANGE', wkey, 0, want - 1, 'WITHSCORES')
+      if popped[1] == nil then
+        break
+      end
     end
     local ids = {}
     for j = 1, #popped, 2 do
@@ -130,6 +142,9 @@ local function promote(key, channel, shard, now)
         redis.call('ZADD', KEYS[1], now - priority, id)
         moved = moved + 1
       end
+    end
+    if free ~= nil and moved >= free then
+      break
     end
   end
   if moved > 0 then
