@@ -228,6 +228,7 @@ def test_a_message_waiting_for_a_worker_longer_than_the_slot_ttl_is_not_delivere
     assert get_store(app).key_state("tenant:9").running == 1
 
 
+@pytest.mark.slow
 def test_a_deferred_job_waits_for_its_rate(
     app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers
 ) -> None:
@@ -282,6 +283,7 @@ def test_the_completion_job_gets_the_batch_id_and_counts(
     assert dispatcher.stats.completions == 1
 
 
+@pytest.mark.slow
 def test_the_metrics_count_gate_decisions_and_show_each_busy_key(
     app: Celery, dispatchers: Dispatchers
 ) -> None:

@@ -344,6 +344,7 @@ def test_key_states_list_every_key(store: Store, r: redis.Redis) -> None:
 # -- rate --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rate_spaces_releases_across_two_beats(store: Store, r: redis.Redis, wake: Wake) -> None:
     """2/s: one release every 500 ms (GCRA, no burst), whichever beat gates. A deferred job
     books the next time the rate allows (its score, the reply's until_ms; the wake marker is
