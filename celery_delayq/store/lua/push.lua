@@ -41,7 +41,7 @@ if not (token and token ~= '' and not find(token, '|', 1, true) and batch and ba
     .. 'a payload limit, a space, a tag prefix of letters, digits and -_.:, two header names)')
 end
 local WIRE = sub(KEYS[1], 1, #KEYS[1] - 3) .. 'wire'
-local MAX_DUE = 253402300799999  -- the last ms of year 9999: a later due time is the beat's (corrupt)
+local MAX_DUE = 253402300799999  -- the last ms of year 9999 (15 digits): a later due time is the beat's
 local HOLES = {[0] = true, true, true, true, true, true}  -- 0 id, 1 args, 2 kwargs, 3 body, 4 due, 5 tag
 
 -- shape_template(shape, plain): the shape's template (read once a call; JSON: literals l around holes
@@ -85,7 +85,7 @@ end
 local function message(job)
   local stored, id, due = job.envelope, job.id, job.due
   if #stored + #id + 16 > max_payload or not find(id, '^[%w%-_.:]*$') or not find(due, '^%d+$')
-      or tonumber(due) > MAX_DUE or sub(stored, 1, 12) ~= '{"v":3,"a":"' then
+      or #due > 14 and tonumber(due) > MAX_DUE or sub(stored, 1, 12) ~= '{"v":3,"a":"' then
     return nil
   end
   -- "a", "k" and the body ("j" or "b") each end at the first '","' after them (in JSON-escaped
