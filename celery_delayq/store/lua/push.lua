@@ -46,8 +46,8 @@ local HOLES = {[0] = true, true, true, true, true, true}  -- 0 id, 1 args, 2 kwa
 
 -- shape_template(shape, plain): the shape's template (read once a call; JSON: literals l around holes
 -- h, list key k, queue q, task t), its literals in place in t.parts, the holes left at even indexes;
--- else false (the beat's: "-", an expiry or a flow-control header in the shape), or false and the
--- field to fill (none yet, or one that does not read).
+-- else false (the beat's: "-", an expiry or a flow-control header in the shape, an "S" not hex), or
+-- false and the field to fill (none yet, or one that does not read).
 local seen, values = {[true] = {}, [false] = {}}, {}  -- values: a job's, by hole (message)
 local function shape_template(shape, plain)
   if seen[plain][shape] ~= nil then
