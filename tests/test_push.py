@@ -332,6 +332,30 @@ def test_a_due_time_past_year_9999_and_a_bad_hole_go_the_beats_way(
         assert [m["headers"]["id"] for m in take_lists(r)["celery"]] == [job.id]
 
 
+def test_an_id_the_script_cannot_write_and_a_bad_shape_id_go_the_beats_way(
+    app_factory: AppFactory, r: redis.Redis
+) -> None:
+    """push.lua writes a job's id into its message as is: an id with a character outside letters,
+    digits and -_.: goes the beat's way (kombu escapes it), as does an envelope whose shape id
+    "S" is not hex (corrupt: the beat dead-letters it); the job beside them is pushed."""
+    application = app_factory(delayq_shards=1)
+    warm_up(application)
+    take_lists(r)
+    keys = get_store(application).keys.shard(0)
+    add = application.tasks["t.add"]
+    for odd in ('a "quoted" id', "an id with spaces", "ünïcode"):
+        add.apply_at(time.time() - 1, (1,), task_id=odd)
+    good, bad = add.apply_at(time.time() - 1, (2,)), add.apply_at(time.time() - 1, (3,))
+    envelope = r.hget(keys.jobs, bad.id)
+    assert re.search(r'"S":"[0-9a-f]+"', envelope)
+    r.hset(keys.jobs, bad.id, re.sub(r'"S":"[0-9a-f]+"', '"S":"not-hex"', envelope))
+    beat = drain(application)
+    assert beat.stats.pushed_on_claim == 1 and beat.stats.published == 4 and beat.stats.dead_lettered == 1
+    assert bad.id in dict(DelayQ(application).dead())
+    ids = {m["headers"]["id"] for m in take_lists(r)["celery"]}
+    assert ids == {good.id, 'a "quoted" id', "an id with spaces", "ünïcode"}
+
+
 @pytest.mark.slow
 def test_gated_jobs_and_schedule_points_go_the_beats_way(app_factory: AppFactory, r: redis.Redis) -> None:
     """A job under flow control and a schedule's point are never pushed by the script: the gate

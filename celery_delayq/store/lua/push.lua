@@ -41,21 +41,21 @@ if not (token and token ~= '' and not find(token, '|', 1, true) and batch and ba
     .. 'a payload limit, a space, a tag prefix of letters, digits and -_.:, two header names)')
 end
 local WIRE = sub(KEYS[1], 1, #KEYS[1] - 3) .. 'wire'
-local MAX_DUE = 253402300799999  -- the last ms of year 9999: a later due time is the beat's (corrupt)
+local MAX_DUE = 253402300799999  -- the last ms of year 9999 (15 digits): a later due time is the beat's
 local HOLES = {[0] = true, true, true, true, true, true}  -- 0 id, 1 args, 2 kwargs, 3 body, 4 due, 5 tag
 
 -- shape_template(shape, plain): the shape's template (read once a call; JSON: literals l around holes
 -- h, list key k, queue q, task t), its literals in place in t.parts, the holes left at even indexes;
--- else false (the beat's: "-", an expiry or a flow-control header in the shape), or false and the
--- field to fill (none yet, or one that does not read).
-local seen = {[true] = {}, [false] = {}}
+-- else false (the beat's: "-", an expiry or a flow-control header in the shape, an "S" not hex), or
+-- false and the field to fill (none yet, or one that does not read).
+local seen, values = {[true] = {}, [false] = {}}, {}  -- values: a job's, by hole (message)
 local function shape_template(shape, plain)
   if seen[plain][shape] ~= nil then
     return seen[plain][shape]
   end
   seen[plain][shape] = false
   if find(shape, ',"x":', 1, true) or find(shape, gate_header, 1, true)
-      or find(shape, done_header, 1, true) then
+      or find(shape, done_header, 1, true) or find(shape, '^"S":') and not find(shape, '^"S":"%x+"$') then
     return false
   end
   local field = space .. (plain and '|j|' or '|b|') .. shape
@@ -74,7 +74,7 @@ local function shape_template(shape, plain)
     if type(literal) ~= 'string' or n <= #t.h and not HOLES[t.h[n]] then
       return false, field
     end
-    t.parts[n + n - 1] = literal
+    t.parts[n + n - 1] = t.h[n] == 5 and literal .. tag_prefix or literal  -- a tag: the prefix then the id
   end
   seen[plain][shape] = t
   return t
@@ -84,8 +84,8 @@ end
 -- on its shape's first miss, the templates-hash field to fill.
 local function message(job)
   local stored, id, due = job.envelope, job.id, job.due
-  if #stored + #id + 16 > max_payload or find(id, '[^%w%-_.:]') or not find(due, '^%d+$')
-      or tonumber(due) > MAX_DUE or sub(stored, 1, 12) ~= '{"v":3,"a":"' then
+  if #stored + #id + 16 > max_payload or not find(id, '^[%w%-_.:]*$') or not find(due, '^%d+$')
+      or #due > 14 and tonumber(due) > MAX_DUE or sub(stored, 1, 12) ~= '{"v":3,"a":"' then
     return nil
   end
   -- "a", "k" and the body ("j" or "b") each end at the first '","' after them (in JSON-escaped
@@ -97,15 +97,15 @@ local function message(job)
   local named = b and match(stored, '^","([tS])":', b)
   local c = named and find(stored, ',"c":', #stored - 24, true)
   local shape = c and find(stored, '^%d+}$', c + 5) and sub(stored, b + 2, c - 1)
-  if not shape or named == 'S' and not find(shape, '^"S":"%x+"$') then
+  if not shape then
     return nil
   end
   local t, miss = shape_template(shape, kind == 'j')
   if not t then
     return nil, miss
   end
-  local values = {[0] = id, sub(stored, 13, a - 1), sub(stored, a + 7, k - 1), sub(stored, k + 7, b - 1),
-    due, tag_prefix .. id}
+  values[0], values[1], values[2], values[3], values[4], values[5] =
+    id, sub(stored, 13, a - 1), sub(stored, a + 7, k - 1), sub(stored, k + 7, b - 1), due, id
   local parts, h = t.parts, t.h
   for n = 1, #h do
     parts[n + n] = values[h[n]]
