@@ -1,4 +1,4 @@
-"""``python -m bench [--quick | --full] [--only ROW[,ROW...]] [--list]``."""
+"""``python -m bench [--smoke | --quick | --full] [--only ROW[,ROW...]] [--list]``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from types import FrameType
 from .cluster import row_cluster_dispatch
 from .dispatch import row_dispatch, row_dispatch_rabbitmq, row_scale
 from .flow import row_flow
-from .harness import DEFAULT, FULL, QUICK, Context, Sizes
+from .harness import DEFAULT, FULL, QUICK, SMOKE, Context, Sizes
 from .lateness import row_lateness_burst, row_lateness_steady, row_wakeup
 from .produce import row_apply_at, row_apply_at_many
 from .report import RowResult, notes, table
@@ -64,7 +64,8 @@ NAMES = [row.name for row in ROWS]
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
+    size.add_argument("--quick", action="store_true", help="small sizes (about 3 minutes)")
+    size.add_argument("--smoke", action="store_true", help="tinier sizes: every row runs (the smoke test)")
     size.add_argument(
         "--full",
         action="store_true",
@@ -136,8 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in ROWS:
             print(f"{row.name:18} {row.title}")
         return 0
-    sizes: Sizes = QUICK if args.quick else FULL if args.full else DEFAULT
-    mode = "quick" if args.quick else "full" if args.full else "default"
+    sizes: Sizes = SMOKE if args.smoke else QUICK if args.quick else FULL if args.full else DEFAULT
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full" if args.full else "default"
     selected = args.only or NAMES
     ctx = Context(sizes, mode, selected=list(selected))
     atexit.register(ctx.cleanup)

@@ -213,7 +213,7 @@ def _side(
 
 def row_flow(ctx: Context) -> RowResult:
     result = RowResult("flow")
-    n = 1_000 if ctx.mode == "quick" else 10_000
+    n = {"smoke": 500, "quick": 1_000}.get(ctx.mode, 10_000)
     store_server, broker_server = ctx.redis(), ctx.redis()
     store, broker_url = store_server.url + "/0", broker_server.url + "/0"
     broker = redis.Redis.from_url(broker_url, decode_responses=True)

@@ -52,7 +52,7 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Sizes:
-    """How big each row is. ``default`` fits 10 minutes on 2 cores; ``quick`` about one."""
+    """How big each row is. ``default`` fits 10 minutes on 2 cores; ``quick`` about three."""
 
     produce_seconds: float  # rows 1-2: seconds per timed loop
     many_jobs: int  # row 2: jobs scheduled with apply_at_many
@@ -116,6 +116,29 @@ QUICK = Sizes(
     web_requests=5,
     web_refreshes=1,
     cluster_jobs=20_000,
+)
+#: The smoke test's sizes (``--smoke``, tests/test_bench.py): every row runs to its end, in
+#: about half the time of ``--quick``; its figures are too small to compare with anything.
+SMOKE = Sizes(
+    produce_seconds=0.3,
+    many_jobs=1_000,
+    dispatch_jobs=3_000,
+    rabbit_jobs=1_000,
+    steady_seconds=2.0,
+    burst_jobs=2_000,
+    eta_jobs=300,
+    idle_seconds=5.0,
+    wake_tries=10,
+    rss_jobs=2_000,
+    memory_jobs=1_000,
+    scale_small=300,
+    scale_large=10_000,
+    scale_due=1_000,
+    spark_rows=1_000,
+    web_jobs=3_000,
+    web_requests=3,
+    web_refreshes=1,
+    cluster_jobs=3_000,
 )
 #: The issue's sizes, where the default mode has to cut (takes about 20 minutes).
 FULL = Sizes(

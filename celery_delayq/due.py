@@ -38,10 +38,14 @@ def local_now_ms() -> int:
 def ms_to_datetime(ms: float) -> datetime:
     """UTC-aware datetime of ``ms`` milliseconds since the epoch.
 
+    Exact to the millisecond at any date (a float of seconds is not, far from now):
+
     >>> ms_to_datetime(1_700_000_000_000).isoformat()
     '2023-11-14T22:13:20+00:00'
+    >>> ms_to_datetime(74_195_825_955_087).isoformat()
+    '4321-03-04T23:39:15.087000+00:00'
     """
-    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+    return _EPOCH + timedelta(milliseconds=ms)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

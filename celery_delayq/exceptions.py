@@ -17,6 +17,7 @@ The tree::
     │   ├── UnknownTask              a schedule names a task the app does not have
     │   ├── ScheduleExists           Schedules.add() of a name that is taken
     │   ├── InvalidBatch             DelayQ.batch() with no members or a non-signature
+    │   ├── BatchSealed              OpenBatch.add() of a batch that is sealed
     │   └── BatchExists              DelayQ.batch() with the batch_id of a stored batch
     └── StoreError                   Redis answered in a way the store cannot use
         ├── UnsupportedServer        Redis older than 6.2 (scripts need it)
@@ -42,6 +43,7 @@ from typing import Any
 __all__ = [
     "BatchExists",
     "BatchNotFound",
+    "BatchSealed",
     "ConfigurationError",
     "CorruptData",
     "DelayQError",
@@ -206,6 +208,11 @@ class InvalidInput(DelayQError, ValueError):
 
 class BatchNotFound(DelayQError, LookupError):
     """``BatchResult.state()`` of a batch that is not stored (never made, deleted, or expired)."""
+
+
+class BatchSealed(ScheduleError):
+    """``OpenBatch.add`` of a batch that is sealed (``seal()`` was called, or it was made by
+    ``DelayQ.batch``): no member is added after the seal."""
 
 
 class BatchExists(ScheduleError, KeyError):

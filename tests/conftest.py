@@ -4,8 +4,8 @@ Fixtures and helpers live in ``tests/support`` and test modules import helpers f
 explicitly (``from tests.support.apps import make_app``). The general modules listed in
 ``pytest_plugins`` register their fixtures for every test, so those fixtures (``redis_url``,
 ``r``, ``app``, ``app_factory``, ``dispatchers``, ``procs``, ``store``...) need no import; a
-fixture of one area (``dashboard``, ``producers``, ``spark``, ``browser``) is imported by the
-test modules that use it.
+fixture of one area (``dashboard``, ``producers``, ``spark``, ``browser``, ``cluster_url``,
+``wake``) is imported by the test modules that use it.
 
 Markers (``pyproject.toml``): ``e2e`` for tests that start celery worker/beat processes or
 the demo, ``slow`` for long ones, ``cluster``, ``spark``, ``rabbitmq`` for what a test needs.
@@ -32,15 +32,13 @@ UNMARKED_SLOW: list[tuple[str, float]] = []
 
 #: The general fixture modules, for every test. A fixture of one area is imported by the test
 #: modules that use it (``from tests.support.web import dashboard``, named in ``__all__``):
-#: ``producers`` (tests.support.stack), ``dashboard`` (web), ``spark``, ``browser``.
-#: ``cluster`` and ``wake`` are still here as tests/test_gate_scripts.py uses their fixtures by name.
+#: ``producers`` (tests.support.stack), ``dashboard`` (web), ``spark``, ``browser``,
+#: ``redis_cluster`` and ``cluster_url`` (cluster), ``wake``.
 pytest_plugins = [
     "tests.support.apps",
     "tests.support.servers",
     "tests.support.processes",
     "tests.support.store",
-    "tests.support.cluster",
-    "tests.support.wake",
 ]
 
 

@@ -205,7 +205,7 @@ def test_a_task_default_is_checked(app: Celery) -> None:
     "items, shown",
     [
         ([(ETA, (1, 2), None), (ETA, (1, 2))], "item 1 must be an (eta, args, kwargs) tuple, got tuple of 2"),
-        ([(ETA, (1, 2), None, None)], "item 0 must be an (eta, args, kwargs) tuple, got tuple of 4"),
+        ([(ETA, (1, 2), None, None, None)], "item 0 must be an (eta, args, kwargs) tuple, got tuple of 5"),
         ([(ETA, (1, 2), None), ETA], "item 1 must be an (eta, args, kwargs) tuple, got float"),
         ([(ETA, (1, 2), None), "abc"], "item 1 must be an (eta, args, kwargs) tuple, got str"),
         ([(ETA, (1, 2), None), (ETA, (1, 2), None), (ETA, "ab", None)], "args must be a list or tuple"),

@@ -79,7 +79,7 @@ def leftovers(store: Store, r: redis.Redis, bid: str) -> list[str]:
         found.append("batches")
     if r.zscore(names.batch_expiry, bid) is not None:
         found.append("batches:expiry")
-    for hashed in (names.gate_keys, names.gate_limits, names.gate_paused, names.gate_rates):
+    for hashed in (names.gate_keys, names.gate_rates):
         if r.hexists(hashed, batch_key(bid)):
             found.append(hashed)
     return found
@@ -254,7 +254,8 @@ def test_a_corrupt_batch_hash(keep60: Store, r: redis.Redis, caplog: pytest.LogC
 
 def test_a_full_redis_still_finishes_expires_deletes_and_sweeps(each_server: EmbeddedRedis) -> None:
     """Over maxmemory, on each server kind (Redis 6.2 takes the scripts without flags): opening
-    a batch is refused (StoreFull); the release that finishes one runs and sets its expiry (a
+    a batch, and adding to an open one, is refused (StoreFull); sealing one runs; the release
+    that finishes one runs and sets its expiry (a
     full Redis never leaves a finished batch without one), and deleting and sweeping, which
     only remove, run too."""
     r = redis.Redis.from_url(each_server.url, decode_responses=True)
@@ -264,17 +265,21 @@ def test_a_full_redis_still_finishes_expires_deletes_and_sweeps(each_server: Emb
     release_all(store, "full", ids)
     other = open_with_members(store, r, "other", 1)
     store.cancel_batch("other")  # finished: a delete target
+    assert store.open_batch("open", 0, None, {}, open_ms=60_000)  # an open batch (open_batch)
     make_full(r)
     try:
         with pytest.raises(StoreFull, match="batch 'refused' not opened"):
             store.open_batch("refused", 1, None, {})
+        with pytest.raises(StoreFull, match="batch 'open': no member added"):
+            store.grow_batch("open", 1)
+        assert store.seal_batch("open") == ("sealed", True)  # no member: complete at the seal
         assert store.release(ids[0], batch_key("full"), "succeeded", "full").batch_done
         assert 0 < r.pttl(batch_hash(store, "full")) <= 200
         assert store.delete_batch("other") == "deleted"
         assert leftovers(store, r, "other") == [] and other
         assert wait_for(lambda: store.batch_state("full") is None, 10, 0.05)
-        assert store.sweep_batches() == 1
-        assert leftovers(store, r, "full") == []
+        assert store.sweep_batches() == 2  # "full" and "open" (sealed, finished before it)
+        assert leftovers(store, r, "full") == [] and leftovers(store, r, "open") == []
     finally:
         r.config_set("maxmemory", 0)
         r.flushall()

@@ -33,14 +33,17 @@ from celery_delayq.exceptions import (
     ScheduleNotFound,
     UnknownTask,
 )
-from celery_delayq.store.envelope import stored_form
 from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.lateness import Histogram, key_for
+from celery_delayq.store.stored_forms import stored_form
 from tests.support.acl import documented_rule, server_kind
 from tests.support.apps import add_task, make_app
 from tests.support.cli import as_json, invoke
+from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.processes import ROOT, subprocess_env
 from tests.support.store import bury, ids_on_shard, server_ms
+
+__all__ = ["cluster_url", "redis_cluster"]  # fixtures, used by name
 
 Run = Callable[..., Result]
 HOUR_MS = 3_600_000

@@ -143,6 +143,8 @@ def test_schedule_first_runs_follow_the_servers_clock(
     assert before < next_ms <= after + 3_600_000
 
 
+@pytest.mark.e2e  # a real celery beat process: over a second a case
+@pytest.mark.slow
 @pytest.mark.skipif(not LIBFAKETIME.exists(), reason="libfaketime is missing (apt-get install faketime)")
 @pytest.mark.parametrize("shift", ["+600", "-600"], ids=["ahead-10min", "behind-10min"])
 def test_a_beat_with_a_skewed_clock_stores_beat_schedule_first_runs_by_the_servers_clock(

@@ -28,16 +28,20 @@ from redis.crc import key_slot
 from celery_delayq import DelayedTask, DelayQ, Schedules
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.upkeep import sync_config
+from celery_delayq.exceptions import BatchSealed
+from celery_delayq.flow.gate import member_id
 from celery_delayq.store.connection import REDIS_ERRORS
 from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.scripts import SCRIPTS
 from tests import test_api, test_scripts
 from tests.support.apps import add_task, make_app
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import LocalCluster, cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, ids_on_shard, make_store, server_ms
 from tests.support.wake import Wake
+
+__all__ = ["cluster_url", "redis_cluster"]  # fixtures, used by name
 
 pytestmark = pytest.mark.cluster
 
@@ -350,20 +354,6 @@ def test_wait_replicas_without_replicas_warns_and_keeps_the_job(
 # -- the dispatcher -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def dispatchers() -> Iterator[Callable[..., Dispatcher]]:
-    made: list[Dispatcher] = []
-
-    def factory(app: Celery, **kwargs: Any) -> Dispatcher:
-        dispatcher = Dispatcher(app, **kwargs)
-        made.append(dispatcher)
-        return dispatcher
-
-    yield factory
-    for dispatcher in made:
-        dispatcher.close()
-
-
 def test_dispatcher_delivers_into_a_plain_redis_broker_once(
     app: Celery, broker: redis.Redis, r: RedisCluster, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -384,6 +374,25 @@ def test_dispatcher_delivers_into_a_plain_redis_broker_once(
     assert DelayQ(app).get(later.id) is not None
     dispatcher.run_once()
     assert len(broker_lists(broker)["celery"]) == 300  # nothing twice
+
+
+def test_unique_for_windows_live_on_each_job_s_node(
+    app: Celery, broker: redis.Redis, r: RedisCluster, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """The uniqueness record of a shard shares its hash tag: ids spread over every primary are
+    kept while stored and taken once delivered."""
+    add = app.tasks["t.add"]
+    due = (server_ms(r) - 1000) / 1000
+    ids = [f"u-{i}" for i in range(40)]
+    assert {add.apply_at(due, (1, 1), task_id=i, unique_for=600).outcome for i in ids} == {"new"}
+    store = get_store(app)
+    records = {store.keys.shard(store.keys.shard_of(i)).unique for i in ids}
+    assert len({r.keyslot(k) for k in records}) > 3  # (the shards of 40 ids: on several nodes)
+    assert {add.apply_at(due, (1, 1), task_id=i, unique_for=600).outcome for i in ids} == {"kept"}
+    dispatchers(app).run_once()
+    assert sorted(m["headers"]["id"] for m in broker_lists(broker)["celery"]) == sorted(ids)
+    assert {add.apply_at(due, (1, 1), task_id=i, unique_for=600).outcome for i in ids} == {"taken"}
+    assert store.count() == 0
 
 
 @pytest.mark.slow
@@ -675,3 +684,19 @@ def test_capped_jobs_are_gated_in_the_claim_on_every_node(
 
     assert wait_for(delivered, 10, 0)
     assert len(broker_lists(broker)["celery"]) == 12  # each once
+
+
+def test_a_streamed_batch_lives_on_its_shard_and_completes_at_the_seal(app: Celery, r: RedisCluster) -> None:
+    """``open_batch``, two adds, the members ended, the seal: each script runs on the node of
+    the batch's hash tag (batch_open, batch_grow, batch_seal, batch_cancel), the members share
+    its slot, the seal completes it and an add after it is refused."""
+    add = app.tasks["t.add"]
+    batch = DelayQ(app).open_batch(on_complete=add.s(), batch_id="cs")
+    ids = batch.add([add.s(1, 1)]) + batch.add([add.s(2, 2), add.s(3, 3)])
+    assert ids == [member_id("cs", i) for i in range(3)]
+    assert len({key_slot(job_id.encode()) for job_id in ids}) == 1
+    assert get_store(app).cancel_batch("cs") == 3
+    assert not batch.state().done
+    assert batch.seal() is True and batch.state().done
+    with pytest.raises(BatchSealed):
+        batch.add([add.s(4, 4)])

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from celery_delayq.store.connection import REDIS_ERRORS
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import LocalCluster, cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import (
@@ -41,7 +41,7 @@ from tests.support.stack import (
     warm_up,
 )
 
-__all__ = ["producers"]  # a fixture, used by name
+__all__ = ["cluster_url", "producers", "redis_cluster"]  # fixtures, used by name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -49,14 +49,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 def cluster_env(broker: str, cluster: str, **conf: Any) -> dict[str, str]:
     settings = {"delayq_cluster": True, **conf}
     return subprocess_env(broker, cluster, DELAYQ_TEST_RECORD=broker, DELAYQ_TEST_CONF=json.dumps(settings))
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    """The plain Redis: broker, and where the worker records each run."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield client
-    client.close()
 
 
 @pytest.mark.slow

@@ -21,19 +21,19 @@ from celery_delayq.beat.metrics import DispatcherCollector
 from celery_delayq.beat.upkeep import StallSweep, sync_config
 from celery_delayq.exceptions import CorruptData, InvalidOptions
 from celery_delayq.schedules.api import point_id
-from celery_delayq.schedules.rules import IntervalRule
 from celery_delayq.store.bounded import MAX_DEPTH, check_depth, load_json
 from celery_delayq.store.connection import redis_error_kind
 from celery_delayq.store.delivery import PushClaimedOutcome, PushClaimedReply
-from celery_delayq.store.envelope import decode_envelope, stored_form
+from celery_delayq.store.envelope import decode_envelope
 from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.lateness import Snapshot, key_for
 from celery_delayq.store.lua_formats import parse_lease
 from celery_delayq.store.schedules import FireOutcome
+from celery_delayq.store.stored_forms import stored_form
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
-from tests.support.store import ids_on_shard, server_ms
+from tests.support.store import ids_on_shard, rule_due_soon, server_ms
 
 __all__ = ["redis_server"]  # a fixture, used by name
 
@@ -231,7 +231,7 @@ def test_fire_resets_a_run_state_that_does_not_read(
 ) -> None:
     schedules = Schedules(sched_app)
     store = get_store(sched_app)
-    schedules.add("h", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
+    schedules.add("h", "t.noop", rule_due_soon(schedules.store))
     keys = store.keys.for_job("{h}")
     r.hset(keys.history, "h", history)
     stored = schedules.get("h")  # a run state that does not read reads as no runs yet
@@ -530,7 +530,7 @@ def test_a_rule_that_cannot_plan_a_point_stops_its_schedule_in_the_dead_letters(
     stopped with one log line; later passes and the stall sweep publish nothing either."""
     schedules = Schedules(sched_app)
     store = get_store(sched_app)
-    schedules.add("bad", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
+    schedules.add("bad", "t.noop", rule_due_soon(schedules.store))
     keys = store.keys.for_job("{bad}")
     definition = json.loads(r.hget(keys.schedules, "bad") or "")
     r.hset(keys.schedules, "bad", json.dumps({**definition, "rule": rule}))

@@ -376,17 +376,23 @@ def test_seconds_until_due_reflects_the_next_due(
     dispatcher.run_once()
     assert 60 < dispatcher.seconds_until_due() <= 120  # nothing stored: the safety poll
 
+    def after_wake(check: Callable[[float], bool]) -> float:
+        """The next due time once the beat has heard the wake messages (short waits until
+        ``check`` holds, 5 s at most)."""
+        wait_for(
+            lambda: dispatcher.wait(0.01) or check(dispatcher.seconds_until_due()), timeout=5, interval=0
+        )
+        return dispatcher.seconds_until_due()
+
     add.apply_in(HOUR, (1, 2))
-    dispatcher.wait(0.2)  # hears the wake message
+    dispatcher.wait(0.05)  # hears the wake message
     assert 60 < dispatcher.seconds_until_due() <= 120  # capped by max_sleep
 
     add.apply_in(30, (1, 2))
-    dispatcher.wait(0.2)
-    assert 10 < dispatcher.seconds_until_due() <= 30
+    assert 10 < after_wake(lambda s: s <= 30) <= 30
 
     res = add.apply_in(0, (1, 2))
-    dispatcher.wait(0.2)
-    assert dispatcher.seconds_until_due() == 0
+    assert after_wake(lambda s: s == 0) == 0
     dispatcher.run_once()
     assert published_ids(r) == [res.id]
     assert 10 < dispatcher.seconds_until_due() <= 30
@@ -552,18 +558,17 @@ def test_the_fence_renews_a_pass_that_outlived_its_fraction_of_the_lease(
     jobs = [app.tasks["t.add"].apply_at(time.time() - 1, (i, i)) for i in range(3)]
     now = [time.monotonic()]
     dispatcher = dispatchers(app, clock=lambda: now[0])
-    claim_then_stall = dispatcher.publish_claimed
 
-    def stalled(claimed: Any, misses: Any = None) -> Any:
-        now[0] += (FENCE_FRACTION + 0.1) * 30.0  # past the fence, short of the lease
-        return claim_then_stall(claimed, misses)
+    def stalled(step: str, detail: Any) -> None:
+        if step == "claimed":
+            now[0] += (FENCE_FRACTION + 0.1) * 30.0  # past the fence, short of the lease
 
-    dispatcher.publish_claimed = stalled  # type: ignore[method-assign]
+    dispatcher.pause = stalled
     dispatcher.run_once()
     assert (dispatcher.stats.published, dispatcher.stats.renewals, dispatcher.stats.fenced) == (3, 1, 0)
     assert sorted(published_ids(r)) == sorted(job.id for job in jobs)
     app.tasks["t.add"].apply_at(time.time() - 1, (9, 9))
-    dispatcher.publish_claimed = claim_then_stall  # type: ignore[method-assign]
+    dispatcher.pause = None
     dispatcher.close()  # look at every shard at the next pass
     dispatcher.run_once()
     assert (dispatcher.stats.published, dispatcher.stats.renewals) == (4, 1)

@@ -144,6 +144,35 @@ def test_cancelled_job_never_runs(
     assert list(producer.dq.dead()) == []
 
 
+@pytest.mark.slow
+def test_an_id_with_a_uniqueness_window_runs_once_until_the_window_ends(
+    redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
+) -> None:
+    """``unique_for``: ids scheduled again while waiting are kept, and again after they ran are
+    taken (stored and run no more); an id whose short window ended is stored and runs again."""
+    producer = producers(redis_url, redis_url)
+    start_stack(procs, subprocess_env(redis_url, redis_url))
+    warm_up(producer, r, procs)
+    record = producer.record
+    due = time.time() + 1.0
+    ids = [f"uniq-{i}" for i in range(20)]
+    first = [record.apply_at(due, (i,), task_id=i, unique_for=600) for i in ids]
+    short = record.apply_at(due, ("short",), task_id="uniq-short", unique_for=4)
+    assert {res.outcome for res in [*first, short]} == {"new"}
+    assert {record.apply_at(due, (i,), task_id=i, unique_for=600).outcome for i in ids} == {"kept"}
+    assert wait_for(lambda: r.hlen("e2e:runs") >= 21, 30), procs.logs()
+    again = [record.apply_at(time.time(), (i,), task_id=i, unique_for=600) for i in ids]
+    assert {(res.outcome, res.due) for res in again} == {("taken", None)}
+    assert producer.dq.count() == 0
+    # the short window ends 4 s after its store (the server's clock): then the id is free
+    time.sleep(max(0.0, due + 4.5 - time.time()))
+    rerun = record.apply_at(time.time(), ("short",), task_id="uniq-short", unique_for=4)
+    assert rerun.outcome == "new"
+    assert wait_for(lambda: runs(r).get("uniq-short") == 2, 30), procs.logs()
+    time.sleep(1.0)  # nothing else comes
+    assert runs(r) == {**{i: 1 for i in ids}, "uniq-short": 2}
+
+
 def test_rescheduled_jobs_run_at_their_new_time(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:

@@ -12,7 +12,6 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -39,10 +38,11 @@ from celery_delayq.producer.build import (
 from celery_delayq.producer.message import current_worker_task
 from celery_delayq.producer.options import clean_options
 from celery_delayq.producer.plans import plan_for
-from celery_delayq.store.envelope import decode_envelope, id_opening, loaded_form, shape_id_of, stored_form
+from celery_delayq.store.envelope import decode_envelope
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.jobs import MAX_STORED_SHAPES, EnqueueOutcome
-from tests.support.apps import add_task, make_app
+from celery_delayq.store.stored_forms import id_opening, loaded_form, shape_id_of, stored_form
+from tests.support.apps import AppFactory
 from tests.support.messages import OPTION_SETS, dispatch, normalized, pop_broker_messages
 from tests.support.store import server_ms
 
@@ -50,21 +50,16 @@ DUE = 1_900_000_000_000
 
 
 @pytest.fixture
-def app(redis_url: str) -> Iterator[Celery]:
-    application = make_app(redis_url)
+def app(app_factory: AppFactory) -> Celery:
+    """The tests' app (``t.add``, ``t.noop``), Celery's default queues, and ``t.any`` taking
+    any arguments."""
+    application = app_factory(task_queues=None)
 
     @application.task(base=DelayedTask, name="t.any", shared=False)
     def any_(*args: Any, **kwargs: Any) -> None:
         return None
 
-    add_task(application)
-
-    @application.task(base=DelayedTask, name="t.noop", shared=False)
-    def noop() -> None:
-        return None
-
-    yield application
-    application.close()
+    return application
 
 
 ARGS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
@@ -243,12 +238,12 @@ def test_apply_at_many_publishes_what_apply_async_publishes(
 
 
 def test_arguments_dependent_routing_and_shadow_names_are_built_job_by_job(
-    redis_url: str, r: redis.Redis
+    app_factory: AppFactory, r: redis.Redis
 ) -> None:
     def by_first_argument(name: str, args: Any, kwargs: Any, options: Any, **kw: Any) -> Any:
         return {"queue": f"q-{args[0]}"} if args else None
 
-    app = make_app(redis_url, task_routes=[by_first_argument])
+    app = app_factory(task_routes=[by_first_argument], task_queues=None)
 
     class Shadowed(DelayedTask):
         abstract = True
@@ -260,23 +255,20 @@ def test_arguments_dependent_routing_and_shadow_names_are_built_job_by_job(
     def routed(x: int) -> int:
         return x
 
-    try:
-        assert plan_for(app, routed, {}, (1,), {}) is None
-        direct = {}
-        for x in (1, 2):
-            sent_id = routed.apply_async((x,), task_id=f"direct-{x}").id
-            [[message]] = pop_broker_messages(r).values()
-            direct[x] = normalized(message, sent_id)
-        results = routed.apply_at_many([(time.time() - 1, (x,), None) for x in (1, 2)])
-        dispatch(app)
-        lists = pop_broker_messages(r)
-        assert sorted(lists) == ["q-1", "q-2"]
-        for x, res in zip((1, 2), results, strict=True):
-            [message] = lists[f"q-{x}"]
-            assert message["headers"]["shadow"] == f"shadow-{x}"
-            assert normalized(message, res.id) == direct[x]
-    finally:
-        app.close()
+    assert plan_for(app, routed, {}, (1,), {}) is None
+    direct = {}
+    for x in (1, 2):
+        sent_id = routed.apply_async((x,), task_id=f"direct-{x}").id
+        [[message]] = pop_broker_messages(r).values()
+        direct[x] = normalized(message, sent_id)
+    results = routed.apply_at_many([(time.time() - 1, (x,), None) for x in (1, 2)])
+    dispatch(app)
+    lists = pop_broker_messages(r)
+    assert sorted(lists) == ["q-1", "q-2"]
+    for x, res in zip((1, 2), results, strict=True):
+        [message] = lists[f"q-{x}"]
+        assert message["headers"]["shadow"] == f"shadow-{x}"
+        assert normalized(message, res.id) == direct[x]
 
 
 # -- version 2 (the format before the job's own parts came first) ------------------------------

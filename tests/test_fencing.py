@@ -238,16 +238,16 @@ def pause_before_publish(
 ) -> None:
     """Make ``dispatcher``'s next pass stall ``seconds`` between its claim and its publish (a GC
     pause, a stopped process), then run ``then`` (another beat's pass) before it goes on."""
-    original = dispatcher.publish_claimed
 
-    def stalled(claimed: Any, misses: Any = None) -> Any:
-        dispatcher.publish_claimed = original  # type: ignore[method-assign]
+    def stalled(step: str, detail: Any) -> None:
+        if step != "claimed":
+            return
+        dispatcher.pause = None
         time.sleep(seconds)
         if then is not None:
             then()
-        return original(claimed, misses)
 
-    dispatcher.publish_claimed = stalled  # type: ignore[method-assign]
+    dispatcher.pause = stalled
 
 
 def kombu_apps(app_factory: Callable[..., Any]) -> tuple[Any, Any]:
@@ -310,29 +310,20 @@ def test_a_lease_lost_while_its_message_waits_in_the_batch_discards_the_batch(
         for res in app_a.tasks["t.add"].apply_at_many([(time.time() - 1, (i, i), None) for i in range(5)])
     ]
     a, b = dispatchers(app_a), dispatchers(app_b)
-    begin = a.publishing.begin
-    calls: list[int] = []
+    handed: list[str] = []
 
-    def begin_stalling(producer: Any) -> Any:
-        """A's publisher for the pass, stalling after its first publish."""
-        publisher = begin(producer)
-        original = publisher.publish
-
-        def stall_after_first(*args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
-            outcome = original(*args, **kwargs)
-            if len(calls) == 1:
+    def stall_after_first(step: str, detail: Any) -> None:
+        """A stalls once its first message is in kombu's batch."""
+        if step == "handed":
+            handed.append(detail)
+            if len(handed) == 1:
                 time.sleep(SHORT_TTL * 1.5)
                 b.run_once()
-            return outcome
 
-        publisher.publish = stall_after_first  # type: ignore[method-assign]
-        return publisher
-
-    a.publishing.begin = begin_stalling  # type: ignore[method-assign]
+    a.pause = stall_after_first
     a.run_once()
     assert sorted(published_ids(r)) == sorted(ids)  # each once: B's
-    assert len(calls) == 2  # the second publish found the leases lost, and went no further
+    assert len(handed) == 1  # the second publish found the leases lost, and went no further
     assert (a.stats.published, a.stats.acked, a.stats.fenced) == (0, 0, 5)
 
 

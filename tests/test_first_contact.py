@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery.bin.celery import celery as celery_main
+from click.testing import CliRunner
 
 from celery_delayq import Schedules
 from celery_delayq.cli import iter_commands
@@ -133,22 +135,33 @@ def test_delayq_without_an_app_says_to_pass_dash_a(tmp_path: Path, command: list
 
 
 def _help_commands() -> list[list[str]]:
-    commands = [["celery_delayq", "--help"], ["celery_delayq", "demo", "--help"]]
-    commands += [["celery", "delayq", "--help"]]  # not `celery --help`: Celery's own have ``
+    """Every ``celery delayq`` group and command, as ``celery`` arguments."""
     groups = sorted({path.split()[0] for path in iter_commands() if " " in path})
-    commands += [["celery", "delayq", group, "--help"] for group in groups]
-    commands += [["celery", "delayq", *path.split(), "--help"] for path in iter_commands()]
-    return commands
+    commands = [["delayq", group, "--help"] for group in groups]
+    return commands + [["delayq", *path.split(), "--help"] for path in iter_commands()]
 
 
 @pytest.mark.slow
 def test_no_help_output_shows_double_backticks(tmp_path: Path) -> None:
-    commands = _help_commands()
-    assert len(commands) > 20
-    for command in commands:
+    """The entry points as a user runs them, in processes of their own; then every group and
+    command through ``celery``'s own click group in this process (the same help, a second a
+    process less each)."""
+    for command in [
+        ["celery_delayq", "--help"],
+        ["celery_delayq", "demo", "--help"],
+        ["celery", "delayq", "--help"],
+    ]:
         code, out = _run(command, tmp_path)
         assert code == 0, (command, out)
         assert "Usage" in out or "usage" in out, (command, out)
+        assert "``" not in out, (command, out)
+    commands = _help_commands()
+    assert len(commands) > 20
+    for command in commands:
+        result = CliRunner().invoke(celery_main, command, prog_name="celery")
+        out = result.output
+        assert result.exit_code == 0, (command, out)
+        assert out.startswith(f"Usage: celery {' '.join(command[:-1])} "), (command, out)
         assert "``" not in out, (command, out)
 
 

@@ -27,52 +27,18 @@ from celery_delayq.exceptions import InvalidOptions
 from celery_delayq.flow.gate import (
     BATCH_DONE_HEADER,
     GATE_HEADER,
-    Gate,
     batch_key,
     completion_id,
     key_tag,
     member_id,
 )
-from celery_delayq.store.envelope import decode_envelope
 from celery_delayq.store.facade import get_store
-from celery_delayq.store.flow import GateDecision, KeyState
+from celery_delayq.store.flow import KeyState
+from tests.support.gate import message, run_members
 from tests.support.store import server_ms
 
 ETA = datetime(2031, 1, 1, tzinfo=UTC)
 ETA_MS = int(ETA.timestamp() * 1000)
-TOKEN = "beat-test"
-
-
-def published_headers(stored: str) -> dict[str, Any]:
-    """The headers a message of this envelope is published with: Celery's, and the
-    ``headers`` option's (kombu merges them at publish)."""
-    envelope = decode_envelope(stored)
-    return {**envelope.headers, **envelope.route.get("headers", {})}
-
-
-def message(app: Celery, job_id: str) -> tuple[dict[str, Any], Any, int, str]:
-    """The stored job's message headers, its priority, its due ms and its state."""
-    record = get_store(app).get(job_id)
-    assert record is not None, job_id
-    priority = decode_envelope(record.envelope).priority
-    return published_headers(record.envelope), priority, record.due_ms, record.state
-
-
-def run_members(app: Celery, ids: list[str]) -> None:
-    """Take ``ids`` (the first due jobs of their shard, in the order of the due set: same
-    due time, by id) as a beat would: claim them, pass the gate, hold them as running (what
-    the beat does after publishing)."""
-    store = get_store(app)
-    shard = store.keys.shard_of(ids[0])
-    [claimed] = store.claim([shard], TOKEN, batch=len(ids))
-    by_id = {job.id: job for job in claimed.jobs}
-    assert set(ids) == set(by_id)
-    jobs = [(i, Gate.from_header(published_headers(by_id[i].envelope)[GATE_HEADER])) for i in ids]
-    assert all(gate is not None for _, gate in jobs)
-    decided = store.gate(TOKEN, {shard: jobs}, 60_000)  # type: ignore[dict-item]
-    assert {decided[i].decision for i in ids} == {GateDecision.RELEASED}
-    held = store.hold(TOKEN, {shard: [(job_id, gate.key) for job_id, gate in jobs]}, 60_000)  # type: ignore[union-attr]
-    assert all(held[i] for i in ids)
 
 
 # -- gated jobs ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from celery_delayq.flow.gate import GATE_HEADER, PARK_MS, Gate, gated_id, parse_
 from celery_delayq.flow.slots import SlotKeeper
 from celery_delayq.store.delivery import ClaimResult
 from celery_delayq.store.facade import Store, get_store
+from celery_delayq.store.jobs import CancelOutcome
 from tests.support.server_kinds import redis_server
 
 __all__ = ["redis_server"]  # a fixture, used by name: the gate in the claim is Lua, on every kind
@@ -100,6 +101,45 @@ def test_a_release_promotes_the_parked_job_and_the_next_claim_gives_it_the_slot(
     second = claim(store, "c2")
     assert [(job.id, job.gate_key, job.tries) for job in second.jobs] == [(ids[1], "c2", 1)]
     assert run_ids(store, "c2") == [ids[1]] and wait_ids(store, "c2") == []
+
+
+@pytest.mark.parametrize("cancel", ["one", "many"])
+def test_a_promoted_job_cancelled_before_its_claim_passes_its_turn_on(
+    app: Celery, r: redis.Redis, cancel: str
+) -> None:
+    """Limit 1, three jobs: the first runs, two are parked; its release promotes the second, which
+    is cancelled before a claim gives it the slot. The cancel promotes the key again (the third
+    job is due now), so the next claim gives the third the slot: no parked job waits for a
+    release that will never come. Cancelling a job still parked promotes nothing."""
+    store = get_store(app)
+    key = "c-stall" + cancel
+    ids = put(app, Gate(key, limit=1), 3)
+    first = claim(store, key)
+    assert [job.id for job in first.jobs] == ids[:1] and first.parked == 2
+    assert all(store.hold("beat-a", {store.keys.shard_of(key): [(ids[0], key)]}, 3_600_000).values())
+    assert store.release(ids[0], key, "succeeded").promoted == 1
+    due = store.keys.for_job(ids[1]).due
+    assert r.zscore(due, ids[1]) != PARK_MS and r.zscore(due, ids[2]) == PARK_MS
+    if cancel == "one":
+        outcome = store.cancel(ids[1])
+    else:
+        [outcome] = store.cancel_many(store.keys.shard_of(key), [ids[1]])
+    assert outcome == CancelOutcome.CANCELLED  # it waited: never "delivering"
+    assert r.zscore(due, ids[2]) != PARK_MS and wait_ids(store, key) == []
+    third = claim(store, key)
+    assert [(job.id, job.gate_key) for job in third.jobs] == [(ids[2], key)]
+    assert run_ids(store, key) == [ids[2]]
+
+
+def test_cancelling_a_parked_job_promotes_nothing(app: Celery, r: redis.Redis) -> None:
+    store = get_store(app)
+    ids = put(app, Gate("c-parked", limit=1), 3)
+    assert claim(store, "c-parked").parked == 2
+    assert store.cancel(ids[1]) == CancelOutcome.CANCELLED
+    due = store.keys.for_job(ids[2]).due
+    # (the cancelled id stays in the list until a promotion drops it: it is no longer parked)
+    assert r.zscore(due, ids[2]) == PARK_MS and wait_ids(store, "c-parked") == ids[1:]
+    assert claim(store, "c-parked").jobs == []
 
 
 def test_a_paused_key_s_jobs_are_parked_and_a_runtime_limit_wins(app: Celery) -> None:

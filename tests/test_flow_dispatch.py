@@ -156,14 +156,13 @@ def test_a_beat_stalled_between_gate_and_hold_past_its_lease(
     app = app_factory()
     first, second = store_gated(app, Gate("tenant:4", limit=1), 2)
     stalled, other = dispatchers(app), dispatchers(app_factory())
-    hold = stalled.store.hold
 
-    def stall_then_hold(*args: Any, **kwargs: Any) -> dict[str, bool]:
-        assert sorted(expire_leases(stalled.store)) == sorted([first, second])  # past the lease
-        other.run_once()
-        return hold(*args, **kwargs)
+    def stall_then_hold(step: str, detail: Any) -> None:
+        if step == "hold":
+            assert sorted(expire_leases(stalled.store)) == sorted([first, second])  # past the lease
+            other.run_once()
 
-    stalled.store.hold = stall_then_hold  # type: ignore[method-assign]
+    stalled.pause = stall_then_hold
     stalled.run_once()
     assert published_ids(r) == [first, first]
     assert other.stats.gated["released"] == 1 and other.stats.held == 1
@@ -173,6 +172,24 @@ def test_a_beat_stalled_between_gate_and_hold_past_its_lease(
     state = get_store(app).key_state("tenant:4")
     assert (state.running, state.waiting) == (1, 1)
     assert states(get_store(app), [first, second]) == ["running", "gated"]
+
+
+def test_the_pause_seam_is_called_at_each_step_of_a_pass_in_order(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers
+) -> None:
+    """``Dispatcher.pause``, where the stall tests stop a beat: after the claim, as each job is
+    handed to kombu's batch, as the batch reaches the broker, before the hold."""
+    app = app_factory(delayq_push=False)
+    [job] = store_gated(app, Gate("tenant:seam", limit=1), 1)
+    dispatcher = dispatchers(app)
+    steps: list[tuple[str, Any]] = []
+    dispatcher.pause = lambda step, detail: steps.append((step, detail))
+    dispatcher.run_once()
+    assert [step for step, _ in steps] == ["claimed", "handed", "sent", "hold"]
+    assert [claimed.id for _, claimed in steps[0][1]] == [job]
+    assert (steps[1][1], steps[2][1]) == (job, 1)
+    assert [held for pairs in steps[3][1].values() for held, _ in pairs] == [job]
+    assert published_ids(r) == [job] and dispatcher.stats.held == 1
 
 
 def test_a_slot_not_renewed_comes_back_and_the_job_is_delivered_again(

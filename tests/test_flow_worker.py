@@ -321,16 +321,14 @@ if os.environ.get("FLOW_STOP_BEFORE_HOLD"):
     import signal
     import redis
     from celery_delayq.beat import dispatch
-    _hold = dispatch.Dispatcher._hold
     _stopped = []
-    def _stop_then_hold(self, holds):
-        if not _stopped:
+    def _stop_then_hold(step, holds):
+        if step == "hold" and not _stopped:
             _stopped.append(True)
             ids = [job_id for pairs in holds.values() for job_id, _ in pairs]
             redis.Redis.from_url(os.environ["DELAYQ_TEST_STORE"]).set("e2e:stopped", json.dumps(ids))
             os.kill(os.getpid(), signal.SIGSTOP)
-        return _hold(self, holds)
-    dispatch.Dispatcher._hold = _stop_then_hold
+    dispatch.Dispatcher.pause = staticmethod(_stop_then_hold)
 """
 
 

@@ -107,7 +107,7 @@ class GateMachine(RuleBasedStateMachine):
         #: key -> {id: order score}: gate:wait:<key> (a cancelled parked job's entry stays)
         self.wait: dict[str, dict[str, int]] = {k: {} for k in KEYS}
         self.seen: dict[str, str] = {}  # gate:keys
-        self.override: dict[str, str] = {}  # gate:limits
+        self.override: dict[str, str] = {}  # the run-time limit of each gate:keys entry
         self.paused: set[str] = set()
         #: key -> most slots it may hold now: its limit, or what ran when the limit was lowered
         self.allowed: dict[str, float] = {k: float("inf") for k in KEYS}
@@ -370,14 +370,18 @@ class GateMachine(RuleBasedStateMachine):
     @rule(data=st.data(), dies=st.booleans())
     def cancel(self, data: st.DataObject, dies: bool) -> None:
         """Cancel a job in any state; a running one keeps its slot until its worker releases
-        it, or (``dies``: its worker dies too) until the slot expires."""
+        it, or (``dies``: its worker dies too) until the slot expires; a promoted one's key is
+        promoted again (lua/cancel.lua)."""
         if not self.jobs:
             return
         job_id = data.draw(st.sampled_from(sorted(self.jobs)))
         job = self.jobs.pop(job_id)
-        expected = CancelOutcome.CANCELLED if job.token is None else CancelOutcome.DELIVERING
+        # a gated job (lease "gate": parked or promoted) waited: it was never delivering
+        expected = CancelOutcome.CANCELLED if job.token in (None, "gate") else CancelOutcome.DELIVERING
         assert self.store.cancel(job_id) == expected
         self._count(f"cancel:{job.state}")
+        if job.state == "promoted":  # it carried the key's turn: the cancel promotes the key again
+            self.promote(job.key)
         if dies and self.run[job.key].get(job_id, 0) is None:
             expired = server_ms(self.client) - 1
             self.client.zadd(self.store.keys.for_key(job.key).running(job.key), {job_id: expired})
@@ -493,7 +497,7 @@ class GateMachine(RuleBasedStateMachine):
         allowed = {
             f"{self.store.keys.shard(i).base}{name}"
             for i in range(SHARDS)
-            for name in ("due", "jobs", "leases", "wake", "gate:keys", "gate:limits", "gate:paused")
+            for name in ("due", "jobs", "leases", "wake", "gate:keys")
         }
         allowed |= {self.store.keys.for_key(k).running(k) for k in KEYS}
         allowed |= {self.store.keys.for_key(k).waiting(k) for k in KEYS}

@@ -34,12 +34,13 @@ from celery_delayq.store.jobs import CancelOutcome, EnqueueOutcome
 from celery_delayq.store.lua_formats import batch_message, parse_batch_message, wait_score
 from celery_delayq.store.scripts import _NO_FLAGS, SCRIPTS
 from tests.support.acl import STORE_PASSWORD, documented_rule, server_kind
+from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
 from tests.support.store import expire_leases, expire_slots, make_store, server_ms, snapshot
-from tests.support.wake import Wake
+from tests.support.wake import Wake, wake
 
-__all__ = ["redis_server"]  # a fixture, used by name
+__all__ = ["cluster_url", "redis_cluster", "redis_server", "wake"]  # fixtures, used by name
 
 RELEASED, PARKED, DEFERRED, NOT_HELD = (
     GateDecision.RELEASED,
@@ -749,6 +750,14 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
         ("batch_open", ["b1", -1, "", "", 1, "{}"]),
         ("batch_open", ["b1", 3, "{batch:b1}:complete", "", 1, "{}"]),
         ("batch_open", ["b1", 3, "", "", "now", "{}"]),
+        ("batch_open", ["b2", 0, "", "", 1, "{}", "0"]),
+        ("batch_open", ["b2", 0, "", "", 1, "{}", "soon"]),
+        ("batch_grow", ["b{1}", 1]),
+        ("batch_grow", ["b1", 0]),
+        ("batch_grow", ["b1", "two"]),
+        ("batch_seal", ["b|1", "c", channel, 0, ""]),
+        ("batch_seal", ["b1", "c", channel, "zero", ""]),
+        ("batch_seal", ["b1", "c", channel, 0, "soon"]),
         ("batch_cancel", ["", "batch:b1", "c", channel, 0, "", "{batch:b1}:0"]),
         ("batch_cancel", ["b1", "batch:b1", "c", channel, "zero", "", "{batch:b1}:0"]),
         ("batch_cancel", ["b1", "batch:b1", "c", channel, 0, "soon", "{batch:b1}:0"]),
@@ -903,7 +912,7 @@ def test_corrupt_gate_data_is_read_as_absent(store: Store, r: redis.Redis) -> No
     starts again, the counts read as 0; a lease entry held by the token that does not read is
     gated with due now and tries 1."""
     keys = store.keys.for_key("k")
-    r.hset(keys.gate_limits, "k", "lots")
+    r.hset(keys.gate_keys, "k", "1|lots|")  # own limit 1, override "lots", not paused
     r.hset(keys.gate_rates, "k", "soon")
     ids = ids_of("k", 2)
     put(store, r, ids)

@@ -342,7 +342,9 @@ SUBPACKAGES = {
     ),
     #: Spark: rows in through the store's enqueue, the schedule out through its reads. Nothing
     #: else in the package needs it (``pyspark_delayq``, outside the package, loads its source).
-    "celery_delayq.spark": SubPackage(may_import=_names(*BASE, "store", "flow.gate", "producer.build")),
+    "celery_delayq.spark": SubPackage(
+        may_import=_names(*BASE, "store", "flow.gate", "producer.build", "producer.options")
+    ),
     #: Dev tools: only the CLI's demo command reaches them.
     "celery_delayq.devtools": SubPackage(
         may_import=_names("config", "store", "producer"), imported_by=_names("cli.demo")

@@ -13,7 +13,14 @@ import pytest
 import redis
 
 from celery_delayq.store.keys import KeySpace
-from celery_delayq.store.lua_formats import lease_entry, lease_holds, parse_lease, parse_wake, wake_message
+from celery_delayq.store.lua_formats import (
+    lease_entry,
+    lease_holds,
+    parse_key_entry,
+    parse_lease,
+    parse_wake,
+    wake_message,
+)
 from celery_delayq.store.scripts import script_from_text
 from tests.support.server_kinds import redis_server
 
@@ -237,3 +244,35 @@ def run_wake(client: redis.Redis, shard: int, due: int) -> object:
 @pytest.mark.parametrize("data", ["sentinel", "x:1", "1", "", b"3:1", None, "1:x"])
 def test_parse_wake_refuses_what_is_not_a_wake_message(data: object) -> None:
     assert parse_wake(data) is None
+
+
+#: Reads each ARGV as a gate:keys entry (includes/gate.lua key_read): {own, override ("" for
+#: none), paused (1/0), the entry key_entry writes back} per entry.
+KEY_ENTRY = """--[[ probe: key_read, key_entry ]]
+--!include args
+--!include sliced
+--!include lease
+--!include wake
+--!include gate
+local out = {}
+for i = 1, #ARGV do
+  local own, override, paused = key_read(ARGV[i])
+  out[#out + 1] = own
+  out[#out + 1] = override or ''
+  out[#out + 1] = paused and 1 or 0
+  out[#out + 1] = key_entry(own, override, paused)
+end
+return out
+"""
+
+
+def test_parse_key_entry_reads_as_key_read(r: redis.Redis) -> None:
+    cases = ["", "2", "2||", "2|none|", "2||1", "|5|1", "|none|", "lots", "2|x", "1|2|3|4", "||", "7|lots|"]
+    rng = random.Random(26)
+    cases += ["".join(rng.choice("12|n") for _ in range(rng.randint(0, 7))) for _ in range(200)]
+    replies = run(r, KEY_ENTRY, list(cases))
+    for i, case in enumerate(cases):
+        own, override, paused, written = replies[4 * i : 4 * i + 4]
+        assert parse_key_entry(case) == (own, override or None, paused == 1), case
+        assert parse_key_entry(written) == parse_key_entry(case), case
+    assert parse_key_entry(None) == (None, None, False)

@@ -33,7 +33,7 @@ from celery_delayq import DelayQ
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, batch_of, completion_id, member_id
 from celery_delayq.store.facade import Store, get_store
-from tests.support.apps import add_task, make_app
+from tests.support.apps import AppFactory
 from tests.support.store import broker_lists
 
 Dispatchers = Callable[..., Dispatcher]
@@ -48,21 +48,30 @@ def urls(redis_url: str) -> Iterator[tuple[str, str, str]]:
     yield base + "/0", base + "/1", base + "/2"
 
 
-def rewind_app(urls: tuple[str, str, str], *, backend: bool = True) -> Celery:
+#: ``rewind_app(backend=True)``: an app of the ``app_factory`` on :func:`urls`.
+RewindApp = Callable[..., Celery]
+
+
+@pytest.fixture
+def rewind_app(urls: tuple[str, str, str], app_factory: AppFactory) -> RewindApp:
+    """``rewind_app(backend=True)``: the tests' app (``t.add``) with the store, the broker and
+    (``backend``) the result backend on :func:`urls`, and ``t.done``, a batch's completion task."""
     store, broker, results = urls
-    # max_sleep: the safety poll, which finds a held job's check time, every quarter second
-    conf: dict[str, Any] = {"delayq_slot_ttl": SLOT_TTL, "delayq_max_sleep": 0.25}
-    if backend:
-        conf["result_backend"] = results
-    app = make_app(broker, store, **conf)
 
-    add_task(app)
+    def make(*, backend: bool = True) -> Celery:
+        # max_sleep: the safety poll, which finds a held job's check time, every quarter second
+        conf: dict[str, Any] = {"delayq_slot_ttl": SLOT_TTL, "delayq_max_sleep": 0.25}
+        if backend:
+            conf["result_backend"] = results
+        app = app_factory(broker, delayq_url=store, task_queues=None, **conf)
 
-    @app.task(name="t.done", shared=False)
-    def done(batch_id: str, counts: Any) -> str:
-        return batch_id
+        @app.task(name="t.done", shared=False)
+        def done(batch_id: str, counts: Any) -> str:
+            return batch_id
 
-    return app
+        return app
+
+    return make
 
 
 def gate_check(store: Store, key: str) -> str:
@@ -131,9 +140,9 @@ def check_pass(dispatcher: Dispatcher) -> None:
 
 @pytest.mark.slow
 def test_a_held_slot_whose_task_ran_after_the_snapshot_is_given_back_at_the_next_gate(
-    urls: tuple[str, str, str], dispatchers: Dispatchers
+    urls: tuple[str, str, str], rewind_app: RewindApp, dispatchers: Dispatchers
 ) -> None:
-    app = rewind_app(urls)
+    app = rewind_app()
     store_db, broker = redis.Redis.from_url(urls[0]), redis.Redis.from_url(urls[1], decode_responses=True)
     batch = DelayQ(app).batch([app.tasks["t.add"].s(i, i) for i in range(3)], concurrency_limit=1)
     beat, worker = dispatchers(app), Worker(app, broker)
@@ -169,11 +178,11 @@ def test_a_held_slot_whose_task_ran_after_the_snapshot_is_given_back_at_the_next
 
 @pytest.mark.slow
 def test_a_held_job_not_started_yet_is_held_again_by_the_check_not_published(
-    urls: tuple[str, str, str], dispatchers: Dispatchers
+    urls: tuple[str, str, str], rewind_app: RewindApp, dispatchers: Dispatchers
 ) -> None:
     """The check of a held job whose message still waits (no result): not published again,
     its slot kept with its start TTL, and checked again one slot TTL later."""
-    app = rewind_app(urls)
+    app = rewind_app()
     broker = redis.Redis.from_url(urls[1], decode_responses=True)
     job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 1), concurrency_key="k", concurrency_limit=1)
     beat = dispatchers(app)
@@ -192,9 +201,9 @@ def test_a_held_job_not_started_yet_is_held_again_by_the_check_not_published(
 
 @pytest.mark.slow
 def test_on_complete_fires_once_when_a_rewind_runs_the_whole_batch_again(
-    urls: tuple[str, str, str], dispatchers: Dispatchers
+    urls: tuple[str, str, str], rewind_app: RewindApp, dispatchers: Dispatchers
 ) -> None:
-    app = rewind_app(urls)
+    app = rewind_app()
     store_db, broker = redis.Redis.from_url(urls[0]), redis.Redis.from_url(urls[1], decode_responses=True)
     snapshot = take_snapshot(store_db)  # before the batch: restored, it is stored anew below
     batch = DelayQ(app).batch(
@@ -220,11 +229,11 @@ def test_on_complete_fires_once_when_a_rewind_runs_the_whole_batch_again(
 
 
 def test_without_a_result_backend_a_held_job_waits_for_its_start_ttl(
-    urls: tuple[str, str, str], dispatchers: Dispatchers
+    rewind_app: RewindApp, dispatchers: Dispatchers
 ) -> None:
     """Nothing outside the store knows what ran: no check is booked, the job is due again
     only when its start TTL is over (docs/guarantees.md)."""
-    app = rewind_app(urls, backend=False)
+    app = rewind_app(backend=False)
     job = app.tasks["t.add"].apply_at(time.time() - 1, (1, 1), concurrency_key="k", concurrency_limit=1)
     beat = dispatchers(app)
     assert beat.gating.ran.backend is None
@@ -236,11 +245,11 @@ def test_without_a_result_backend_a_held_job_waits_for_its_start_ttl(
     assert store.client.hget(gate_check(store, "k"), job.id) is None
 
 
-def test_a_result_older_than_the_jobs_due_time_is_not_taken_for_its_run(urls: tuple[str, str, str]) -> None:
+def test_a_result_older_than_the_jobs_due_time_is_not_taken_for_its_run(rewind_app: RewindApp) -> None:
     """An id used again: the result of the earlier job does not release the new one."""
     from celery_delayq.beat.results import Ran
 
-    app = rewind_app(urls)
+    app = rewind_app()
     ran = Ran(app)
     app.backend.store_result("{k}x", 3, "SUCCESS")
     now_ms = time.time() * 1000
@@ -253,17 +262,17 @@ def test_a_result_older_than_the_jobs_due_time_is_not_taken_for_its_run(urls: tu
     assert ran.finished("{k}z", 0) is None and ran.seen("{k}z", 0)
     app.backend.store_result("{k}r", None, "RETRY")
     assert ran.finished("{k}r", 0) is None and not ran.seen("{k}r", 0)
-    assert Ran(rewind_app(urls, backend=False)).finished("{k}x", 0) is None
+    assert Ran(rewind_app(backend=False)).finished("{k}x", 0) is None
 
 
 def test_a_held_slot_whose_job_is_gone_and_whose_task_ran_is_given_back_at_the_next_gate(
-    urls: tuple[str, str, str], dispatchers: Dispatchers
+    urls: tuple[str, str, str], rewind_app: RewindApp, dispatchers: Dispatchers
 ) -> None:
     """A job cancelled while its message waited keeps its slot until its worker gives it back;
     restored from a snapshot taken then, after the worker did, the slot is back with no job.
     The next job of the key that the gate parks brings it to light: the result backend says
     its task ended, and it is given back then, not after its start TTL."""
-    app = rewind_app(urls)
+    app = rewind_app()
     store_db = redis.Redis.from_url(urls[0])
     broker = redis.Redis.from_url(urls[1], decode_responses=True)
     add = app.tasks["t.add"]

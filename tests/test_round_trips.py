@@ -7,15 +7,13 @@ too: those are the enqueue script's own, one ``TIME``, ``HSETNX``, ``ZADD`` and 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 
 from celery_delayq import DelayedTask
-from tests.support.apps import make_app
+from tests.support.apps import AppFactory
 
 CALLS = 20
 #: What the enqueue script runs itself (lua/enqueue.lua, lua/includes/wake.lua).
@@ -23,16 +21,15 @@ SCRIPT_COMMANDS = {"time", "hsetnx", "zadd", "get", "zrange", "set", "publish", 
 
 
 @pytest.fixture
-def shaped(redis_url: str) -> Iterator[Any]:
+def shaped(app_factory: AppFactory) -> Any:
     """A task of the real job shape: an int id, a text, one keyword argument."""
-    app: Celery = make_app(redis_url, redis_url, task_ignore_result=True)
+    app = app_factory(task_ignore_result=True, task_queues=None)
 
     @app.task(base=DelayedTask, name="t.shaped", shared=False)
     def job(job_id: int, text: str, *, source: str = "") -> None:
         return None
 
-    yield app.tasks["t.shaped"]
-    app.close()
+    return app.tasks["t.shaped"]
 
 
 def command_counts(r: redis.Redis) -> dict[str, int]:

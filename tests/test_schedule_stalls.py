@@ -88,9 +88,11 @@ def test_a_point_id_is_refused_by_every_way_of_storing_a_job(app: Celery, r: red
             with pytest.raises(ReservedTaskId, match="is reserved") as caught:
                 call(tid)
             assert tid in str(caught.value), what
-    # apply_at_many makes one id per job and takes no task_id at all
-    with pytest.raises(celery_delayq.exceptions.InvalidOptions, match="task_id is not allowed"):
+    # apply_at_many takes no task_id option, and refuses a point id in an item
+    with pytest.raises(celery_delayq.exceptions.InvalidOptions, match="takes no task_id option"):
         add.apply_at_many([(time.time() + 5, (1, 2), {})], task_id=pid)
+    with pytest.raises(ReservedTaskId, match="is reserved"):  # nor as an item's own id
+        add.apply_at_many([(time.time() + 5, (1, 2), {}, "x"), (time.time() + 5, (1, 2), {}, pid)])
     # Nothing was stored, and the point is untouched.
     assert stored_ids(r) == ids_before == {pid}
     assert point_of(app) == (pid, before)

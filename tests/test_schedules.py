@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -27,32 +27,17 @@ from celery_delayq.exceptions import (
 )
 from celery_delayq.schedules.api import point_id
 from celery_delayq.schedules.rules import CronRule, IntervalRule, parse_rule
-from celery_delayq.store.delivery import ClaimedJob
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.schedules import FireOutcome
 from tests.support.apps import AppFactory
 from tests.support.polling import wait_for
-from tests.support.store import expire_leases, server_ms, snapshot
+from tests.support.store import expire_leases, rule_due_soon, server_ms, snapshot
 from tests.support.wire import body_of
 
 HOUR = 3600.0
 HOUR_MS = 3_600_000
 
 # -- fixtures and helpers -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def dispatchers() -> Iterator[Callable[..., Dispatcher]]:
-    made: list[Dispatcher] = []
-
-    def factory(app: Celery, cls: type[Dispatcher] = Dispatcher, **kwargs: Any) -> Dispatcher:
-        dispatcher = cls(app, **kwargs)
-        made.append(dispatcher)
-        return dispatcher
-
-    yield factory
-    for dispatcher in made:
-        dispatcher.close()
 
 
 def messages(r: redis.Redis, queue: str = "celery") -> list[dict[str, Any]]:
@@ -111,19 +96,6 @@ def raw_members(r: redis.Redis, app: Celery, name: str) -> list[str]:
 
 def ms_of(value: Any) -> int:
     return round(value.timestamp() * 1000)
-
-
-class HookedDispatcher(Dispatcher):
-    """A dispatcher that runs ``hook`` between its claim and its publish (a change made while
-    the points are leased)."""
-
-    hook: Callable[[list[str]], None] | None = None
-
-    def publish_claimed(self, claimed: list[tuple[int, ClaimedJob]], misses: Any = None) -> Any:
-        hook, self.hook = self.hook, None
-        if hook is not None and claimed:
-            hook([job.id for _, job in claimed])
-        return super().publish_claimed(claimed, misses)
 
 
 def make_solar() -> solar:
@@ -518,7 +490,7 @@ def test_a_stale_holder_cannot_advance_the_schedule(app_factory: AppFactory, r: 
     app = app_factory()
     schedules = Schedules(app)
     store = get_store(app)
-    schedules.add("st", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
+    schedules.add("st", "t.noop", rule_due_soon(schedules.store))
     at = _due_point(app, r, "st")
     pid = point_id("st", at)
     shard = store.keys.shard_of(pid)
@@ -550,7 +522,7 @@ def test_a_point_held_while_its_schedule_is_deleted_is_acked_without_advancing(
     app = app_factory()
     schedules = Schedules(app)
     store = get_store(app)
-    schedules.add("gone", "t.noop", IntervalRule(1000, int(time.time() * 1000) - 980))
+    schedules.add("gone", "t.noop", rule_due_soon(schedules.store))
     at = _due_point(app, r, "gone")
     pid = point_id("gone", at)
     [claimed] = store.claim([store.keys.shard_of(pid)], "beat-A")
@@ -565,13 +537,17 @@ def test_a_schedule_changed_while_its_point_is_leased(
     change: str, app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
     schedules = Schedules(app)
-    schedules.add("c", "t.add", IntervalRule(1000, int(time.time() * 1000) - 980), (1, 2))
+    schedules.add("c", "t.add", rule_due_soon(schedules.store), (1, 2))
     at = _due_point(app, r, "c")
     pid = point_id("c", at)
     seen: list[list[str]] = []
 
-    def hook(claimed: list[str]) -> None:
-        seen.append(claimed)
+    def hook(step: str, claimed: Any) -> None:
+        """Between the claim and the publish (``Dispatcher.pause``): the change, once."""
+        if step != "claimed":
+            return
+        beat.pause = None
+        seen.append([job.id for _, job in claimed])
         if change == "delete":
             assert schedules.delete("c") is True
         elif change == "pause":
@@ -579,8 +555,8 @@ def test_a_schedule_changed_while_its_point_is_leased(
         else:
             schedules.update("c", rule=3600, args=(7, 8))
 
-    beat = dispatchers(app, HookedDispatcher)
-    beat.hook = hook
+    beat = dispatchers(app)
+    beat.pause = hook
     beat.run_once()
     assert seen == [[pid]]
     assert DelayQ(app).get(pid) is None  # acked

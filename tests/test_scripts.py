@@ -23,9 +23,9 @@ from celery_delayq.store.scripts import INCLUDES, SCRIPTS, ScriptCall, expand, r
 from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
 from tests.support.store import command_calls, expire_leases, ids_on_shard, make_store, server_ms
-from tests.support.wake import Wake
+from tests.support.wake import Wake, wake
 
-__all__ = ["redis_server"]  # a fixture, used by name
+__all__ = ["redis_server", "wake"]  # fixtures, used by name
 
 FAR_FUTURE = "9999999999999999"
 
@@ -565,7 +565,11 @@ def test_run_pipelined_repeats_only_the_noscript_calls(store: Store, r: redis.Re
             [*store.keys.for_job("b").core, store.keys.for_job("b").shapes],
             ["replace", store.keys.wake_channel, store.keys.shard_of("b"), "at", 0, "b", now, "env-b"],
         ),
-        ScriptCall(SCRIPTS["cancel"], store.keys.for_job("a").core, ["a"]),  # NOSCRIPT first
+        ScriptCall(  # NOSCRIPT first
+            SCRIPTS["cancel"],
+            store.keys.for_job("a").core,
+            ["a", store.keys.wake_channel, store.keys.shard_of("a")],
+        ),
     ]
     evalsha_before, failed_before = command_calls(r, "evalsha")
     zrem_before, _ = command_calls(r, "zrem")
@@ -814,6 +818,8 @@ def _bad_calls(channel: str) -> list[tuple[str, list[Any]]]:
         ("sched_put", ["sched", "upsert", '{"new":1}', "", "", "", channel, 0]),
         ("push_claimed", ["beat-1", "held", "celery"]),
         ("bury", ["beat-1", "held"]),
+        ("cancel", ["held"]),
+        ("cancel", ["held", channel, "x"]),
         ("renew", ["beat|1", 30_000, "held"]),
         ("renew", ["beat-1", "1.5", "held"]),
     ]
@@ -865,7 +871,7 @@ def test_every_include_is_used_by_some_script() -> None:
 #: Scripts whose caller passes keys of their own, not a shard's ``core``: how many.
 OWN_KEYS = {
     "start": 2,  # Store.start: the job instance's start record, the shard's dropped count
-    "enqueue": 8,  # the shard's core keys and its shapes hash
+    "enqueue": 9,  # the shard's core keys, its shapes hash and (mode unique) its unique record
     "shapes_sweep": 8,
     "due_counts": 1,  # Store.due_count_series: the shard's due set alone
 }

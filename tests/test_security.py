@@ -32,10 +32,12 @@ from celery_delayq.store.connection import make_client
 from celery_delayq.store.facade import get_store
 from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
 from tests.support.apps import AppFactory
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import LocalCluster, cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, server_ms
 from tests.support.wire import body_of
+
+__all__ = ["cluster_url", "redis_cluster"]  # fixtures, used by name
 
 HOUR = 3600.0
 ADMIN = ("admin", "admin-pw")
@@ -102,19 +104,6 @@ def admin(acl_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 
 def acl_url(server: EmbeddedRedis, user: str = "delayq", password: str = STORE_PASSWORD, db: int = 0) -> str:
     return f"redis://{user}:{password}@127.0.0.1:{server.port}/{db}"
-
-
-@pytest.fixture
-def dispatchers() -> Iterator[Callable[[Celery], Dispatcher]]:
-    made: list[Dispatcher] = []
-
-    def factory(app: Celery) -> Dispatcher:
-        made.append(Dispatcher(app))
-        return made[-1]
-
-    yield factory
-    for dispatcher in made:
-        dispatcher.close()
 
 
 def published(client: redis.Redis, queue: str = "celery") -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,19 +19,21 @@ import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.config import reconfigure
 from celery_delayq.exceptions import ConfigurationError, InvalidDueTime
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
-from celery_delayq.store.envelope import joined_form, loaded_form, shape_id_of
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.keys import KeySpace
+from celery_delayq.store.stored_forms import joined_form, loaded_form, shape_id_of
 from tests.support.apps import make_app
+from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.spark import spark
-from tests.support.store import command_calls, make_store
+from tests.support.store import command_calls, make_store, published_ids
 
-__all__ = ["spark"]  # a fixture, used by name
+__all__ = ["cluster_url", "redis_cluster", "spark"]  # fixtures, used by name
 
 pa = pytest.importorskip("pyarrow")
 
@@ -82,6 +85,20 @@ def comparable(envelope: dict[str, Any]) -> dict[str, Any]:
         ({"url": "redis://127.0.0.1:1/0", "task": "t", "replace": "maybe"}, "true or false"),
         ({"url": "redis://127.0.0.1:1/0", "task": "t", "options": "[1]"}, "JSON object"),
         ({"url": "redis://127.0.0.1:1/0", "task": "t", "options": '{"task_id": "x"}'}, "may not set"),
+        ({"url": "redis://127.0.0.1:1/0", "task": "t", "options": '{"unique_for": 5}'}, "may not set"),
+        ({"url": "redis://127.0.0.1:1/0", "task": "t", "uniqueFor": "60"}, "needs the jobs' ids"),
+        ({"url": "redis://127.0.0.1:1/0", "task": "t", "idColumn": "i", "uniqueFor": "0"}, "seconds > 0"),
+        ({"url": "redis://127.0.0.1:1/0", "task": "t", "idColumn": "i", "uniqueFor": "1h"}, "seconds > 0"),
+        (
+            {
+                "url": "redis://127.0.0.1:1/0",
+                "task": "t",
+                "idColumn": "i",
+                "uniqueFor": "60",
+                "replace": "true",
+            },
+            "without replace",
+        ),
         ({"url": "redis://127.0.0.1:1/0", "task": "t", "options": '{"producer": 1}'}, "producer"),
         ({"url": "redis://127.0.0.1:1/0", "task": "t", "app": "no.such.module:app"}, "cannot load"),
         ({"app": "tests.apps.spark_app:app", "task": "t", "prefix": "delayq"}, "does not match"),
@@ -179,6 +196,24 @@ def test_writing_twice_keeps_the_same_pending_set_and_replace_moves_them(
     after = pending_ids(r)
     assert set(after) == set(before)
     assert after["r:0:2031-05-04"] == before["r:0:2031-05-04"] + 86_400_000
+
+
+def test_unique_for_keeps_delivered_rows_from_being_written_again(
+    app: Celery, redis_url: str, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
+) -> None:
+    """A replayed write (a stream's batch run again) after its jobs were delivered stores none of
+    them again while their window is open; the stats say taken."""
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    rows = [{"user": u, "due": due, "day": "2031-05-04"} for u in range(50)]
+    options = {"url": redis_url, "task": "t.noop", "idTemplate": "r:{user}:{day}", "uniqueFor": "3600"}
+    first = write_rows(options, rows)
+    assert (first.stored, first.kept, first.taken) == (50, 0, 0)
+    assert write_rows(options, rows[:10]).kept == 10
+    dispatchers(app).run_once()
+    assert len(published_ids(r)) == 50 and not pending_ids(r)
+    again = write_rows(options, rows)
+    assert (again.stored, again.kept, again.taken) == (0, 0, 50)
+    assert not pending_ids(r)
 
 
 def test_without_ids_every_row_is_a_new_job(redis_url: str, r: redis.Redis) -> None:

@@ -13,6 +13,7 @@ from celery import Celery
 
 from celery_delayq.config import DelayQConfig
 from celery_delayq.devtools.embedded import free_port
+from celery_delayq.web import create_app
 from tests.support.cli import as_json, invoke
 from tests.support.polling import wait_for
 from tests.support.web import Client, dashboard
@@ -129,3 +130,16 @@ def test_an_unreachable_store_is_exit_3_before_serving() -> None:
     assert proc.returncode == 3, proc.stderr
     assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in proc.stderr
     assert "pw123" not in proc.stderr + proc.stdout
+
+
+def test_every_dashboard_of_a_process_reuses_the_compiled_templates(app: Celery) -> None:
+    """A page compiled for one dashboard is not compiled again for the next one made in the
+    process: the second finds its code in the shared cache (see ``web.app._CompiledTemplates``)."""
+    first, second = create_app(app), create_app(app)
+    cache = second.jinja_env.bytecode_cache
+    assert cache is not None and cache is first.jinja_env.bytecode_cache
+    loader = second.jinja_env.loader
+    assert loader is not None
+    source, filename, _ = loader.get_source(second.jinja_env, "job.html")
+    first.jinja_env.get_template("job.html")  # compiled (or loaded), its code kept
+    assert cache.get_bucket(second.jinja_env, "job.html", filename, source).code is not None

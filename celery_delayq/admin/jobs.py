@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..due import due_ms_from_eta, ms_to_datetime
 from ..exceptions import InvalidSchedule
-from ..flow.batch import BatchResult, store_batch
+from ..flow.batch import OPEN_BATCH_EXPIRES, BatchResult, OpenBatch, open_batch, store_batch
 from ..flow.gate import PARK_MS, batch_of, check_key, check_limit, completion_id
 from ..store import lateness
 from ..store.dead import RequeueOutcome
@@ -200,8 +200,39 @@ class DelayQ:
             batch_id=batch_id,
         )
 
+    def open_batch(
+        self,
+        *,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
+        on_complete: Any = None,
+        batch_id: str | None = None,
+        expires: float = OPEN_BATCH_EXPIRES,
+    ) -> OpenBatch:
+        """Open a batch with no member yet, and return its :class:`OpenBatch`: members are
+        added over time with ``add(signatures, eta=None)`` (from any process:
+        ``batch_result(id)`` gets the handle back), and ``seal()`` ends the adding.
+
+        ``on_complete`` runs once, after the seal, when every member added ended; an open
+        batch whose members all ended is not complete (more may come). ``add`` after the
+        seal raises ``BatchSealed``. ``concurrency_limit``, ``priority``, ``on_complete`` and
+        ``batch_id`` are those of :meth:`batch`. ``expires`` (seconds, default one day): a
+        batch not sealed within that of its open or its last add is removed by the beats'
+        sweep as ``delete --force`` deletes (members not released yet are cancelled, running
+        ones end), and its on_complete never runs.
+        """
+        return open_batch(
+            self.app,
+            concurrency_limit=concurrency_limit,
+            priority=priority,
+            on_complete=on_complete,
+            batch_id=batch_id,
+            expires=expires,
+        )
+
     def batch_result(self, batch_id: str) -> BatchResult | None:
-        """The handle of the stored batch ``batch_id`` (from any process), or None."""
+        """The handle of the stored batch ``batch_id`` (from any process), or None; an
+        :class:`OpenBatch` when it is open (not sealed yet)."""
         return BatchResult.restore(batch_id, self.app)
 
     def batches(self) -> list[BatchState]:

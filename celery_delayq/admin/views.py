@@ -23,10 +23,11 @@ from ..due import ms_to_datetime
 from ..flow.gate import GATE_HEADER, Gate, batch_of, completion_id
 from ..schedules.spec import Schedule
 from ..store.batches import BatchState
-from ..store.envelope import decode_envelope, loaded_form
+from ..store.envelope import decode_envelope
 from ..store.facade import Store
 from ..store.flow import KeyState
 from ..store.jobs import JobRecord
+from ..store.stored_forms import loaded_form
 from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
 
 __all__ = [
@@ -347,12 +348,19 @@ def keys_view(store: Store) -> dict[str, Any]:
     return {"keys": views, "count": len(views)}
 
 
+def batch_state_text(sealed: bool, done: bool) -> str:
+    """A batch's state in words: ``open (not sealed)``, ``done`` or ``-`` (sealed, running)."""
+    return "open (not sealed)" if not sealed else ("done" if done else "-")
+
+
 def batch_json(state: BatchState) -> dict[str, Any]:
-    """The JSON of one batch (stable keys)."""
+    """The JSON of one batch (stable keys; ``sealed`` False: an open batch, members may be
+    added, ``expires`` is when it is removed unless sealed by then)."""
     return {
         "id": state.batch_id,
         **state.progress(),
         "done": state.done,
+        "sealed": state.sealed,
         "created": iso(state.created_ms),
         "created_ms": state.created_ms,
         "expires": None if state.expires_ms is None else iso(state.expires_ms),

@@ -9,7 +9,9 @@ beat renews in Redis what it still holds, and drops the rest unpublished. The ot
 the TTL is the margin for what the fence cannot see: the publish or batch flush after the last
 check (the residual window, measured in docs/guarantees.md) and a pause within it.
 
-One :class:`Fence` per dispatcher; :meth:`Fence.start` at each claim. The clock is injected.
+One :class:`Fence` per dispatcher; :meth:`Fence.start` at each claim. The clock is injected, and
+so is the dispatcher's pause (:attr:`.dispatch.Dispatcher.pause`), called as each job is handed
+to kombu and as messages reach the broker.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from ..store.connection import REDIS_ERRORS
 from ..store.facade import Store
@@ -50,8 +53,11 @@ class Fence:
         token: str,
         stats: DispatchStats,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        pause: Callable[[str, Any], None] | None = None,
     ) -> None:
         self.store = store
+        self.pause = pause  # the dispatcher's test seam: steps "handed" and "sent"
         self.token = token
         self.stats = stats
         self.clock = clock
@@ -129,6 +135,9 @@ class Fence:
             self.buffered.append(job_id)
         else:
             self.sent_ids.add(job_id)
+        if self.pause is not None:
+            self.pause("handed", job_id)
+        if not buffering:
             self.published(1)
 
     def flushed(self) -> None:
@@ -144,6 +153,8 @@ class Fence:
         self.windows.append(now - self.checked_at)
         if now >= self.deadline + (1 - FENCE_FRACTION) * self.ttl:
             self.overran += messages
+        if self.pause is not None:
+            self.pause("sent", messages)
 
     def window(self) -> tuple[int, float, float]:
         """``(count, p99 ms, max ms)`` of the residual windows kept (the last FENCE_WINDOWS_KEPT):

@@ -40,9 +40,9 @@ from celery import beat
 from kombu.exceptions import OperationalError
 
 from ..config import DelayQConfig, setting_name
-from ..exceptions import ConfigurationError, ScheduleError, StoreFull
+from ..exceptions import ConfigurationError, InvalidSchedule, ScheduleError, StoreFull
 from ..schedules.api import Schedules
-from ..schedules.rules import Rule, parse_rule
+from ..schedules.rules import CronRule, Rule, check_dst, parse_rule
 from ..store.connection import REDIS_ERRORS, error_text, redis_error_kind
 from ..store.facade import get_store
 from .backoff import Backoff
@@ -87,12 +87,23 @@ class BeatConfigurationError(ConfigurationError, click.ClickException):
 
 
 def _rule_entries(entries: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The ``beat_schedule`` entries whose schedule is a cron string or a delayq rule."""
+    """The ``beat_schedule`` entries whose schedule is a cron string or a delayq rule, or that
+    choose a DST rule (``dst_gap``/``dst_fold``, which Celery's ``ScheduleEntry`` cannot hold)."""
     return {
         name: dict(entry)
         for name, entry in entries.items()
-        if isinstance(entry, Mapping) and isinstance(entry.get("schedule"), str | Rule)
+        if isinstance(entry, Mapping)
+        and (isinstance(entry.get("schedule"), str | Rule) or "dst_gap" in entry or "dst_fold" in entry)
     }
+
+
+def _check_dst_entry(rule: Rule, entry: Mapping[str, Any]) -> None:
+    """:class:`InvalidSchedule` when an entry's ``dst_gap``/``dst_fold`` is not a choice, or is
+    given for a rule that is not a cron."""
+    gap, fold = entry.get("dst_gap"), entry.get("dst_fold")
+    check_dst(gap, fold)
+    if {gap, fold} - {None, "cron"} and not isinstance(rule, CronRule):
+        raise InvalidSchedule(f"dst_gap and dst_fold apply to cron rules only, not to {rule.kind} rules")
 
 
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
@@ -111,7 +122,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._rule_entries = _rule_entries(app.conf.beat_schedule or {})
         for name, entry in self._rule_entries.items():
             try:
-                parse_rule(entry["schedule"], app.conf.timezone or "UTC")
+                rule = parse_rule(entry["schedule"], app.conf.timezone or "UTC")
+                if "dst_gap" in entry or "dst_fold" in entry:
+                    _check_dst_entry(rule, entry)
             except ScheduleError as exc:
                 raise BeatConfigurationError(f"delayq: beat_schedule entry {name!r}: {exc}") from None
         self.dispatcher: Dispatcher | None = None

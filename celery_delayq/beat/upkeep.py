@@ -43,6 +43,8 @@ def sync_config(schedules: Schedules, entries: dict[str, Any]) -> dict[str, list
             kwargs=_field(entry, "kwargs"),
             options=_field(entry, "options"),
             origin="config",
+            dst_gap=_field(entry, "dst_gap"),
+            dst_fold=_field(entry, "dst_fold"),
         )
         definition = schedules.definition_of(spec, check_task=False, anchor_ms=0)
         existing, _ = store.schedule(name)

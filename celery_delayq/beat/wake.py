@@ -8,9 +8,9 @@ clock (one round trip) and claims the shards whose marker is due, missing or unr
 (:meth:`Wake.safety_poll`); after any lost subscription all shards are claimed, and while it
 cannot be made again the safety poll runs every ``RESUBSCRIBE_EVERY`` s.
 
-One :class:`Wake` per dispatcher (:mod:`.dispatch`), which sets :attr:`Wake.next` from each
-claim's answer and sleeps on :attr:`Wake.pubsub`. The clocks are injected: ``clock``
-(monotonic s) and ``wall`` (s).
+One :class:`Wake` per dispatcher (:mod:`.dispatch`), which tells it each claim's answer
+(:meth:`Wake.claimed`, :meth:`Wake.retry`) and sleeps on :attr:`Wake.pubsub`. The clocks are
+injected: ``clock`` (monotonic s) and ``wall`` (s).
 """
 
 from __future__ import annotations
@@ -72,6 +72,20 @@ class Wake:
     def measured(self, server_ms: float, sent: float, received: float) -> None:
         """The server said its time is ``server_ms`` between ``sent`` and ``received`` (wall s)."""
         self.offset_ms = server_ms - (sent + received) * 500.0
+
+    def claimed(self, shard: int, next_ms: float | None, *, full: bool) -> None:
+        """A claim of ``shard`` answered: its earliest due time left (server ms; None: nothing
+        left in it, so until a wake message or the safety poll says otherwise), or, when the
+        claimed batch was ``full``, look at it again at once."""
+        if full:
+            self.next[shard] = None
+        else:
+            self.next[shard] = float("inf") if next_ms is None else next_ms
+
+    def retry(self, shards: list[int], at_ms: float) -> None:
+        """The claim of ``shards`` failed: claim them again at ``at_ms`` (server ms)."""
+        for shard in shards:
+            self.next[shard] = at_ms
 
     def poll_every(self) -> float:
         """Seconds between two safety polls: ``delayq_max_sleep``, or ``RESUBSCRIBE_EVERY``

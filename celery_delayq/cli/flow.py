@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..admin.inputs import InputError, limit_of
-from ..admin.views import batch_json, batches_view, key_json, keys_view
+from ..admin.views import batch_json, batch_state_text, batches_view, key_json, keys_view
 from ..flow.gate import check_key
 from .base import Session, json_option, session
 from .errors import CliError, usage
@@ -191,7 +191,7 @@ def batches_ls(ctx: click.Context, as_json: bool) -> None:
         plain_row(
             table, v["id"], s.when(v["created_ms"]),
             *(f"{v[k]:,}" for k in ("total", "waiting", "running", "succeeded", "failed", "cancelled")),
-            "done" if v["done"] else "-",
+            batch_state_text(v["sealed"], v["done"]),
         )  # fmt: skip
     console.print(table)
 
@@ -253,7 +253,8 @@ def batch_show(
         ("created", s.when(view["created_ms"])),
         *((name, f"{view[name]:,}") for name in
           ("total", "waiting", "running", "succeeded", "failed", "cancelled")),
-        ("done", "yes" if view["done"] else "no"),
-        ("expires", "-" if view["expires_ms"] is None else s.when(view["expires_ms"])),
+        ("done", "open (not sealed)" if not view["sealed"] else ("yes" if view["done"] else "no")),
+        ("expires", "-" if view["expires_ms"] is None else
+         s.when(view["expires_ms"]) + ("" if view["sealed"] else " unless sealed by then")),
     ]  # fmt: skip
     s.console().print(kv_table(f"batch {batch_id}", rows))

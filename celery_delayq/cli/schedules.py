@@ -41,6 +41,7 @@ def _schedule_rows(s: Session, sch: Schedule) -> list[tuple[str, Any]]:
         ("task", sch.task),
         ("rule", sch.rule.describe()),
         ("timezone", sch.tz),
+        ("DST rule", sch.dst or None),
         ("state", "active" if sch.enabled else "paused"),
         ("next run", when(sch.next_run)),
         ("last run", when(sch.last_run)),
@@ -128,6 +129,16 @@ def _schedule_options(f: F) -> F:
         click.option("--missed", type=click.Choice(["once", "skip", "all"]), help="Missed-run policy."),
         click.option("--max-missed", type=click.IntRange(min=1), help="Most missed runs made (missed=all)."),
         click.option("--grace", type=click.FloatRange(min=0), help="Seconds late before a run is missed."),
+        click.option(
+            "--dst-gap",
+            type=click.Choice(["cron", "jump", "skip"]),
+            help="Cron: a wall time the clocks skip runs at the jump, or not (default cron: today's rule).",
+        ),
+        click.option(
+            "--dst-fold",
+            type=click.Choice(["cron", "first", "both", "last"]),
+            help="Cron: a wall time that happens twice runs the first, both or last time (default cron).",
+        ),
     ]
     for decorator in reversed(decorators):
         f = decorator(f)
@@ -165,6 +176,8 @@ def schedules_add(
     missed: str | None,
     max_missed: int | None,
     grace: float | None,
+    dst_gap: str | None,
+    dst_fold: str | None,
     paused: bool,
     no_check_task: bool,
     replace: bool,
@@ -188,6 +201,10 @@ def schedules_add(
         settings["max_missed"] = max_missed
     if grace is not None:
         settings["grace"] = grace
+    if dst_gap is not None:
+        settings["dst_gap"] = dst_gap
+    if dst_fold is not None:
+        settings["dst_fold"] = dst_fold
     try:  # the app's modules imported first (`imports`/`include`), as a worker does
         sch = add_schedule(s.schedules, name, task, rule, args, kwargs, replace, **settings)
     except InputError as exc:
@@ -215,6 +232,8 @@ def schedules_update(
     missed: str | None,
     max_missed: int | None,
     grace: float | None,
+    dst_gap: str | None,
+    dst_fold: str | None,
     task: str | None,
     as_json: bool,
 ) -> None:
@@ -232,7 +251,13 @@ def schedules_update(
         changes["tz"] = tz
     if task is not None:
         changes["task"] = task
-    for key, value in (("missed", missed), ("max_missed", max_missed), ("grace", grace)):
+    for key, value in (
+        ("missed", missed),
+        ("max_missed", max_missed),
+        ("grace", grace),
+        ("dst_gap", dst_gap),
+        ("dst_fold", dst_fold),
+    ):
         if value is not None:
             changes[key] = value
     schedules = s.schedules

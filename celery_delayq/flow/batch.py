@@ -29,6 +29,7 @@ from ..due import due_ms_from_eta
 from ..exceptions import (
     BatchExists,
     BatchNotFound,
+    BatchSealed,
     DelayQError,
     InvalidBatch,
     InvalidOptions,
@@ -57,7 +58,12 @@ from .gate import (
 if TYPE_CHECKING:
     from ..store.batches import BatchState
 
-__all__ = ["BatchResult", "check_batch_id", "store_batch"]
+__all__ = ["OPEN_BATCH_EXPIRES", "BatchResult", "OpenBatch", "check_batch_id", "open_batch", "store_batch"]
+
+#: Seconds an open batch (:func:`open_batch`) is kept unsealed after its open or its last add:
+#: past that, the beats' sweep deletes it (its waiting members cancelled; its on_complete never
+#: runs). One day by default.
+OPEN_BATCH_EXPIRES = 86_400.0
 
 
 class BatchResult:
@@ -76,10 +82,13 @@ class BatchResult:
 
     @classmethod
     def restore(cls, batch_id: str, app: Any) -> BatchResult | None:
-        """The handle of the stored batch ``batch_id``; None when there is no such batch."""
-        if get_store(app).batch_state(batch_id) is None:
+        """The handle of the stored batch ``batch_id``; None when there is no such batch. An
+        open batch not sealed yet gets an :class:`OpenBatch` (members can be added, and it
+        can be sealed, from any process)."""
+        state = get_store(app).batch_state(batch_id)
+        if state is None:
             return None
-        return cls(batch_id, app)
+        return cls(batch_id, app) if state.sealed else OpenBatch(batch_id, app)
 
     def state(self) -> BatchState:
         """The batch's counters as they are in Redis now; :class:`BatchNotFound` (a ``LookupError``)
@@ -140,6 +149,84 @@ class BatchResult:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.id}>"
+
+
+class OpenBatch(BatchResult):
+    """The handle of an open batch (``DelayQ(app).open_batch(...)``, or
+    ``DelayQ(app).open_batch_result(id)`` in another process): :meth:`add` members over time,
+    from any number of processes, then :meth:`seal` it once. It completes (on_complete runs,
+    once) only after the seal, when every member added ended.
+
+    ``DelayQ(app).batch_result(id)`` returns one for a batch not sealed yet.
+    """
+
+    def add(self, signatures: Any, eta: Any = None) -> list[str]:
+        """Store ``signatures`` as more members of the batch, due at ``eta`` (None: now); their
+        job ids. Each message is built and checked first (nothing stored when one is refused);
+        then their numbers are reserved in one script (``lua/batch_grow.lua``: the total grows
+        by as many; two processes adding at once get disjoint numbers) and they are stored.
+        :class:`BatchSealed` once the batch is sealed, :class:`BatchNotFound` when it is gone
+        (deleted, or expired unsealed): nothing stored then. A ``StoreFull`` after the numbers
+        were reserved (or a crash between) leaves the batch with members that never end: it
+        never completes; delete it (``delete --force``)."""
+        members = _member_list(signatures)
+        store = get_store(self.app)
+        relative = eta is None
+        due_ms = store.server_now_ms() if relative else due_ms_from_eta(eta, self.app)
+        # built first as members 0..n-1 without the batch's limit and priority (a bad member
+        # raises before a number is reserved), then under the numbers reserved, with them
+        checked = _member_envelopes(self.app, self.id, 0, members, due_ms, None, None)
+        status, first, meta = store.grow_batch(self.id, len(members))
+        if status == "missing":
+            raise BatchNotFound(
+                f"batch {self.id!r} is not stored (deleted, or expired unsealed): no member added"
+            )
+        if status == "sealed":
+            raise BatchSealed(
+                f"batch {self.id!r} is sealed: no member can be added to it (open another batch)"
+            )
+        limit, prio = meta.get("limit"), meta.get("priority")
+        envelopes = checked
+        if first != 0 or limit is not None or prio is not None:  # (else: as checked)
+            envelopes = _member_envelopes(self.app, self.id, first, members, due_ms, limit, prio)
+        ids = [member_id(self.id, first + i) for i in range(len(members))]
+        _store_members(store, ids, envelopes, due_ms, relative)
+        return ids
+
+    def seal(self) -> bool:
+        """Seal the batch (``lua/batch_seal.lua``): no member is added after, and it completes
+        when every member added ended (at once, in this call, when they all have). True when
+        this call sealed it, False when it was sealed already; :class:`BatchNotFound` when it
+        is gone (deleted, or expired unsealed)."""
+        status, _ = get_store(self.app).seal_batch(self.id)
+        if status == "missing":
+            raise BatchNotFound(f"batch {self.id!r} is not stored (deleted, or expired unsealed): not sealed")
+        return status == "sealed"
+
+
+def open_batch(
+    app: Any,
+    *,
+    concurrency_limit: Any = None,
+    priority: Any = None,
+    on_complete: Any = None,
+    batch_id: Any = None,
+    expires: Any = OPEN_BATCH_EXPIRES,
+) -> OpenBatch:
+    """``DelayQ(app).open_batch``: see :meth:`celery_delayq.DelayQ.open_batch`."""
+    limit = None if concurrency_limit is None else check_limit(concurrency_limit)
+    prio = None if priority is None else check_priority(priority)
+    bid = str(uuid.uuid4()) if batch_id is None else check_batch_id(batch_id)
+    if isinstance(expires, bool) or not isinstance(expires, int | float) or not 0.001 <= expires < 2**40:
+        raise InvalidBatch(
+            f"expires={short_repr(expires)}: an open batch's expiry is a number of seconds >= 0.001"
+        )
+    store = get_store(app)
+    completion = _completion(app, bid, on_complete, store.server_now_ms())
+    meta = {"limit": limit, "priority": prio}
+    if not store.open_batch(bid, 0, completion, meta, open_ms=max(int(expires * 1000), 1)):
+        raise BatchExists(f"batch {bid!r} is stored already: give another batch_id (or leave it out)")
+    return OpenBatch(bid, app)
 
 
 def check_batch_id(batch_id: Any) -> str:
@@ -216,6 +303,42 @@ def store_batch(
     batch_id: Any = None,
 ) -> BatchResult:
     """``DelayQ(app).batch``: see :meth:`celery_delayq.DelayQ.batch`."""
+    members = _member_list(signatures)
+    limit = None if concurrency_limit is None else check_limit(concurrency_limit)
+    prio = None if priority is None else check_priority(priority)
+    bid = str(uuid.uuid4()) if batch_id is None else check_batch_id(batch_id)
+    store = get_store(app)
+    # eta None: now on the server's clock, stored as a delay of 0 (added to the script's TIME)
+    relative = eta is None
+    due_ms = store.server_now_ms() if relative else due_ms_from_eta(eta, app)
+    envelopes = _member_envelopes(app, bid, 0, members, due_ms, limit, prio)
+    completion = _completion(app, bid, on_complete, due_ms)
+    opening = member_id(bid, 0)[:-1]  # member i: opening + str(i)
+    ids = [f"{opening}{i}" for i in range(len(members))]
+    meta = {"limit": limit, "priority": prio, "eta": due_ms}
+    try:
+        opened = store.open_batch(bid, len(members), completion, meta)
+    except StoreFull as exc:  # nothing of the batch is stored: every member is named
+        refused = f"batch {bid!r} not opened, none of its {len(ids)} member(s) stored"
+        raise StoreFull([], ids, list(range(len(ids))), refused) from exc.__cause__
+    if not opened:
+        raise BatchExists(f"batch {bid!r} is stored already: give another batch_id (or leave it out)")
+    _store_members(store, ids, envelopes, due_ms, relative)
+    return BatchResult(bid, app)
+
+
+def _store_members(store: Any, ids: list[str], envelopes: list[str], due_ms: int, relative: bool) -> None:
+    """Store the members ``ids`` with their ``envelopes``, due at ``due_ms`` (``relative``: now
+    on the server's clock, stored as a delay of 0)."""
+    shift = due_ms if relative else 0
+    store.enqueue(
+        [(job_id, due_ms - shift, envelope) for job_id, envelope in zip(ids, envelopes, strict=True)],
+        relative=relative,
+    )
+
+
+def _member_list(signatures: Any) -> list[Any]:
+    """``signatures`` as a list of at least one; else :class:`InvalidBatch`."""
     if isinstance(signatures, str | bytes | Mapping) or not hasattr(signatures, "__iter__"):
         raise InvalidBatch(
             f"the members of a batch are a list of signatures, got {type(signatures).__name__}: "
@@ -224,22 +347,16 @@ def store_batch(
     members = list(signatures)
     if not members:
         raise InvalidBatch("a batch needs at least one member: give a list of signatures, [task.s(...), ...]")
-    limit = None if concurrency_limit is None else check_limit(concurrency_limit)
-    prio = None if priority is None else check_priority(priority)
-    bid = str(uuid.uuid4()) if batch_id is None else check_batch_id(batch_id)
-    if on_complete is not None and not isinstance(on_complete, Signature):
-        raise InvalidBatch(
-            f"on_complete must be a signature (task.s(...)), got {type(on_complete).__name__}: "
-            f"{short_repr(on_complete)}"
-        )
-    completion_task = None if on_complete is None else _task_signature(on_complete, "on_complete")
+    return members
+
+
+def _member_envelopes(
+    app: Any, bid: str, first: int, members: Sequence[Any], due_ms: int, limit: int | None, prio: int | None
+) -> list[str]:
+    """The envelopes of ``members``, member ``first + i`` of batch ``bid`` each, due at ``due_ms``:
+    a bad member raises (naming it) before anything is stored."""
     state = app_state(app)
     max_payload = DelayQConfig.from_app(app).max_payload
-    store = get_store(app)
-    # eta None: now on the server's clock, stored as a delay of 0 (added to the script's TIME)
-    relative = eta is None
-    due_ms = store.server_now_ms() if relative else due_ms_from_eta(eta, app)
-
     # Members by task and options: one plan per group. (A Signature is a dict: its fields
     # are read as items, the common case of a plain signature without options at once.)
     groups: dict[Any, tuple[Any, dict[str, Any], list[int]]] = {}
@@ -278,7 +395,7 @@ def store_batch(
         headers = options.get("headers")
         if headers is None or isinstance(headers, Mapping):
             options["headers"] = {**(headers or {}), GATE_HEADER: gate.header()}
-        jobs = [(f"{opening}{i}", due_ms, members[i]["args"], members[i]["kwargs"]) for i in indices]
+        jobs = [(f"{opening}{first + i}", due_ms, members[i]["args"], members[i]["kwargs"]) for i in indices]
 
         def build(part: Sequence[Any], task: Any = task, options: dict[str, Any] = options) -> list[str]:
             return build_envelopes(app, task, part, options, max_payload=max_payload, state=state)
@@ -291,6 +408,19 @@ def store_batch(
         for i, envelope in zip(indices, built, strict=True):
             envelopes[i] = envelope
 
+    return envelopes
+
+
+def _completion(app: Any, bid: str, on_complete: Any, due_ms: int) -> tuple[str, str] | None:
+    """The completion job ``(id, envelope)`` of batch ``bid`` (None without ``on_complete``)."""
+    if on_complete is not None and not isinstance(on_complete, Signature):
+        raise InvalidBatch(
+            f"on_complete must be a signature (task.s(...)), got {type(on_complete).__name__}: "
+            f"{short_repr(on_complete)}"
+        )
+    completion_task = None if on_complete is None else _task_signature(on_complete, "on_complete")
+    state = app_state(app)
+    max_payload = DelayQConfig.from_app(app).max_payload
     completion: tuple[str, str] | None = None
     if completion_task is not None and on_complete is not None:
         options = dict(on_complete.options)
@@ -319,18 +449,4 @@ def store_batch(
             )
         completion = (completion_id(bid), envelope)
 
-    ids = [f"{opening}{i}" for i in range(len(members))]
-    meta = {"limit": limit, "priority": prio, "eta": due_ms}
-    try:
-        opened = store.open_batch(bid, len(members), completion, meta)
-    except StoreFull as exc:  # nothing of the batch is stored: every member is named
-        refused = f"batch {bid!r} not opened, none of its {len(ids)} member(s) stored"
-        raise StoreFull([], ids, list(range(len(ids))), refused) from exc.__cause__
-    if not opened:
-        raise BatchExists(f"batch {bid!r} is stored already: give another batch_id (or leave it out)")
-    shift = due_ms if relative else 0
-    store.enqueue(
-        [(job_id, due_ms - shift, envelope) for job_id, envelope in zip(ids, envelopes, strict=True)],
-        relative=relative,
-    )
-    return BatchResult(bid, app)
+    return completion

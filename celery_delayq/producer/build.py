@@ -6,7 +6,7 @@ publish: argument check against the task's signature, the task's execution optio
 router (queue, exchange, routing key, priority), the protocol-2 headers and the body,
 serialized with the task's serializer (the option handling is :mod:`.options`', the route
 and message :mod:`.message`'s). What
-``apply_async`` would have published is stored (:mod:`..store.envelope` writes it), less the
+``apply_async`` would have published is stored (:mod:`..store.envelope_writing` writes it), less the
 ``eta`` (the worker must run it at once) and with ``expires`` made absolute.
 
 Building many jobs goes through a *plan* (:mod:`.plans`): everything that depends only on the task and
@@ -31,9 +31,8 @@ from kombu.serialization import dumps
 
 from ..due import MAX_DUE_MS, ms_to_datetime
 from ..exceptions import InvalidOptions, SerializationError
-from ..store.envelope import (
-    JSON_CT,
-    UTF8,
+from ..store.envelope import JSON_CT, UTF8
+from ..store.envelope_writing import (
     body_members,
     encode_envelope,
     envelope_from_pieces,

@@ -80,7 +80,8 @@ def apply_in(sig: Any, delay: Any, **options: Any) -> Any:
 
 def refuse_gate_options(options: dict[str, Any]) -> None:
     """Refuse the gate options here (they would reach the message as unknown properties and
-    gate nothing): a canvas's members get ids of Celery's making, not their key's."""
+    gate nothing): a canvas's members get ids of Celery's making, not their key's. So is
+    ``unique_for`` (it would reach the message unread)."""
     for name in GATE_OPTIONS:
         if options.get(name) is not None:
             raise InvalidOptions(
@@ -88,6 +89,11 @@ def refuse_gate_options(options: dict[str, Any]) -> None:
                 f"options; use task.apply_at(eta, args, kwargs, {name}=...) for one job, or "
                 "DelayQ(app).batch([...], eta, concurrency_limit=n) for many"
             )
+    if options.get("unique_for") is not None:
+        raise InvalidOptions(
+            "unique_for: celery_delayq.apply_at/apply_in of a signature or canvas take no uniqueness "
+            "window; use task.apply_at(eta, args, kwargs, task_id=..., unique_for=...)"
+        )
 
 
 def _check_signature(sig: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import kombu.compression
@@ -33,6 +34,7 @@ __all__ = [
     "job_kwargs",
     "job_label",
     "short_repr",
+    "unique_window_ms",
 ]
 
 #: ``apply_async`` options naming a transport object. apply_at refuses them; the intercepted
@@ -90,6 +92,51 @@ def short_repr(value: Any) -> str:
 
 def job_label(task_id: Any, name: str) -> str:
     return f"job {short_repr(task_id)} of {name!r}"
+
+
+#: The longest ``unique_for``: 10 years (the enqueue script takes at most 12 digits of ms).
+MAX_UNIQUE_FOR = 10 * 366 * 86_400
+
+
+def unique_window_ms(unique_for: Any, task_id: Any, replace: bool, name: str) -> int:
+    """``unique_for`` (seconds > 0, or a ``timedelta``) as whole ms (at least 1), checked with
+    what it needs: the job's own ``task_id`` (a generated id is never given twice) and no
+    ``replace`` (it would overwrite what the window keeps). Else :class:`InvalidOptions`.
+
+    >>> unique_window_ms(3600, "invoice-42", False, "proj.remind")
+    3600000
+    >>> unique_window_ms(timedelta(days=1), "invoice-42", False, "proj.remind")
+    86400000
+    >>> unique_window_ms(60, None, False, "proj.remind")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.InvalidOptions: unique_for needs the job's own task_id ...
+    """
+    if isinstance(unique_for, timedelta):
+        seconds = unique_for.total_seconds()
+    elif isinstance(unique_for, bool) or not isinstance(unique_for, numbers.Real):
+        raise InvalidOptions(
+            f"unique_for of {name!r} must be a number of seconds or a timedelta, got "
+            f"{type(unique_for).__name__}: {short_repr(unique_for)}"
+        )
+    else:
+        seconds = float(unique_for)
+    if not (0 < seconds <= MAX_UNIQUE_FOR):  # (NaN fails too)
+        raise InvalidOptions(
+            f"unique_for of {name!r} must be more than 0 and at most {MAX_UNIQUE_FOR} s (10 years), "
+            f"got {short_repr(unique_for)}"
+        )
+    if task_id is None:
+        raise InvalidOptions(
+            f"unique_for needs the job's own task_id (an id taken stays taken; a generated one is "
+            f"never given twice): {name!r}.apply_at(..., task_id='invoice-42', unique_for=...)"
+        )
+    if replace:
+        raise InvalidOptions(
+            f"unique_for and replace=True of {name!r} contradict: the window keeps the id's job, "
+            "replace overwrites it"
+        )
+    return max(1, round(seconds * 1000))
 
 
 def check_task_id(task_id: Any, name: str) -> str:
@@ -237,5 +284,6 @@ def due_item(item: Any, index: int, app: Any) -> tuple[int, Any, Any]:
         return due_ms_from_eta(item[0], app), item[1], item[2]
     kind = type(item).__name__ + (f" of {len(item)}" if isinstance(item, tuple | list) else "")
     raise InvalidArguments(
-        f"apply_at_many item {index} must be an (eta, args, kwargs) tuple, got {kind}: {short_repr(item)}"
+        f"apply_at_many item {index} must be an (eta, args, kwargs) tuple, got {kind}: {short_repr(item)} "
+        "(an item may carry its task id fourth: (eta, args, kwargs, task_id))"
     )

@@ -24,7 +24,8 @@ import kombu.utils.json as kombu_json
 from kombu.serialization import registry
 
 from ..config import extension
-from ..store.envelope import JSON_CT, UTF8, Pieces, is_plain_embed, shared_pieces
+from ..store.envelope import JSON_CT, UTF8
+from ..store.envelope_writing import Pieces, is_plain_embed, shared_pieces
 from .message import Route, create_message, parents_of, resolve_route
 
 __all__ = ["AppState", "Plan", "app_state", "frozen_options", "plan_for"]

@@ -28,8 +28,13 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
     * ``due``: when the job is due (aware UTC datetime). When a job with the
       same ``task_id`` was already waiting and was kept, it is that job's due.
     * ``created``: False when an existing waiting job with this id was kept.
+    * ``outcome``, with ``unique_for`` only (else None): ``"new"`` (stored), ``"kept"`` (a job
+      with this id is stored: ``due`` is its due time) or ``"taken"`` (the id was stored less than
+      ``unique_for`` ago and its job is gone: delivered, or cancelled; ``due`` is None).
     * ``cancel()`` and ``reschedule(eta)``.
     """
+
+    outcome: str | None = None
 
     def __init__(
         self,

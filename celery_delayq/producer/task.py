@@ -32,7 +32,7 @@ from ..store.facade import get_store
 from ..store.jobs import EnqueueOutcome
 from ..store.keys import is_point_id
 from .build import build_envelopes, new_task_ids
-from .options import TRANSPORT_OPTIONS, due_item, short_repr
+from .options import TRANSPORT_OPTIONS, check_task_id, due_item, short_repr, unique_window_ms
 from .plans import app_state
 from .result import ScheduledResult
 
@@ -49,9 +49,15 @@ __all__ = [
 
 
 def scheduled_results(
-    app: Any, task_name: str, ids: list[str], statuses: list[tuple[EnqueueOutcome, int]]
+    app: Any,
+    task_name: str,
+    ids: list[str],
+    statuses: list[tuple[EnqueueOutcome, int]],
+    unique: bool = False,
 ) -> list[ScheduledResult]:
-    """The results of jobs ``ids`` of ``task_name`` from ``Store.enqueue``'s ``(outcome, due ms)``."""
+    """The results of jobs ``ids`` of ``task_name`` from ``Store.enqueue``'s ``(outcome, due ms)``;
+    with ``unique`` (``unique_for`` was given), each result's :attr:`~ScheduledResult.outcome` is
+    set, and a ``TAKEN`` one has no due time (its job is gone)."""
     if len(ids) == 1 and len(statuses) == 1:  # apply_at, apply_in: no comprehension
         ((status, stored_due),) = statuses
         done = [(ids[0], ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)]
@@ -60,7 +66,13 @@ def scheduled_results(
             (task_id, ms_to_datetime(stored_due), status is not EnqueueOutcome.KEPT)
             for task_id, (status, stored_due) in zip(ids, statuses, strict=True)
         ]
-    return ScheduledResult.many(done, app.backend, task_name, app)
+    results = ScheduledResult.many(done, app.backend, task_name, app)
+    if unique:
+        for result, (status, _) in zip(results, statuses, strict=True):
+            result.outcome = status.value
+            if status is EnqueueOutcome.TAKEN:
+                result.due, result.created = None, False
+    return results
 
 
 def retry_store_id(task_id: Any, options: dict[str, Any]) -> str | None:
@@ -194,18 +206,39 @@ class DelayQTaskMixin:
         due_ms = due_ms_from_delay(delay, now_ms=base)
         return self._delayq_schedule([(due_ms, args, kwargs)], options, base)[0]
 
-    def apply_at_many(self, items: Iterable[tuple[Any, Any, Any]], **options: Any) -> list[ScheduledResult]:
-        """Schedule many jobs in few round trips: ``items`` are ``(eta, args, kwargs)``.
+    def apply_at_many(self, items: Iterable[Any], **options: Any) -> list[ScheduledResult]:
+        """Schedule many jobs in few round trips: ``items`` are ``(eta, args, kwargs)``, or
+        ``(eta, args, kwargs, task_id)`` for a job with an id of its own (``None``: generated).
 
         Every item is validated and serialized before anything is written; one
         bad item raises and stores nothing. ``options`` apply to every job
-        (a ``task_id`` option is refused here: ids are generated per job).
+        (a ``task_id`` option is refused here: give each item's id in the item).
+        With ``unique_for``, every item must carry its id.
         """
         if options.get("task_id") is not None:
-            raise InvalidOptions("apply_at_many generates one task id per job; task_id is not allowed")
+            raise InvalidOptions(
+                "apply_at_many takes no task_id option: give each job's id as its item's fourth "
+                "element, (eta, args, kwargs, task_id), or leave it out and one is generated"
+            )
         app = self._delayq_app()
-        prepared = [due_item(item, index, app) for index, item in enumerate(items)]
-        return self._delayq_schedule(prepared, options)
+        prepared: list[tuple[int, Any, Any]] = []
+        given: list[str | None] = []
+        for index, item in enumerate(items):
+            job_id: Any = None
+            if (type(item) is tuple or type(item) is list) and len(item) == 4:
+                job_id = item[3]
+                if job_id is not None:
+                    check_task_id(job_id, self.name)
+                item = item[:3]
+            prepared.append(due_item(item, index, app))
+            given.append(job_id)
+        if options.get("unique_for") is not None and None in given:
+            raise InvalidOptions(
+                f"unique_for needs every job's own id: item {given.index(None)} of apply_at_many has "
+                "none; give each item as (eta, args, kwargs, task_id)"
+            )
+        given_ids = given if any(job_id is not None for job_id in given) else None
+        return self._delayq_schedule(prepared, options, given_ids=given_ids)
 
     def _delayq_schedule(
         self,
@@ -214,6 +247,7 @@ class DelayQTaskMixin:
         base: int | None = None,
         store_id: str | None = None,
         app: Any = None,
+        given_ids: list[str | None] | None = None,
     ) -> list[ScheduledResult]:
         """Store ``items``: ``(due ms, args, kwargs)``. With ``base`` (the server's now as
         ``Store.server_now_ms`` estimates it), each due is ``base`` plus a delay, and the enqueue
@@ -221,7 +255,8 @@ class DelayQTaskMixin:
         clock, and the envelope (an expiry counted from the due time) agrees with it to the
         estimate's error (milliseconds). With ``store_id`` (one item: a retry of a schedule's
         run, :func:`retry_store_id`), the job is stored under that id; its message keeps its
-        task id. ``app``: the task's app, when the caller has it at hand."""
+        task id. ``app``: the task's app, when the caller has it at hand. ``given_ids``
+        (``apply_at_many``): an id or None (generated) per item."""
         if app is None:
             app = self._delayq_app()
         state = app_state(app)
@@ -229,35 +264,48 @@ class DelayQTaskMixin:
             options = dict(options)
             replace = bool(options.pop("replace", False))
             given_id = options.pop("task_id", None)
+            unique_for = options.pop("unique_for", None)
+            unique_ms = None
+            if unique_for is not None:
+                has_id = given_id if given_ids is None else given_ids[0]
+                unique_ms = unique_window_ms(unique_for, has_id, replace, self.name)
             gate = take_gate(app, options, ask_store=not state.always_eager) or carried_gate(options)
         else:  # no option: no gate (what take_gate and carried_gate find in an empty dict)
-            options, replace, given_id, gate = {}, False, None, None
+            options, replace, given_id, gate, unique_ms = {}, False, None, None, None
         if state.always_eager:
             # Celery's eager mode runs tasks at once and ignores eta; do the same.
-            return [self.apply_async(args, kwargs, task_id=given_id, **options) for _, args, kwargs in items]
-        config = DelayQConfig.from_app(app)
+            eager_ids = given_ids or [given_id] * len(items)
+            return [
+                self.apply_async(args, kwargs, task_id=job_id, **options)
+                for job_id, (_, args, kwargs) in zip(eager_ids, items, strict=True)
+            ]
+        store = get_store(app)  # (its config is the app's: DelayQConfig.from_app)
+        max_payload = store.config.max_payload
         if gate is not None:
             ids = gate_ids(gate, given_id, len(items), options)
         else:
             ids = [given_id] * len(items) if given_id else new_task_ids(len(items))
+        if given_ids is not None:  # (apply_at_many) each item's own id where it has one
+            tagged = (
+                (lambda job_id: gated_id(gate.key, job_id)) if gate is not None else (lambda job_id: job_id)
+            )
+            ids = [ids[i] if job_id is None else tagged(job_id) for i, job_id in enumerate(given_ids)]
         shift = base or 0
         if len(items) == 1:  # one job (apply_at, apply_in): the same steps, without the lists
             ((due_ms, args, kwargs),) = items
             task_id = ids[0]
             one = [(task_id, due_ms, args, kwargs)]
-            envelopes = build_envelopes(app, self, one, options, max_payload=config.max_payload, state=state)
+            envelopes = build_envelopes(app, self, one, options, max_payload=max_payload, state=state)
             jobs = [(store_id or task_id, due_ms - shift, envelopes[0])]
         else:
             to_build = [(job_id, due, a, k) for job_id, (due, a, k) in zip(ids, items, strict=True)]
-            envelopes = build_envelopes(
-                app, self, to_build, options, max_payload=config.max_payload, state=state
-            )
+            envelopes = build_envelopes(app, self, to_build, options, max_payload=max_payload, state=state)
             jobs = [
                 (store_id or task_id, due_ms - shift, envelope)
                 for task_id, (due_ms, _, _), envelope in zip(ids, items, envelopes, strict=True)
             ]
-        statuses = get_store(app).enqueue(jobs, replace=replace, relative=base is not None)
-        return scheduled_results(app, self.name, ids, statuses)
+        statuses = store.enqueue(jobs, replace=replace, relative=base is not None, unique_ms=unique_ms)
+        return scheduled_results(app, self.name, ids, statuses, unique=unique_ms is not None)
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
@@ -273,6 +321,12 @@ class DelayQTaskMixin:
         :func:`carried_gate`), always goes through delayq, whatever ``delayq_intercept_eta``
         says (the gate is delayq's): without eta or countdown it is due at once.
         """
+        if options.get("unique_for") is not None:  # Celery would carry it off unread
+            raise InvalidOptions(
+                "unique_for is an option of apply_at and apply_in: apply_async with eta or countdown "
+                "replaces a waiting job with the same id (a retry reuses its task's id), and one without "
+                "them is sent to the broker at once"
+            )
         eta = options.get("eta")
         countdown = options.get("countdown")
         app = self._delayq_app()

@@ -45,7 +45,7 @@ from ..store.facade import Store, get_store
 from ..store.jobs import EnqueueOutcome
 from ..store.keys import iso_ms as _iso_ms
 from ..store.keys import point_id
-from .rules import OnceRule, rule_from_json
+from .rules import OnceRule, parse_rule, rule_from_json
 from .spec import UPDATABLE, Schedule, ScheduleSpec, check_name, read_definition, spec_of
 
 __all__ = ["Schedules", "point_id"]
@@ -207,11 +207,18 @@ class Schedules:
 
     def update(self, name: str, **changes: Any) -> Schedule:
         """Change some fields (``rule``, ``args``, ``kwargs``, ``tz``, ``options``, ``missed``,
-        ``max_missed``, ``grace``, ``enabled``, ``task``); the new rule counts from now."""
+        ``max_missed``, ``grace``, ``enabled``, ``task``, ``dst_gap``, ``dst_fold``); the new rule
+        counts from now. A cron keeps its DST choices when its rule changes to another cron
+        (``"cron"`` puts today's rule back), and drops them when it becomes an interval or a
+        one-shot."""
         current = self._get_or_fail(name)
         unknown = set(changes) - set(UPDATABLE)
         if unknown:
             raise InvalidSchedule(f"cannot update {sorted(unknown)}; fields are {sorted(UPDATABLE)}")
+        if "rule" in changes and parse_rule(changes["rule"], current.tz).kind != "cron":
+            # The DST choices of a cron that becomes an interval or a one-shot go with it.
+            changes.setdefault("dst_gap", None)
+            changes.setdefault("dst_fold", None)
         if "tz" in changes and "rule" not in changes and current.rule.kind == "cron":
             changes["rule"] = current.rule.to_json()["expr"]  # the same expression, in the new zone
         spec = current.to_spec(**changes)

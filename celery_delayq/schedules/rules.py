@@ -25,6 +25,12 @@ users know from Vixie cron):
   "Fixed" means any hour field other than ``*`` and ``*/n`` (``2``, ``1-3``,
   ``0-23``).
 
+A schedule can choose another rule for each change (:data:`DST_GAP`, :data:`DST_FOLD`):
+``dst_gap="jump"`` (any job, every-hour ones too, runs a missing time once, at the jump) or
+``"skip"`` (no run), and ``dst_fold="first"``, ``"both"`` or ``"last"`` (which occurrences of
+a repeated time run, whatever the hour field). ``None`` or ``"cron"`` is the rule above; a
+choice left out keeps it for that change.
+
 >>> from datetime import datetime
 >>> from zoneinfo import ZoneInfo
 >>> paris = ZoneInfo("Europe/Paris")
@@ -56,7 +62,41 @@ from croniter import CroniterBadDateError, croniter
 from ..due import MAX_DUE_MS
 from ..exceptions import InvalidDueTime, InvalidSchedule
 
-__all__ = ["CronRule", "IntervalRule", "OnceRule", "Rule", "parse_rule", "rule_from_json", "zone"]
+__all__ = [
+    "DST_FOLD",
+    "DST_GAP",
+    "CronRule",
+    "IntervalRule",
+    "OnceRule",
+    "Rule",
+    "parse_rule",
+    "rule_from_json",
+    "zone",
+]
+
+
+#: What a cron does with a wall time that does not exist (spring forward): ``"cron"`` (today's
+#: rule, the default: see the module), ``"jump"`` (run once, at the instant the clocks jump),
+#: ``"skip"`` (no run).
+DST_GAP = ("cron", "jump", "skip")
+#: What a cron does with a wall time that exists twice (fall back): ``"cron"`` (today's rule, the
+#: default), ``"first"`` (run in the first occurrence only), ``"both"``, ``"last"`` (the second only).
+DST_FOLD = ("cron", "first", "both", "last")
+
+
+def check_dst(gap: Any, fold: Any) -> tuple[str | None, str | None]:
+    """``(gap, fold)`` normalised (``None`` for ``"cron"``, today's rule); :class:`InvalidSchedule`
+    naming the choices when one is not among them."""
+    if gap is not None and gap not in DST_GAP:
+        raise InvalidSchedule(f"dst_gap must be one of {', '.join(DST_GAP)} (or None), got {short(gap)}")
+    if fold is not None and fold not in DST_FOLD:
+        raise InvalidSchedule(f"dst_fold must be one of {', '.join(DST_FOLD)} (or None), got {short(fold)}")
+    return (None if gap == "cron" else gap), (None if fold == "cron" else fold)
+
+
+def short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def zone(name: str) -> ZoneInfo:
@@ -115,10 +155,17 @@ class CronRule(Rule):
 
     expr: str
     tz: str = "UTC"
+    #: the rule for a missing wall time (:data:`DST_GAP`); None: today's rule ("cron")
+    dst_gap: str | None = None
+    #: the rule for a repeated wall time (:data:`DST_FOLD`); None: today's rule ("cron")
+    dst_fold: str | None = None
     kind = "cron"
 
     def __post_init__(self) -> None:
         zone(self.tz)
+        gap, fold = check_dst(self.dst_gap, self.dst_fold)
+        object.__setattr__(self, "dst_gap", gap)
+        object.__setattr__(self, "dst_fold", fold)
         if not isinstance(self.expr, str) or len(self.expr.split()) not in (5, 6):
             raise InvalidSchedule(
                 f"cron expression must have 5 fields (or 6 with seconds last), got {self.expr!r}"
@@ -130,6 +177,10 @@ class CronRule(Rule):
             raise InvalidSchedule(f"random ('R') cron fields are not supported: {self.expr!r}")
 
     def next_after(self, after_ms: int) -> int | None:
+        if self.dst_gap is not None or self.dst_fold is not None:
+            on_gap = self.dst_gap or ("skip" if _every_hour(self.expr) else "jump")
+            on_fold = self.dst_fold or ("first" if _fixed_hour(self.expr) else "both")
+            return _next_by_wall(self.expr, zone(self.tz), after_ms, on_gap, on_fold)
         tz = zone(self.tz)
         fixed = _fixed_hour(self.expr)
         it = croniter(self.expr, datetime.fromtimestamp(after_ms / 1000.0, tz))
@@ -156,10 +207,107 @@ class CronRule(Rule):
         return None  # pragma: no cover - croniter always advances
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "cron", "expr": self.expr, "tz": self.tz}
+        out: dict[str, Any] = {"type": "cron", "expr": self.expr, "tz": self.tz}
+        if self.dst_gap is not None:  # absent: today's rule (as stored before the choice existed)
+            out["dst_gap"] = self.dst_gap
+        if self.dst_fold is not None:
+            out["dst_fold"] = self.dst_fold
+        return out
 
     def describe(self) -> str:
-        return f"cron {self.expr!r} {self.tz}"
+        text = f"cron {self.expr!r} {self.tz}"
+        return (
+            text if self.dst_gap is None and self.dst_fold is None else f"{text} (DST {self.describe_dst()})"
+        )
+
+    def describe_dst(self) -> str:
+        """The DST rule in words: ``"cron"`` (today's rule), or the choices, e.g.
+        ``"gap skip, fold last"`` (a choice not made reads ``cron``)."""
+        if self.dst_gap is None and self.dst_fold is None:
+            return "cron"
+        return f"gap {self.dst_gap or 'cron'}, fold {self.dst_fold or 'cron'}"
+
+
+#: How far (seconds) ahead a change of offset is looked for: more than any zone's DST shift.
+_NEAR = 4 * 3600
+
+
+def _wall(t: int, tz: ZoneInfo) -> datetime:
+    """The naive local wall time of second ``t``."""
+    return datetime.fromtimestamp(t, tz).replace(tzinfo=None)
+
+
+def _instants(wall: datetime, tz: ZoneInfo, gap: str, fold: str) -> tuple[str, list[int], int]:
+    """How the naive wall time ``wall`` maps to instants (seconds since the epoch) in ``tz``:
+    ``("one", [t], 0)`` when it exists once; ``("gap", [], end)`` or ``("gap", [jump], end)``
+    (``gap`` skip or jump) when the clocks skip it, ``end`` the first wall time after the gap as
+    seconds of the naive clock; ``("fold", instants, end)`` when it exists twice (the first,
+    the last or both, per ``fold``), ``end`` the first wall time after the repeated span."""
+    t0 = math.floor(wall.replace(tzinfo=tz, fold=0).timestamp())
+    t1 = math.floor(wall.replace(tzinfo=tz, fold=1).timestamp())
+    if t0 == t1:
+        return "one", [t0], 0
+    lo, hi = min(t0, t1), max(t0, t1)
+    change = _change_after(lo, hi, tz)  # the instant the offset changes
+    if _wall(t0, tz) == wall.replace(microsecond=0):  # exists twice: fold=0 is the earlier one
+        end = _naive_seconds(_wall(change - 1, tz)) + 1  # the repeated span ends where it began
+        chosen = {"first": [t0], "last": [t1], "both": [t0, t1]}[fold]
+        return "fold", chosen, end
+    end = _naive_seconds(_wall(change, tz))
+    return "gap", ([] if gap == "skip" else [change]), end
+
+
+def _naive_seconds(wall: datetime) -> int:
+    return math.floor(wall.replace(tzinfo=UTC).timestamp())
+
+
+def _from_naive_seconds(seconds: int) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
+
+
+def _next_by_wall(expr: str, tz: ZoneInfo, after_ms: int, gap: str, fold: str) -> int | None:
+    """The first instant (ms) strictly after ``after_ms`` at which ``expr`` runs in ``tz`` with
+    the explicit choices ``gap`` and ``fold``.
+
+    The wall times ``expr`` names (local time without DST, after the local time of
+    ``after_ms``) are taken in order, each mapped to its instants (:func:`_instants`); the
+    first that has one after ``after_ms`` has the earliest (a span the rule runs nothing in
+    is stepped over at once). One more candidate: while the clocks are in the first
+    occurrence of a span they will repeat, the second occurrence of the span's first wall
+    time (``fold`` both or last), which can be earlier than the next wall time's instant."""
+    after_s = after_ms // 1000
+    local = _wall(after_s, tz)
+    candidates: list[int] = []
+    if fold in ("both", "last") and _offset(after_s + _NEAR, tz) < _offset(after_s, tz):
+        change = _change_after(after_s, after_s + _NEAR, tz)
+        repeat_from = _wall(change, tz)  # the wall time the clocks go back to
+        if repeat_from <= local:  # already in the span's first occurrence
+            first = _cron_next(expr, repeat_from - timedelta(seconds=1))
+            if first <= local:
+                candidates.append(math.floor(first.replace(tzinfo=tz, fold=1).timestamp()))
+    it = croniter(expr, local)
+    for _ in range(100_000):
+        wall = _get_next(it, expr)
+        kind, instants, end = _instants(wall, tz, gap, fold)
+        later = [t for t in instants if t * 1000 > after_ms]
+        if later:
+            candidates.append(min(later))
+            break
+        if kind != "one":  # nothing in this span after after_ms: go on from its end
+            it = croniter(expr, _from_naive_seconds(end - 1))
+    return min(candidates) * 1000 if candidates else None
+
+
+def _get_next(it: croniter, expr: str) -> datetime:
+    try:
+        wall: datetime = it.get_next(datetime)
+    except CroniterBadDateError as exc:  # e.g. "0 0 31 2 *": valid fields, no such date
+        raise InvalidSchedule(f"cron expression {expr!r} never matches a date") from exc
+    return wall
+
+
+def _cron_next(expr: str, start: datetime) -> datetime:
+    return _get_next(croniter(expr, start), expr)
 
 
 def _second_occurrence(point: datetime, tz: ZoneInfo) -> bool:
@@ -338,7 +486,9 @@ def rule_from_json(data: Mapping[str, Any]) -> Rule:
     kind = data.get("type")
     try:
         if kind == "cron":
-            return CronRule(str(data["expr"]), str(data.get("tz", "UTC")))
+            return CronRule(
+                str(data["expr"]), str(data.get("tz", "UTC")), data.get("dst_gap"), data.get("dst_fold")
+            )
         if kind == "interval":
             return IntervalRule(int(data["every_ms"]), int(data.get("anchor_ms", 0)))
         if kind == "once":

@@ -22,7 +22,7 @@ from ..due import MAX_DUE_MS, ms_to_datetime
 from ..exceptions import CorruptData, InvalidSchedule
 from ..producer.options import short_repr
 from ..store.bounded import MAX_SMALL, load_json
-from .rules import CronRule, Rule, parse_rule, rule_from_json, zone
+from .rules import CronRule, Rule, check_dst, parse_rule, rule_from_json, zone
 
 __all__ = ["MISSED_POLICIES", "Schedule", "ScheduleSpec"]
 
@@ -115,6 +115,11 @@ class ScheduleSpec:
     grace: float = 60.0
     options: Mapping[str, Any] = field(default_factory=dict)
     origin: str = "api"
+    #: a cron's rule for a wall time that does not exist: "jump", "skip", "cron" (today's rule),
+    #: or None (the rule's own choice, if it is a CronRule that has one; else today's rule)
+    dst_gap: str | None = None
+    #: a cron's rule for a wall time that exists twice: "first", "both", "last", "cron", or None
+    dst_fold: str | None = None
 
     def __post_init__(self) -> None:
         name = check_name(self.name)
@@ -123,7 +128,13 @@ class ScheduleSpec:
             raise InvalidSchedule(f"task must be a task or a task name, got {self.task!r}")
         if self.tz:
             zone(self.tz)
-        parse_rule(self.rule, self.tz or "UTC")  # its errors now; read again in its zone when stored
+        rule = parse_rule(self.rule, self.tz or "UTC")  # its errors now; read again in its zone when stored
+        check_dst(self.dst_gap, self.dst_fold)  # kept as given: "cron" resets a rule's own choice
+        chosen = {self.dst_gap, self.dst_fold} - {None, "cron"}
+        if chosen and not isinstance(rule, CronRule):
+            raise InvalidSchedule(
+                f"schedule {name!r}: dst_gap and dst_fold apply to cron rules only, not to {rule.kind} rules"
+            )
         args, kwargs = self.args, self.kwargs
         if args is not None and not isinstance(args, list | tuple):
             raise InvalidSchedule(f"schedule {name!r}: args must be a list or tuple, got {args!r}")
@@ -172,6 +183,10 @@ class ScheduleSpec:
         parsed = parse_rule(self.rule, tz, anchor_ms=created if anchor_ms is None else anchor_ms)
         if isinstance(parsed, CronRule):
             tz = parsed.tz
+            if self.dst_gap is not None or self.dst_fold is not None:  # the spec's choice wins
+                gap = parsed.dst_gap if self.dst_gap is None else self.dst_gap
+                fold = parsed.dst_fold if self.dst_fold is None else self.dst_fold
+                parsed = CronRule(parsed.expr, parsed.tz, gap, fold)
         definition = {
             "v": DEFINITION_VERSION,
             "name": self.name,
@@ -201,7 +216,10 @@ SPEC_FIELDS = tuple(f.name for f in fields(ScheduleSpec))
 POSITIONAL = ("name", "task", "rule", "args", "kwargs")
 
 #: The fields :meth:`.Schedules.update` changes (not the name, not the origin).
-UPDATABLE = ("task", "rule", "args", "kwargs", "tz", "options", "missed", "max_missed", "grace", "enabled")
+UPDATABLE = (
+    "task", "rule", "args", "kwargs", "tz", "options", "missed", "max_missed", "grace", "enabled",
+    "dst_gap", "dst_fold",
+)  # fmt: skip
 
 
 def spec_of(call: str, spec: Any, parts: tuple[Any, ...], given: dict[str, Any]) -> ScheduleSpec:
@@ -247,6 +265,15 @@ class Schedule:
     last_task_id: str | None = None
     run_count: int = 0
     next_run: datetime | None = None
+    #: the cron rule's DST choices (None: today's rule, "cron"; always None for other rules)
+    dst_gap: str | None = None
+    dst_fold: str | None = None
+
+    @property
+    def dst(self) -> str:
+        """The DST rule in words (``"cron"``, or e.g. ``"gap skip, fold last"``); ``""`` for a
+        rule that is not a cron."""
+        return self.rule.describe_dst() if isinstance(self.rule, CronRule) else ""
 
     @classmethod
     def from_stored(cls, definition: str, state: str | None) -> Schedule:
@@ -261,10 +288,13 @@ class Schedule:
 
     @classmethod
     def _from_stored(cls, data: dict[str, Any], run: dict[str, Any]) -> Schedule:
+        rule = rule_from_json(data["rule"])
         return cls(
             name=data["name"],
             task=data["task"],
-            rule=rule_from_json(data["rule"]),
+            rule=rule,
+            dst_gap=rule.dst_gap if isinstance(rule, CronRule) else None,
+            dst_fold=rule.dst_fold if isinstance(rule, CronRule) else None,
             tz=data["tz"],
             args=list(data["args"]),
             kwargs=dict(data["kwargs"]),
@@ -303,6 +333,9 @@ class Schedule:
             "max_missed": self.max_missed,
             "grace": self.grace,
             "origin": self.origin,
+            "dst_gap": self.dst_gap,
+            "dst_fold": self.dst_fold,
+            "dst": self.dst,
             "run_count": self.run_count,
             "last_task_id": self.last_task_id,
         }

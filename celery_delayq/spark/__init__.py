@@ -28,8 +28,9 @@ What this package owns, a module each:
 
 What it may import from the rest of ``celery_delayq``: the store (:class:`~celery_delayq.store.facade.Store`,
 its only way to Redis), the stored format (``envelope``), building envelopes as ``apply_at``
-does (``build``), due times (``due``), the settings (``config``), the gate's park score
-(``gate``) and the exceptions. No other module of ``celery_delayq`` imports it (the top-level
+does (``build``) and checking its options as it does (``producer.options``: ``unique_for``),
+due times (``due``), the settings (``config``), the gate's park score (``gate``) and the
+exceptions. No other module of ``celery_delayq`` imports it (the top-level
 ``pyspark_delayq`` imports :mod:`.source` for Spark); ``tests/test_layers.py`` checks both.
 """
 

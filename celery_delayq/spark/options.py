@@ -27,6 +27,7 @@ from ..config import DEFAULTS, DelayQConfig, setting_name
 from ..due import MAX_DUE_MS, due_ms_from_eta
 from ..exceptions import ConfigurationError, InvalidDueTime, InvalidOptions, UnknownTask
 from ..producer.build import build_envelopes
+from ..producer.options import unique_window_ms
 
 __all__ = ["ReadOptions", "StoreOptions", "WriteOptions"]
 
@@ -34,14 +35,14 @@ __all__ = ["ReadOptions", "StoreOptions", "WriteOptions"]
 _STORE_OPTIONS = ("url", "app", "prefix", "shards", "cluster", "timezone")
 _WRITE_ONLY = (
     "task", "duecolumn", "args", "kwargs", "argscolumn", "kwargscolumn", "idcolumn", "idtemplate",
-    "queue", "priority", "routingkey", "expires", "options", "replace", "batchsize",
+    "queue", "priority", "routingkey", "expires", "options", "replace", "batchsize", "uniquefor",
 )  # fmt: skip
 _READ_ONLY = ("duefrom", "dueuntil", "includedead", "pagesize")
 _SPELLING = {
     name.lower(): name
     for name in (
         "dueColumn", "argsColumn", "kwargsColumn", "idColumn", "idTemplate", "routingKey",
-        "batchSize", "dueFrom", "dueUntil", "includeDead", "pageSize",
+        "batchSize", "dueFrom", "dueUntil", "includeDead", "pageSize", "uniqueFor",
     )
 }  # fmt: skip
 _NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double", "decimal")
@@ -217,6 +218,7 @@ class WriteOptions:
     call_options: tuple[tuple[str, Any], ...] = ()
     replace: bool = False
     batch_size: int = 5000
+    unique_ms: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> WriteOptions:
@@ -247,11 +249,11 @@ class WriteOptions:
             if not isinstance(extra, dict):
                 raise ConfigurationError("option options must be a JSON object of apply_async options")
             call.update(extra)
-        for name in ("task_id", "replace", "eta", "countdown"):
+        for name in ("task_id", "replace", "eta", "countdown", "unique_for"):
             if name in call:
                 raise ConfigurationError(
                     f"option options may not set {name!r}: ids come from idColumn/idTemplate, the due "
-                    "time from dueColumn, and replace is an option of its own"
+                    "time from dueColumn, and replace and uniqueFor are options of their own"
                 )
         if "queue" in opts:
             call["queue"] = opts["queue"]
@@ -269,6 +271,20 @@ class WriteOptions:
                     f"option expires must be seconds after the due time (>= 0), got {opts['expires']!r}"
                 )
             call["expires"] = expires
+        replace = _flag("replace", opts.get("replace"), False)
+        unique_ms = None
+        if "uniquefor" in opts:
+            if not (id_column or id_template):
+                raise ConfigurationError(
+                    "option uniqueFor needs the jobs' ids from the rows: give idColumn or idTemplate"
+                )
+            try:
+                unique_ms = unique_window_ms(float(opts["uniquefor"]), "(rows' ids)", replace, task)
+            except (ValueError, InvalidOptions) as exc:
+                raise ConfigurationError(
+                    f"option uniqueFor must be seconds > 0 (at most 10 years), without replace=true; "
+                    f"got {opts['uniquefor']!r}"
+                ) from exc
         made = cls(
             store=store,
             task=task,
@@ -281,8 +297,9 @@ class WriteOptions:
             id_template=id_template,
             id_fields=id_fields,
             call_options=tuple(sorted(call.items())),
-            replace=_flag("replace", opts.get("replace"), False),
+            replace=replace,
             batch_size=_integer("batchSize", opts.get("batchsize"), 5000, 1, 1_000_000),
+            unique_ms=unique_ms,
         )
         made.check_options()
         return made

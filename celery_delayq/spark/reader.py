@@ -11,8 +11,9 @@ from typing import Any
 
 from ..due import MAX_DUE_MS, ms_to_datetime
 from ..flow.gate import PARK_MS
-from ..store.envelope import decode_envelope, loaded_form
+from ..store.envelope import decode_envelope
 from ..store.facade import Store
+from ..store.stored_forms import loaded_form
 
 __all__ = ["READ_COLUMNS", "READ_SCHEMA", "read_shard"]
 

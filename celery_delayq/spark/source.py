@@ -91,6 +91,7 @@ class WriteCommit(WriterCommitMessage):
     stored: int
     replaced: int
     kept: int
+    taken: int = 0
 
 
 class _Writer(DataSourceArrowWriter):
@@ -102,7 +103,7 @@ class _Writer(DataSourceArrowWriter):
             for batch in iterator:
                 writer.add_batch(batch)
         s = writer.stats
-        return WriteCommit(s.rows, s.stored, s.replaced, s.kept)
+        return WriteCommit(s.rows, s.stored, s.replaced, s.kept, s.taken)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing to do: every partition's jobs are stored when its task ends."""

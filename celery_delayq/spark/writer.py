@@ -29,18 +29,21 @@ __all__ = ["JobWriter", "WriteStats", "write_rows"]
 
 @dataclass
 class WriteStats:
-    """What a write did: rows read, jobs stored new, replaced, and kept (an id already pending)."""
+    """What a write did: rows read, jobs stored new, replaced, kept (an id already pending), and
+    taken (``uniqueFor``: an id stored within its window whose job is gone: not stored again)."""
 
     rows: int = 0
     stored: int = 0
     replaced: int = 0
     kept: int = 0
+    taken: int = 0
 
     def add(self, other: WriteStats) -> None:
         self.rows += other.rows
         self.stored += other.stored
         self.replaced += other.replaced
         self.kept += other.kept
+        self.taken += other.taken
 
 
 def _due_ms(value: Any, app: Any) -> int:
@@ -215,9 +218,12 @@ class JobWriter:
 
     def _store(self, jobs: list[tuple[str, int, str]]) -> WriteStats:
         batch = WriteStats(rows=len(jobs))
-        for status, _ in self.store.enqueue(jobs, replace=self.options.replace):
+        o = self.options
+        for status, _ in self.store.enqueue(jobs, replace=o.replace, unique_ms=o.unique_ms):
             if status is EnqueueOutcome.KEPT:
                 batch.kept += 1
+            elif status is EnqueueOutcome.TAKEN:
+                batch.taken += 1
             elif status is EnqueueOutcome.REPLACED:
                 batch.replaced += 1
             else:

@@ -23,9 +23,9 @@ from ..config import DelayQConfig
 from ..exceptions import StoreError, StoreFull
 from .connection import REDIS_ERRORS, is_oom, make_client
 from .direct import DirectCalls
-from .envelope import joined_form, loaded_form, shape_id_of
 from .keys import KeySpace
 from .scripts import SCRIPTS, LuaScript, ScriptCall, run_pipelined, run_replicated
+from .stored_forms import joined_form, loaded_form, shape_id_of
 
 _DONE = (False, True)  # 0 nothing done, 1 done (bury, sched_del)
 
@@ -116,7 +116,7 @@ class StoreBase:
         self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
         self._direct = DirectCalls.for_client(client)
         self._warned_past = False
-        #: shape id -> shape (envelope.shared_form): an id names one text, so it is kept
+        #: shape id -> shape (stored_forms.shared_form): an id names one text, so it is kept
         self._shapes: dict[str, str] = {}
 
     @property
@@ -229,7 +229,7 @@ class StoreBase:
     def _loaded(self, job_id: str, stored: str) -> str:
         """The envelope of ``job_id`` from what the jobs hash keeps: its shape joined back
         (read from the shard's shapes hash the first time this process meets it: one ``HGET``)
-        and its id (:func:`~.envelope.loaded_form`). A shape missing from the hash leaves the
+        and its id (:func:`~.stored_forms.loaded_form`). A shape missing from the hash leaves the
         shape's id in the envelope, and decode_envelope says the shape is missing."""
         shape_id = shape_id_of(stored)
         if shape_id is not None:

@@ -16,8 +16,8 @@ from ..exceptions import CorruptData
 from ..flow.gate import batch_key, member_id
 from .base import StoreBase, _int_or, refused_when_full
 from .delivery import ACK_CHUNK
-from .envelope import stored_form
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
+from .stored_forms import stored_form
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,8 @@ class BatchState:
     waiting: int  # total - running - succeeded - failed - cancelled
     done: bool
     created_ms: int
-    expires_ms: int | None = None  # when the finished batch's record expires; None: kept
+    expires_ms: int | None = None  # when the record expires (finished, or open); None: kept
+    sealed: bool = True  # False: an open batch (DelayQ.open_batch) not sealed yet
 
     def progress(self) -> dict[str, int]:
         return {
@@ -52,11 +53,18 @@ class BatchesPart(StoreBase):
     """Batches (a part of :class:`~celery_delayq.store.facade.Store`)."""
 
     def open_batch(
-        self, batch_id: str, total: int, completion: tuple[str, str] | None, meta: Mapping[str, Any]
+        self,
+        batch_id: str,
+        total: int,
+        completion: tuple[str, str] | None,
+        meta: Mapping[str, Any],
+        open_ms: int | None = None,
     ) -> bool:
         """Record batch ``batch_id`` of ``total`` members, with its completion job ``(id,
         envelope)`` stored parked until the batch ends (``lua/batch_open.lua``). False when
-        a batch with this id exists (nothing written)."""
+        a batch with this id exists (nothing written). ``open_ms``: the batch is open
+        (members are added by :meth:`grow_batch` until :meth:`seal_batch`), and removed by the
+        sweep when not sealed within ``open_ms`` of its last add; None: sealed at once."""
         shard = self.keys.shard_of(batch_key(batch_id))
         cid, envelope = completion if completion is not None else ("", "")
         args = [
@@ -66,9 +74,37 @@ class BatchesPart(StoreBase):
             stored_form(cid, envelope) if cid else "",
             self.server_now_ms(),
             json.dumps(dict(meta), separators=(",", ":")),
+            "" if open_ms is None else max(int(open_ms), 1),
         ]
         refused = f"batch {batch_id!r} not opened"
         return bool(self._write(SCRIPTS["batch_open"], self.keys.shard(shard).core, args, refused))
+
+    def grow_batch(self, batch_id: str, count: int) -> tuple[str, int, dict[str, Any]]:
+        """Reserve ``count`` more member numbers of open batch ``batch_id`` (``lua/batch_grow.lua``)
+        and push its expiry back (its ``open_ms`` from now): ``("added", first, meta)`` (members
+        ``first .. first + count - 1`` are the caller's to store), ``("missing", 0, {})`` or
+        ``("sealed", 0, {})`` (nothing written)."""
+        shard = self.keys.shard_of(batch_key(batch_id))
+        args = [batch_id, int(count)]
+        reply = self._write(
+            SCRIPTS["batch_grow"], self.keys.shard(shard).core, args, f"batch {batch_id!r}: no member added"
+        )
+        status = {0: "missing", 1: "added", 2: "sealed"}[int(reply[0])]
+        if status != "added":
+            return status, 0, {}
+        meta = json.loads(reply[2])
+        return status, int(reply[1]), meta if isinstance(meta, dict) else {}
+
+    def seal_batch(self, batch_id: str) -> tuple[str, bool]:
+        """Seal open batch ``batch_id`` (``lua/batch_seal.lua``): ``("sealed", done)``,
+        ``("already", False)`` or ``("missing", False)``; ``done`` when the seal completed it
+        (every member had ended)."""
+        shard = self.keys.shard_of(batch_key(batch_id))
+        args = [batch_id, self.keys.batch_channel, self.keys.wake_channel, shard, self._batch_keep_ms()]
+        names = self.keys.shard(shard)
+        reply = self._write(SCRIPTS["batch_seal"], names.core, args, f"batch {batch_id!r} not sealed")
+        status = {0: "missing", 1: "sealed", 2: "already"}[int(reply[0])]
+        return status, bool(int(reply[1]))
 
     def batch_state(self, batch_id: str) -> BatchState | None:
         """A batch's counts, or None when there is no such batch."""
@@ -103,6 +139,7 @@ class BatchesPart(StoreBase):
                     fields.get("done") == "1",
                     _int_or(fields.get("created")),
                     _int_or(fields["expires"]) if fields.get("expires") else None,
+                    fields.get("open") != "1",
                 )
             )
         return out
@@ -173,7 +210,9 @@ class BatchesPart(StoreBase):
     def sweep_batches(self, limit: int = 100) -> int:
         """Remove what is left of up to ``limit`` finished batches per shard whose time
         (``delayq_batch_expires``) passed: their hash expired by itself, their ids and key
-        records go now (``lua/batch_delete.lua``, mode ``expired``). How many were removed.
+        records go now (``lua/batch_delete.lua``, mode ``expired``). An open batch never sealed
+        whose time passed is deleted as ``delete_batch(force=True)`` deletes: its members not
+        released yet cancelled first, its parked completion job removed. How many were removed.
         The beats call it every ``BATCH_SWEEP_EVERY`` s; it also drops the shapes hash of each
         shard that holds no job (:meth:`sweep_shapes`). On one server with no finished batch and
         no shape stored, it costs one ``EXISTS``."""
@@ -186,6 +225,7 @@ class BatchesPart(StoreBase):
             for shard in self.keys.all_shards():
                 pipe.zrange(shard.batch_expiry, "-inf", int(now), byscore=True, offset=0, num=limit)
             found = pipe.execute()
+        self._cancel_unsealed([bid for ids in found for bid in ids])
         calls = [
             ScriptCall(SCRIPTS["batch_delete"], self.keys.shard(index).core, [bid, batch_key(bid), "expired"])
             for index, ids in enumerate(found)
@@ -198,6 +238,18 @@ class BatchesPart(StoreBase):
         if failed:  # a batch:<id> written by hand as another type: left, said once a sweep
             logger.warning("delayq: %d expired batch(es) not removed: %s", len(failed), failed[0])
         return sum(1 for result in results if not isinstance(result, Exception) and int(result) in (0, 1))
+
+    def _cancel_unsealed(self, batch_ids: Sequence[str]) -> None:
+        """Cancel the members not released yet of those of ``batch_ids`` that are open (never
+        sealed: their expiry passed), as ``delete_batch(force=True)`` does before it deletes;
+        members running are left to end."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for bid in batch_ids:
+                pipe.hget(self.keys.for_key(batch_key(bid)).batch(bid), "open")
+            flags = pipe.execute(raise_on_error=False)
+        for bid, flag in zip(batch_ids, flags, strict=True):
+            if flag == "1":
+                self.cancel_batch(bid)
 
     def batch_subscription(self) -> Any:
         """A pub/sub connection subscribed to the batch channel (``"<bid>|<counts JSON>"`` when a

@@ -11,7 +11,7 @@ from typing import Any
 from ..exceptions import CorruptData
 from .base import StoreBase
 from .bounded import load_json
-from .envelope import id_opening
+from .stored_forms import id_opening
 
 
 class RequeueOutcome(enum.StrEnum):

@@ -18,6 +18,7 @@ from ..exceptions import InvalidInput, StoreError
 from ..flow.gate import Gate
 from .base import StoreBase, _int_or
 from .connection import is_oom
+from .lua_formats import parse_key_entry
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
 logger = logging.getLogger(__name__)
@@ -264,7 +265,7 @@ class FlowPart(StoreBase):
 
     def key_limit(self, key: str) -> tuple[bool, int | None]:
         """``(an override is set?, its number, or None for "none" / no override)``."""
-        raw = self.client.hget(self.keys.for_key(key).gate_limits, key)
+        _, raw, _ = parse_key_entry(self.client.hget(self.keys.for_key(key).gate_keys, key))
         if raw is None:
             return False, None
         return True, (None if raw == "none" else _int_or(raw))
@@ -278,15 +279,14 @@ class FlowPart(StoreBase):
         with self.client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hget(names.gate_keys, key)
-                pipe.hget(names.gate_limits, key)
-                pipe.hexists(names.gate_paused, key)
                 pipe.zcard(names.running(key))
                 pipe.zcard(names.waiting(key))
             replies = iter(pipe.execute())
         out: list[KeyState] = []
         for key in keys:
-            own, override, paused, running, waiting = (next(replies) for _ in range(5))
-            # As includes/gate.lua's limit_in_force: an override that does not read is ignored.
+            entry, running, waiting = (next(replies) for _ in range(3))
+            own, override, paused = parse_key_entry(entry)
+            # As includes/gate.lua's limit_from: an override that does not read is ignored.
             if override == "none":
                 limit = None
             elif override is not None and _int_or(override) >= 1:

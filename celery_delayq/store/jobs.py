@@ -19,9 +19,9 @@ from ..flow.gate import BATCH_DONE_HEADER, GATE_HEADER, GATE_TOKEN, PARK_MS, RUN
 from .base import StoreBase, _decode, refused_when_full
 from .bounded import load_json
 from .connection import is_oom
-from .envelope import shared_form, stored_form
 from .keys import is_point_id, shard_of
 from .scripts import SCRIPTS
+from .stored_forms import shared_form, stored_form
 
 
 class EnqueueOutcome(enum.StrEnum):
@@ -31,6 +31,7 @@ class EnqueueOutcome(enum.StrEnum):
     NEW = "new"  # stored, no job had this id
     REPLACED = "replaced"  # stored in place of the waiting job with this id (``replace``)
     AFTER_HELD = "after-held"  # stored in place of a job a beat held (its lease is dropped)
+    TAKEN = "taken"  # ``unique_for``: the id's window is open and its job is gone (delivered or cancelled)
 
 
 class CancelOutcome(enum.StrEnum):
@@ -56,7 +57,7 @@ class RescheduleOutcome(enum.StrEnum):
 
 
 # The scripts' integer replies, by code (see each script's header).
-_ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held
+_ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held, 4 taken
 
 _CANCEL = (CancelOutcome.MISSING, CancelOutcome.CANCELLED, CancelOutcome.DELIVERING)
 
@@ -151,7 +152,7 @@ def _shaped(args: list[Any], triples: list[tuple[str, int, str]]) -> None:
     """Append ``lua/enqueue.lua``'s arguments for ``(id, due ms, stored envelope)`` jobs of one
     shard to ``args``: the count of shapes, each shape's id and text once, then the triples, each
     envelope with its shape's id in place of its shape where it has one
-    (:func:`~.envelope.shared_form`)."""
+    (:func:`~.stored_forms.shared_form`)."""
     shapes: dict[str, str] = {}
     out: list[Any] = []
     for job_id, due_ms, stored in triples:
@@ -170,7 +171,11 @@ class JobsPart(StoreBase):
     """The store's jobs by id (a part of :class:`~celery_delayq.store.facade.Store`)."""
 
     def enqueue(
-        self, jobs: Sequence[tuple[str, int, str]], replace: bool = False, relative: bool = False
+        self,
+        jobs: Sequence[tuple[str, int, str]],
+        replace: bool = False,
+        relative: bool = False,
+        unique_ms: int | None = None,
     ) -> list[tuple[EnqueueOutcome, int]]:
         """Store ``(id, due ms, envelope)`` jobs; return ``(outcome, due ms)`` for each, in order.
 
@@ -181,7 +186,15 @@ class JobsPart(StoreBase):
         and one far in the past of the server's clock is logged once (``delayq_past_warning``).
         An id of the form of a schedule's execution point raises :class:`ReservedTaskId`
         and nothing is stored.
+
+        With ``unique_ms`` (``unique_for``; not with ``replace``), each id stays taken that
+        long after its job was stored, on the server's clock (the shard's :attr:`.ShardKeys.unique`
+        record): a stored job with the id is ``KEPT``, one stored in the window and gone since
+        (delivered or cancelled) answers ``TAKEN`` with the window's end as its due ms.
         """
+        if unique_ms is not None:
+            mode = f"unique:{int(unique_ms)}"
+            return self._enqueue_unique(jobs, mode, "in" if relative else "at")
         mode = "replace" if replace else "keep"
         clock = "in" if relative else "at"
         channel = self.keys.wake_channel
@@ -245,6 +258,52 @@ class JobsPart(StoreBase):
                 self._check_past(now, [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
         return out
 
+    def _enqueue_unique(
+        self, jobs: Sequence[tuple[str, int, str]], mode: str, clock: str
+    ) -> list[tuple[EnqueueOutcome, int]]:
+        """:meth:`enqueue` in mode ``unique:<ms>``: one script call a shard, each with the shard's
+        uniqueness record as ``KEYS[9]``; a record found corrupt (not a sorted set) was replaced
+        by the script, and is logged here."""
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for position, (job_id, _, _) in enumerate(jobs):
+            refuse_point_id(job_id)
+            by_shard[self.keys.shard_of(job_id)].append(position)
+        channel = self.keys.wake_channel
+
+        def unique_args(shard: int, chunk: Sequence[int]) -> list[Any]:
+            args: list[Any] = [mode, channel, shard, clock]
+            _shaped(args, [(jobs[p][0], int(jobs[p][1]), stored_form(jobs[p][0], jobs[p][2])) for p in chunk])
+            return args
+
+        replies = self._per_shard(
+            "enqueue",
+            by_shard,
+            ENQUEUE_CHUNK,
+            unique_args,
+            lambda shard: self.keys.shard(shard).with_unique,
+            raise_errors=False,
+            replicated=True,
+        )
+        _raise_store_full(jobs, [chunk for chunk, _ in replies], [result for _, result in replies])
+        out: list[tuple[EnqueueOutcome, int]] = [(EnqueueOutcome.KEPT, 0)] * len(jobs)
+        for chunk, result in replies:
+            *reply, corrupt = result
+            self._saw_server_time(int(reply[0]))
+            pairs = iter(reply[1:])
+            for p, status, due in zip(chunk, pairs, pairs, strict=True):
+                out[p] = (_decode("enqueue", _ENQUEUE, status), int(due))
+            if int(corrupt):
+                logger.warning(
+                    "delayq: the uniqueness record of shard %d (%s) was not a sorted set (a corrupt "
+                    "record): it was replaced, so an id of that shard stored with unique_for before "
+                    "may be stored again",
+                    self.keys.shard_of(jobs[chunk[0]][0]),
+                    self.keys.shard(self.keys.shard_of(jobs[chunk[0]][0])).unique,
+                )
+        if clock == "at" and replies:
+            self._check_past(int(replies[-1][1][0]), [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
+        return out
+
     def _check_past(self, server_ms: int, jobs: Sequence[tuple[str, int]]) -> None:
         """Log once (per store, so per app and process) a job due more than
         ``delayq_past_warning`` seconds before the server's now: likely a producer whose clock
@@ -271,16 +330,19 @@ class JobsPart(StoreBase):
 
     def cancel(self, job_id: str) -> CancelOutcome:
         """Remove a job (``lua/cancel.lua``)."""
+        shard = self.keys.shard_of(job_id)
+        args = [job_id, self.keys.wake_channel, shard]
         return self._write_outcome(
-            "cancel", _CANCEL, self.keys.for_job(job_id).core, [job_id], f"job {job_id!r} not cancelled"
+            "cancel", _CANCEL, self.keys.shard(shard).core, args, f"job {job_id!r} not cancelled"
         )
 
     def cancel_many(self, shard: int, job_ids: Sequence[str]) -> list[CancelOutcome]:
         """Remove jobs of one shard, one ``lua/cancel.lua`` call each, in one pipeline (with
         ``delayq_wait_replicas``, once that many replicas have them); their outcomes in order."""
         with refused_when_full(f"{len(job_ids)} job(s) not cancelled"):
+            channel = self.keys.wake_channel
             replies = self._per_shard(
-                "cancel", {shard: job_ids}, 1, lambda _, ids: list(ids), replicated=True
+                "cancel", {shard: job_ids}, 1, lambda _, ids: [*ids, channel, shard], replicated=True
             )
         return [_decode("cancel", _CANCEL, code) for _, code in replies]
 

@@ -118,9 +118,16 @@ class ShardKeys:
     @property
     def shapes(self) -> str:
         """Hash: shape id -> the shape of the jobs stored with it (the text their envelopes share:
-        :func:`.envelope.shared_form`); written with them by ``lua/enqueue.lua``, dropped when the
+        :func:`.stored_forms.shared_form`); written with them by ``lua/enqueue.lua``, dropped when the
         shard holds no job (:meth:`.Store.sweep_shapes`)."""
         return self._key("shapes")
+
+    @property
+    def unique(self) -> str:
+        """Sorted set: id of a job stored with ``unique_for`` -> the end (ms) of its uniqueness
+        window (``lua/enqueue.lua``, mode ``unique``); ended windows are removed by the next such
+        call on the shard."""
+        return self._key("unique")
 
     @property
     def wire(self) -> str:
@@ -165,19 +172,10 @@ class ShardKeys:
 
     @property
     def gate_keys(self) -> str:
-        """Hash: gate key -> the last limit a job of the key carried (``""``: none)."""
+        """Hash: gate key -> its entry: the last limit a job of the key carried (``""``: none),
+        and its run-time override and pause when it has either
+        (:func:`celery_delayq.store.lua_formats.parse_key_entry`)."""
         return self._key("gate:keys")
-
-    @property
-    def gate_limits(self) -> str:
-        """Hash: gate key -> run-time limit override: a whole number, or ``"none"`` (no cap)."""
-        return self._key("gate:limits")
-
-    @property
-    def gate_paused(self) -> str:
-        """Hash: paused gate key -> ``"1"`` (a hash, not a set: ``HEXISTS``/``HSET``/``HDEL`` are
-        in the documented ACL rule, ``SISMEMBER`` is not)."""
-        return self._key("gate:paused")
 
     @property
     def gate_rates(self) -> str:
@@ -229,6 +227,11 @@ class ShardKeys:
         """KEYS for the scripts that also take the shapes hash (``enqueue``, ``shapes_sweep``):
         :attr:`core`, then :attr:`shapes`; made once (every ``apply_at`` passes them)."""
         return (*self._core, self.shapes)
+
+    @property
+    def with_unique(self) -> tuple[str, ...]:
+        """KEYS for ``enqueue`` in mode ``unique``: :attr:`with_shapes`, then :attr:`unique`."""
+        return (*self.with_shapes, self.unique)
 
     @cached_property
     def _core(self) -> tuple[str, ...]:

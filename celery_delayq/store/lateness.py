@@ -32,6 +32,7 @@ hashes exist per kind, each as small as the cumulative one.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import threading
 import time
@@ -124,24 +125,29 @@ def minute_ttl_ms(minute: int, now_ms: int) -> int:
     return (int(minute) + WINDOW_MINUTES + 1) * MINUTE_MS - int(now_ms)
 
 
-def tally(values_ms: Iterable[float]) -> dict[str, float]:
+def tally(values_ms: Iterable[float], counts: Iterable[int] | None = None) -> dict[str, float]:
     """The fields that observing each of ``values_ms`` adds (bucket each value once, then add
-    the result to several histograms with :meth:`Histogram.add`).
+    the result to several histograms with :meth:`Histogram.add`); with ``counts``, each value
+    observed that many times (``lua/push.lua`` gives the lateness of what it pushed as (ms,
+    count) pairs: bucketed once a pair, not once a job).
 
     >>> tally([0.4, 3, 3, -2]) == {"le:1": 2, "le:5": 2, "count": 4, "sum_ms": 6.4}
+    True
+    >>> tally([0.4, 3, -2], [1, 2, 1]) == tally([0.4, 3, 3, -2])
     True
     """
     out: dict[str, float] = {}
     fields, bounds, find = _FIELDS, BOUNDS, bisect.bisect_left
     total = 0.0
     n = 0
-    for ms in values_ms:
+    weights = itertools.repeat(1) if counts is None else counts
+    for ms, k in zip(values_ms, weights, strict=False):  # (repeat(1) has no end)
         if ms < 0:
             ms = 0.0
         name = fields[find(bounds, ms)]
-        out[name] = out.get(name, 0) + 1
-        total += ms
-        n += 1
+        out[name] = out.get(name, 0) + k
+        total += ms * k
+        n += k
     if n:
         out["count"] = n
         out["sum_ms"] = total
@@ -340,9 +346,9 @@ class PublishLateness:
         self.flushed_at = clock()
         self._failing = False
 
-    def record(self, lateness_ms: Iterable[float]) -> None:
-        """Count published jobs (bucketed once here; sent by :meth:`flush`)."""
-        observed = tally(lateness_ms)
+    def record(self, lateness_ms: Iterable[float], counts: Iterable[int] | None = None) -> None:
+        """Count published jobs (bucketed once here, :func:`tally`; sent by :meth:`flush`)."""
+        observed = tally(lateness_ms, counts)
         self.pending.add(observed)
         self.seen.add(observed)
 

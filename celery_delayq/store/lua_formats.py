@@ -26,6 +26,14 @@ a shard due earlier than its wake marker (``enqueue``, ``reschedule``, ``requeue
 >>> parse_wake("3:1767225600000"), parse_wake("sentinel")
 ((3, 1767225600000.0), None)
 
+Key entry: the value of a gate key in a shard's ``gate:keys`` hash (``includes/gate.lua``
+key_read, key_entry): ``"<own>"`` (the last limit a job of the key carried, ``""`` for none)
+while the key has no run-time override and is not paused, else ``"<own>|<override>|<paused>"``
+(override ``"<n>"``, ``"none"`` (no cap) or ``""``; paused ``"1"`` or ``""``).
+
+>>> parse_key_entry("2"), parse_key_entry("2|none|1"), parse_key_entry("|5|")
+(('2', None, False), ('2', 'none', True), ('', '5', False))
+
 Waiting order (``gate:wait:<key>``): a parked job's score, ``(255 - priority) * 1e13 + due ms``;
 the lowest goes first (higher priority, then earlier due). Batch message: published on the
 batch channel when a batch completes, ``"<batch id>|<counts JSON>"``.
@@ -52,6 +60,7 @@ __all__ = [
     "lease_entry",
     "lease_holds",
     "parse_batch_message",
+    "parse_key_entry",
     "parse_lease",
     "parse_wake",
     "wait_score",
@@ -128,3 +137,18 @@ def parse_batch_message(data: Any) -> tuple[str, dict[str, int]] | None:
     if not isinstance(counts, dict) or any(type(counts.get(name)) is not int for name in BATCH_COUNTS):
         return None
     return text[:cut], {name: counts[name] for name in BATCH_COUNTS}
+
+
+def parse_key_entry(entry: Any) -> tuple[str | None, str | None, bool]:
+    """``(own limit text, override or None, paused)`` of a ``gate:keys`` entry, as
+    ``includes/gate.lua`` key_read reads it: None (no entry) is ``(None, None, False)``; an
+    entry that is not three fields is an own limit alone."""
+    if entry is None:
+        return None, None, False
+    if isinstance(entry, bytes):
+        entry = entry.decode()
+    parts = str(entry).split("|")
+    if len(parts) != 3:
+        return str(entry), None, False
+    own, override, paused = parts
+    return own, (override or None), paused != ""

@@ -106,14 +106,14 @@ def app_factory(redis_url: str) -> Iterator[AppFactory]:
 
 @pytest.fixture
 def dispatchers() -> Iterator[Callable[..., Any]]:
-    """Makes :class:`Dispatcher` objects and stops each at the end of the test (flushes its
-    lateness, removes its heartbeat, closes it)."""
+    """Makes :class:`Dispatcher` objects (or of a subclass given as ``cls=``) and stops each at
+    the end of the test (flushes its lateness, removes its heartbeat, closes it)."""
     from celery_delayq.beat.dispatch import Dispatcher
 
     made: list[Dispatcher] = []
 
-    def factory(app: Celery, **kwargs: Any) -> Dispatcher:
-        dispatcher = Dispatcher(app, **kwargs)
+    def factory(app: Celery, cls: type[Dispatcher] = Dispatcher, **kwargs: Any) -> Dispatcher:
+        dispatcher = cls(app, **kwargs)
         made.append(dispatcher)
         return dispatcher
 

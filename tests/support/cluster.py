@@ -1,5 +1,6 @@
 """A local Redis Cluster for tests: :class:`LocalCluster`, the session-wide ``redis_cluster``
-and the per-test ``cluster_url`` (emptied before and after)."""
+and the per-test ``cluster_url`` (emptied before and after), imported by the test modules that
+use them (``from tests.support.cluster import cluster_url, redis_cluster``, named in ``__all__``)."""
 
 from __future__ import annotations
 
@@ -204,11 +205,25 @@ class LocalCluster:
         self.stop()
 
 
+#: Where the session's cluster is kept: each test module that imports :func:`redis_cluster`
+#: registers a fixture of its own, and all of them share the one cluster.
+_SESSION_CLUSTER = pytest.StashKey[LocalCluster]()
+
+
 @pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[LocalCluster]:
-    """A cluster of three primaries (no replicas) for the whole session."""
+def redis_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """A cluster of three primaries (no replicas) for the whole session, started by the first
+    test that asks for it (a test module imports this fixture, and ``cluster_url``, by name)."""
+    stash = request.config.stash
+    if _SESSION_CLUSTER in stash:
+        yield stash[_SESSION_CLUSTER]
+        return
     with LocalCluster(masters=3) as cluster:
-        yield cluster
+        stash[_SESSION_CLUSTER] = cluster
+        try:
+            yield cluster
+        finally:
+            del stash[_SESSION_CLUSTER]
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from celery import Celery
 
 from celery_delayq.config import DelayQConfig
 from celery_delayq.flow.gate import Gate, member_id
+from celery_delayq.schedules.rules import IntervalRule
 from celery_delayq.store import lateness
 from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.flow import GateDecision
@@ -149,6 +150,26 @@ def store(redis_url: str) -> Iterator[Store]:
     s = make_store(redis_url, reclaim_ttl=30.0)
     yield s
     s.close()
+
+
+#: How soon (ms) the first point of a schedule added with :func:`rule_due_soon` is due.
+SOON_MS = 20
+
+
+#: The interval of :func:`rule_due_soon` (ms): the latest its first point can be.
+SOON_EVERY_MS = 100
+
+
+def rule_due_soon(store: Store) -> IntervalRule:
+    """Every :data:`SOON_EVERY_MS`, on a grid whose next point is :data:`SOON_MS` after now
+    on ``store``'s server clock: a schedule of ``store``'s app added at once with this rule has
+    its first point due that soon, and when the add reads the clock later than that (a loaded
+    machine), the next point of the grid, within SOON_EVERY_MS. The clock is read once before:
+    that read makes the round trip (``TIME``) which the add would otherwise make between this
+    anchor and its own reading of the clock. (A test fires its points with the next point it
+    names, not the rule's.)"""
+    store.server_now_ms()
+    return IntervalRule(SOON_EVERY_MS, store.server_now_ms() + SOON_MS - SOON_EVERY_MS)
 
 
 def published_ids(r: redis.Redis, queue: str = "celery") -> list[str]:

@@ -1,5 +1,6 @@
 """The wake channel seen from a test: :class:`Wake` reads what the scripts publish there, and the
-``wake`` fixture subscribes to the ``store`` fixture's channel."""
+``wake`` fixture (imported by the test modules that use it) subscribes to the ``store`` fixture's
+channel."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ Runs when Redis is over maxmemory (it frees jobs; its first write is an HDEL tha
 nothing, which Redis 6.2 never refuses).
 ]]
 --!include args
+--!include sliced
 --!include lease
 --!include job
 --!include wake

@@ -6,7 +6,7 @@ KEYS[3] leases     a parked completion job's entry removed (mode "force")
 KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): batch:<bid>, batches,
-batches:expiry, gate:keys, gate:limits, gate:paused, gate:rates, gate:wait:<key>.
+batches:expiry, gate:keys, gate:rates, gate:wait:<key>.
 
 ARGV[1] batch id, ARGV[2] its gate key (batch:<bid>)
 ARGV[3] mode: "done"    delete it when it is finished; refuse one still pending (returns 2)
@@ -16,7 +16,11 @@ ARGV[3] mode: "done"    delete it when it is finished; refuse one still pending 
                         their outcomes counted nowhere.
               "expired" the sweep: delete it only when batches:expiry gives it an expiry time at
                         or before now (returns 3 otherwise); a batch opened again under the id
-                        since (stored, not finished) is kept and its stale entry removed
+                        since (stored, not finished) is kept and its stale entry removed. An
+                        open batch never sealed (DelayQ.open_batch) whose time passed is
+                        deleted with its parked completion job (on_complete never runs);
+                        the caller cancels its waiting members first (Store.sweep_batches),
+                        as for "force"; members running end counted nowhere
 
 Returns 1 when the batch was deleted; 0 when there was no batch hash (what was left of one,
 its ids and key records, is removed all the same); 2 when mode "done" found it not finished;
@@ -28,6 +32,7 @@ maxmemory, so a delete works on a full Redis and frees what it removes.
 Bad input is refused with an error before anything is written.
 ]]
 --!include args
+--!include sliced
 --!include lease
 --!include wake
 --!include gate
@@ -36,7 +41,7 @@ if not gate_key_ok(bid) or not gate_key_ok(key) or (mode ~= 'done' and mode ~= '
   return redis.error_reply('delayq batch_delete: batch id, key and mode (done, force or expired) expected')
 end
 local bkey = batch_hash(bid)
-local read = redis.pcall('HMGET', bkey, 'total', 'done', 'completion')
+local read = redis.pcall('HMGET', bkey, 'total', 'done', 'completion', 'open')
 if type(read) == 'table' and read.err then
   return redis.error_reply('delayq batch_delete: ' .. bkey .. ' is not a hash (written by hand): '
     .. 'nothing deleted')
@@ -47,11 +52,12 @@ if mode == 'expired' then
   if at == nil or at > server_now() then
     return 3
   end
-  if stored and read[2] ~= '1' then  -- opened again under the id since: not finished, kept
+  if stored and read[2] ~= '1' and read[4] ~= '1' then  -- opened again since: not finished, kept
     redis.call('ZREM', G_BATCH_EXPIRY, bid)
     return 3
   end
-elseif stored and read[2] ~= '1' then
+end
+if stored and read[2] ~= '1' then
   if mode == 'done' then
     return 2
   end

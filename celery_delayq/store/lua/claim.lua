@@ -61,9 +61,4 @@ end
 redis.call('HDEL', KEYS[3], '')  -- the first write, never refused when full (see above)
 local now = now_ms()
 local jobs, gone, repaired = due_jobs(now, batch)
-if not g then
-  return hand_over({now, -1, repaired}, jobs, gone, token, now + ttl)
-end
-local keep, released, parked = gate_claimed(jobs, now, g)
-table.insert(released, 1, parked)
-return hand_over({now, -1, repaired, released}, keep, gone, token, now + ttl)
+return hand_over_gated({now, -1, repaired}, jobs, gone, token, now, ttl, g)

@@ -6,9 +6,13 @@ KEYS[3] leases     a leased job's entry is removed when it is stored again (stat
 KEYS[4] wake       lowered (with a wake message) when a stored job is due before it
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
-KEYS[8] shapes     shape id -> shape: the text many jobs' envelopes share (envelope.py, shared_form)
+KEYS[8] shapes     shape id -> shape: the text many jobs' envelopes share (stored_forms.py, shared_form)
+KEYS[9] unique     (mode "unique:<ms>" only) id -> the end (ms) of its uniqueness window
 
-ARGV[1] mode: "keep" (a waiting job with the same id is kept) or "replace"
+ARGV[1] mode: "keep" (a waiting job with the same id is kept), "replace", or "unique:<ms>":
+        an id stays taken for <ms> (a whole number > 0) after its job was stored: a stored job
+        with this id is kept (also while a beat holds it), and one stored less than <ms> ago
+        that is no longer stored (delivered, or cancelled) stops the job (status 4)
 ARGV[2] wake channel (pub/sub)
 ARGV[3] shard index, echoed in the wake message
 ARGV[4] clock: "at" (each due is a time, ms since the epoch) or "in" (each due is a
@@ -25,8 +29,13 @@ ARGV order: status, due ms (a time, also for "in": the stored due time).
   status 2  replaced a waiting job with this id (mode "replace")
   status 3  stored; the previous job with this id is being delivered (it was
             leased), so it is not touched by the stale holder's ack
-  status 0  kept: a waiting job with this id exists (mode "keep"); due ms is
-            the existing job's due time
+  status 0  kept: a waiting job with this id exists (mode "keep"; in mode "unique", any stored
+            job with this id); due ms is the existing job's due time
+  status 4  taken (mode "unique"): the id's window is open and its job is no longer stored;
+            due ms is the window's end
+In mode "unique" the reply ends with one more entry: 1 when KEYS[9] was not a sorted set (a
+corrupt record: it is deleted, so it cannot stop a key forever, and the caller reports it), else
+0. Windows that ended are removed at each such call (after its other writes).
 Jobs are handled in ARGV order: a job with the same id as an earlier one of
 the same call sees that job as waiting. A new job costs HSETNX (HSET when
 replacing) and one ZADD per call for all stored jobs.
@@ -42,8 +51,16 @@ is written.
 --!include args
 --!include sliced
 --!include wake
-if ARGV[1] ~= 'keep' and ARGV[1] ~= 'replace' then
-  return redis.error_reply('delayq enqueue: mode must be "keep" or "replace"')
+local window = nil
+if string.sub(ARGV[1], 1, 7) == 'unique:' then
+  local digits = string.match(ARGV[1], '^unique:([1-9]%d*)$')
+  window = digits and #digits <= 12 and tonumber(digits)
+  if not window or #KEYS < 9 then
+    return redis.error_reply('delayq enqueue: mode "unique:<ms>" takes a whole number of ms > 0 '
+      .. '(at most 12 digits) and the uniqueness key as KEYS[9]: ' .. ARGV[1])
+  end
+elseif ARGV[1] ~= 'keep' and ARGV[1] ~= 'replace' then
+  return redis.error_reply('delayq enqueue: mode must be "keep", "replace" or "unique:<ms>"')
 end
 if ARGV[4] ~= 'at' and ARGV[4] ~= 'in' then
   return redis.error_reply('delayq enqueue: clock must be "at" or "in"')
@@ -101,6 +118,15 @@ local function envelope_at(i)
 end
 local keep = ARGV[1] == 'keep'
 local out = {now}
+-- mode "unique": a record that is not a sorted set is read as empty, and replaced at the end
+local corrupt = 0
+if window then
+  local kind = redis.call('TYPE', KEYS[9])['ok']
+  if kind ~= 'zset' and kind ~= 'none' then
+    corrupt = 1
+  end
+end
+local windows = {}  -- window end, id pairs of those jobs: one ZADD at the end
 local members = {}  -- due, id pairs of the jobs stored: one ZADD at the end
 local pending = {}  -- id -> due of the job this call stored with that id
 local earliest = nil
@@ -109,7 +135,27 @@ for i = first, #ARGV, 3 do
   local envelope = envelope_at(i + 2)
   local due = base + tonumber(ARGV[i + 1])
   local status
-  if keep then
+  if window then
+    local open_until = corrupt == 0 and tonumber(redis.call('ZSCORE', KEYS[9], id))
+    if open_until and open_until <= now then
+      open_until = nil  -- ended: removed below
+    end
+    if redis.call('HEXISTS', KEYS[2], id) == 1 then
+      -- kept; a held job's due is in its lease entry (its score is the lease's expiry)
+      status = 0
+      local lease = not pending[id] and redis.call('HGET', KEYS[3], id)
+      due = pending[id] or (lease and tonumber(string.match(lease, '^(%-?%d+)|')))
+        or tonumber(redis.call('ZSCORE', KEYS[1], id))
+    elseif open_until then
+      status = 4
+      due = open_until
+    else
+      redis.call('HSET', KEYS[2], id, envelope)
+      windows[#windows + 1] = now + window
+      windows[#windows + 1] = id
+      status = 1
+    end
+  elseif keep then
     if redis.call('HSETNX', KEYS[2], id, envelope) == 1 then
       status = 1
     elseif redis.call('HDEL', KEYS[3], id) == 1 then
@@ -127,7 +173,7 @@ for i = first, #ARGV, 3 do
   else
     status = 2
   end
-  if status ~= 0 then
+  if status ~= 0 and status ~= 4 then
     members[#members + 1] = due
     members[#members + 1] = id
     pending[id] = due
@@ -141,5 +187,14 @@ end
 call_sliced('ZADD', KEYS[1], members, 2)
 if earliest ~= nil then
   wake(ARGV[2], ARGV[3], earliest)
+end
+if window then
+  -- after the jobs' writes: the first write of a call is one Redis refuses when it is full
+  if corrupt == 1 then
+    redis.call('DEL', KEYS[9])
+  end
+  call_sliced('ZADD', KEYS[9], windows, 2)
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
+  out[#out + 1] = corrupt
 end
 return out

@@ -8,8 +8,7 @@ KEYS[4] wake       lowered (with a wake message on ARGV[3]) to a deferred job's 
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag, so same cluster slot; see includes/gate.lua):
-gate:keys, gate:limits, gate:paused, gate:rates, gate:booked, gate:check, gate:run:<key>,
-gate:wait:<key>.
+gate:keys, gate:rates, gate:booked, gate:check, gate:run:<key>, gate:wait:<key>.
 
 ARGV[1] token: the beat's lease token (no "|")
 ARGV[2] slot TTL ms: how long a released job's slot lasts unless its worker renews it
@@ -30,8 +29,8 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
   there was released as its worker would have released it, and is not gated.
 - its id is in gate:run:<key> otherwise (a redelivery: its worker died, the slot expired, a
   claim took it again) -> "released", its one slot kept (expiry now + TTL).
-- the key is paused, or the limit in force (gate:limits override: a number, or "none" for no
-  cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
+- the key is paused, or the limit in force (its run-time override in gate:keys: a number, or
+  "none" for no cap; else the job's limit; else no cap) <= the key's running slots -> "parked": score
   PARK_MS, lease entry (due, tries - 1, "gate"), listed in gate:wait:<key> by priority then due.
   With the first job of its key parked in this call come up to 10 *suspects* (the other
   parked jobs of the key in the call come without: the caller looks at a slot once): among the 50 slots of the key that expire last (those of
@@ -48,13 +47,14 @@ ARGV[5..] six per job: id, key, limit ("" none), rate count ("" none), rate peri
   next time counts from the last booked one, not from when a beat came to claim it). A job
   with no rate to wait for moves the arrival time to max(it, now) + period / count.
 - else "released": ZADD gate:run:<key> now + TTL (the lease stays the beat's until hold.lua).
-Every key seen is written to gate:keys with the job's limit ("" none): promotion reads it.
+Every key seen is written to gate:keys with the job's limit ("" none; its override and pause
+kept: includes/gate.lua key_entry): promotion reads it.
 
 Returns one {code, ms, ...} per job: code "released" | "parked" | "deferred" | "held" |
 "not-held"; ms is the time a deferred job is due again, else 0; a parked job's entry goes on
 with its suspects, id and slot expiry ms in turn.
 Memory: no allow-oom flag: a full Redis refuses the script at its first write (the HSET of
-gate:keys, which may grow memory), before anything is written; each job keeps its beat lease
+gate:keys after one HMGET of it, which may grow memory), before anything is written; each job keeps its beat lease
 and is claimed and gated again once that lease expires.
 Bad input (a token with "|", a TTL, shard, limit, rate or priority that is not a whole number
 in range, a key gate.check_key refuses, a count of arguments that is not 4 + 6n) is refused
@@ -96,16 +96,16 @@ end
 if #seen == 0 then
   return {}
 end
-call_sliced('HSET', G_KEYS, seen, 2)  -- the first write (see Memory above)
+local known = seen_keys(seen, true)  -- its HSET is the first write (see Memory above)
 local now = server_now()
 local expiry = now + ttl
 local out = {}
 local suspected = {}  -- keys whose suspects a parked job of this call brought already
 local swept = {}  -- keys whose expired slots this call purged already
--- key -> {override, paused, running}: its G_LIMITS entry and pause, read once a call (nothing
--- in the call changes them), and its slots' count, read once and then counted here (the
--- call's only change to it is a slot given to a job that had none; purge runs before)
-local known = {}
+-- known: key -> {override, paused, running}: its override and pause, read once a call with
+-- its gate:keys entry (nothing in the call changes them), and its slots' count, read once and
+-- then counted here (the call's only change to it is a slot given to a job that had none;
+-- purge runs before)
 for i = 5, #ARGV, 6 do
   local id, key, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local entry = redis.call('HGET', KEYS[3], id)
@@ -141,10 +141,6 @@ for i = 5, #ARGV, 6 do
       out[#out + 1] = {'released', 0}
     else
       local k = known[key]
-      if k == nil then
-        k = {override = redis.call('HGET', G_LIMITS, key), paused = redis.call('HEXISTS', G_PAUSED, key) == 1}
-        known[key] = k
-      end
       local cap = limit_from(k.override, limit)
       if cap ~= nil and not k.paused and k.running == nil then
         k.running = redis.call('ZCARD', rkey)

@@ -6,15 +6,15 @@ KEYS[4] wake       lowered (with a wake message) when jobs were promoted
 KEYS[3] leases, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:keys,
-gate:limits, gate:paused, gate:run:<key>, gate:wait:<key>.
+gate:run:<key>, gate:wait:<key>.
 
 ARGV[1] op: "limit" (override = ARGV[3], a whole number >= 1), "unlimit" (override "none":
-        no cap), "clear" (no override: each job's own limit), "pause" (gate:paused key = "1"),
-        "resume" (removed)
+        no cap), "clear" (no override: each job's own limit), "pause", "resume"; the override
+        and the pause are kept in the key's gate:keys entry (includes/gate.lua key_entry)
 ARGV[2] gate key, ARGV[3] value (the limit; "" otherwise)
 ARGV[4] wake channel, ARGV[5] shard index
 
-The key is recorded in gate:keys (with "" when it was not there) so it is listed. Every op
+The key is recorded in gate:keys (its own limit "" when it was not there) so it is listed. Every op
 then purges the key's expired slots whose job is gone and promotes its parked jobs into its
 free slots (none while it is paused): an operator's resume or limit frees a key whose slots a
 cancelled job's dead worker kept. A lowered
@@ -24,6 +24,7 @@ No allow-oom flag: a full Redis refuses it before anything is written.
 Bad input is refused with an error before anything is written.
 ]]
 --!include args
+--!include sliced
 --!include lease
 --!include wake
 --!include gate
@@ -40,16 +41,18 @@ if op == 'limit' then
 elseif op ~= 'unlimit' and op ~= 'clear' and op ~= 'pause' and op ~= 'resume' then
   return redis.error_reply('delayq gate_admin: op must be limit, unlimit, clear, pause or resume')
 end
-redis.call('HSETNX', G_KEYS, key, '')  -- the first write: refused when full
+local own, override, paused = key_read(redis.call('HGET', G_KEYS, key))
 if op == 'limit' then
-  redis.call('HSET', G_LIMITS, key, string.format('%d', limit))
+  override = string.format('%d', limit)
 elseif op == 'unlimit' then
-  redis.call('HSET', G_LIMITS, key, 'none')
+  override = 'none'
 elseif op == 'clear' then
-  redis.call('HDEL', G_LIMITS, key)
+  override = nil
 elseif op == 'pause' then
-  redis.call('HSET', G_PAUSED, key, '1')
+  paused = true
 else
-  redis.call('HDEL', G_PAUSED, key)
+  paused = false
 end
+-- the first write: refused when full
+redis.call('HSET', G_KEYS, key, key_entry(own, override, paused))
 return promote(key, ARGV[4], shard, server_now())

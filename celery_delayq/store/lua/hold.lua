@@ -3,7 +3,7 @@
 
 KEYS[1] due        each held job's score becomes its slot expiry (now + TTL)
 KEYS[2] jobs       not used here (the envelope stays: the job is stored while it runs)
-KEYS[3] leases     read (held by the caller?), then the entry's token becomes "run"
+KEYS[3] leases     read in one HMGET (held by the caller?), then the entry's token becomes "run"
 KEYS[4] wake       lowered to the slot expiry when that is earlier (includes/wake.lua)
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
@@ -24,7 +24,8 @@ later than now + check, now + check with the id in gate:check: the claim then is
 (gate.lua "held"), not a redelivery. Its worker takes the slot over when the task starts
 (slot_renew.lua: expiry now + delayq_slot_ttl, renewed while it runs). A job whose message is
 lost or whose worker dies is then claimed again when its slot expires (the score), and
-gate.lua releases it again into the slot it has.
+gate.lua releases it again into the slot it has. The held jobs' lease entries and due scores
+are written after the loop, in one HSET and one ZADD (an id given twice reads as held twice).
 Returns one entry per pair: 1 held; 2 nothing to do: its worker started it already (lease
 "run", slot kept) or it finished already (no envelope, no slot: release.lua removed it);
 0 left alone (the token no longer holds it: its lease expired and another beat took it).
@@ -33,6 +34,7 @@ gate:check entry a job when checks are on). Its first write is
 an HDEL that deletes nothing (Redis 6.2 never refuses HDEL; see claim.lua).
 ]]
 --!include args
+--!include sliced
 --!include lease
 --!include wake
 --!include gate
@@ -50,9 +52,17 @@ local now = server_now()
 local expiry = now + ttl
 local out = {}
 local earliest = nil
+-- the lease entries of all the jobs, read in one HMGET
+local ids = {}
+for i = 4, #ARGV, 2 do
+  ids[#ids + 1] = ARGV[i]
+end
+local leases = hmget(KEYS[3], ids)
+-- the held jobs' lease entries and due scores, written in one HSET and one ZADD at the end
+local entries, scores = {}, {}
 for i = 4, #ARGV, 2 do
   local id, key = ARGV[i], ARGV[i + 1]
-  local entry = redis.call('HGET', KEYS[3], id)
+  local entry = leases[(i - 2) / 2]
   local rkey = run_key(key)
   -- the slot check and its new expiry in one ZADD XX CH (ZSCORE only when the expiry was
   -- that already: CH counts no change)
@@ -62,13 +72,15 @@ for i = 4, #ARGV, 2 do
     if due == nil then
       due, tries = now, 1
     end
-    redis.call('HSET', KEYS[3], id, lease_entry(due, tries, RUN_TOKEN))
+    entries[#entries + 1] = id
+    entries[#entries + 1] = lease_entry(due, tries, RUN_TOKEN)
     local score = expiry
     if check > 0 and now + check < expiry then
       score = now + check
       redis.call('HSET', G_CHECK, id, '1')
     end
-    redis.call('ZADD', KEYS[1], score, id)
+    scores[#scores + 1] = score
+    scores[#scores + 1] = id
     earliest = math.min(earliest or score, score)
     out[#out + 1] = 1
   elseif redis.call('ZSCORE', rkey, id) then
@@ -83,6 +95,8 @@ for i = 4, #ARGV, 2 do
     out[#out + 1] = 0
   end
 end
+call_sliced('HSET', KEYS[3], entries, 2)
+call_sliced('ZADD', KEYS[1], scores, 2)
 if earliest then
   lower_marker(earliest)  -- a start TTL or check shorter than the lease: the safety poll must see it
 end

@@ -8,7 +8,7 @@ KEYS[4] wake       lowered (with a wake message) when jobs were promoted
 KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:keys,
-gate:limits, gate:paused, gate:check, gate:run:<key>, gate:wait:<key>, batch:<bid>.
+gate:check, gate:run:<key>, gate:wait:<key>, batch:<bid>.
 
 ARGV[1] job id, ARGV[2] gate key
 ARGV[3] outcome: "succeeded", "failed" or "retry" (the task will run again: not counted)
@@ -30,6 +30,7 @@ Bad input (an empty id, a bad key, an unknown outcome, a shard that is not a who
 refused with an error before anything is written.
 ]]
 --!include args
+--!include sliced
 --!include lease
 --!include job
 --!include wake
@@ -52,9 +53,10 @@ local entry = redis.call('HGET', KEYS[3], id)
 if entry and not lease_holds(entry, GATE_TOKEN) then
   remove_job(id)
 end
-local now = server_now()
+local now = nil  -- the server's TIME, read only when needed (a batch member, parked jobs)
 local done = 0
 if bid ~= '' and outcome ~= 'retry' and redis.call('HEXISTS', batch_hash(bid), 'total') == 1 then
+  now = server_now()
   batch_add(bid, outcome, 1)
   done = batch_check(bid, ARGV[5], ARGV[6], shard, now, keep)
 end

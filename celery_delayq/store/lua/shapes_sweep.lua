@@ -3,7 +3,7 @@
 KEYS[2] jobs: read (is it empty?)
 KEYS[1] due, KEYS[3] leases, KEYS[4] wake, KEYS[5] dead, KEYS[6] schedules, KEYS[7] history: not
 used here (the shard's seven keys, in the order every script takes them)
-KEYS[8] shapes: the shard's shapes hash (envelope.py, shared_form; written by enqueue.lua with
+KEYS[8] shapes: the shard's shapes hash (stored_forms.py, shared_form; written by enqueue.lua with
 the jobs that use them)
 
 A shape is only read for a job stored with its id, and enqueue.lua writes a job's shape in the

@@ -25,6 +25,7 @@ longer than before). Its first write is the HDEL of the first job's gate:check e
 (Redis 6.2 never refuses HDEL; see claim.lua).
 ]]
 --!include args
+--!include sliced
 --!include lease
 --!include wake
 --!include gate

@@ -9,9 +9,9 @@ KEYS[2] jobs, KEYS[4] wake, KEYS[7] history: not used here
 
 No ARGV. "now" is the server's TIME, as in claim.lua.
 
-Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:keys,
-gate:paused, gate:booked, gate:run:<key>, gate:wait:<key> of the paused keys, batches and
-batch:<bid>: read for what the gated lease entries wait for.
+Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:keys
+(with each key's pause), gate:booked, gate:run:<key>, gate:wait:<key> of the paused keys,
+batches and batch:<bid>: read for what the gated lease entries wait for.
 
 Returns {now ms, stored, leased, dead, schedules, overdue,
          head due ms, head id, next due ms, next id,
@@ -31,7 +31,7 @@ Returns {now ms, stored, leased, dead, schedules, overdue,
   running    slots taken (gate:run:<key>, summed over gate:keys): released gated jobs whose
              task is published or runs (lease token "run")
   slot       parked jobs (score PARK_MS) waiting for a slot of their full (capped) key
-  paused     parked jobs of a paused key (gate:wait:<key> of each key of gate:paused)
+  paused     parked jobs of a paused key (gate:wait:<key> of each paused key of gate:keys)
   batch      batch completion jobs waiting (parked) for their batch's members to end
   rate       jobs deferred by their key's rate (gate:booked)
   Each is clamped so that running + slot + paused + batch + rate <= leased: a cancelled
@@ -43,6 +43,7 @@ lease entries: pages of that ZRANGE (an HEXISTS a member read, O(log n + leased)
 ZCOUNT, an SMEMBERS, two HGETALL and an HLEN more, plus one ZCARD per gate key and per paused
 key, an HMGET per batch of the shard and a ZSCORE per batch not done yet.
 ]]
+--!include sliced
 --!include lease
 --!include wake
 --!include gate
@@ -68,16 +69,16 @@ if leased > 0 then
   end
   batch = math.min(batch, parked)
   local paused = 0
-  local paused_keys = redis.call('HGETALL', G_PAUSED)
-  for i = 1, #paused_keys, 2 do
-    paused = paused + redis.call('ZCARD', wait_key(paused_keys[i]))
-  end
-  paused = math.min(paused, parked - batch)
   local running = 0
   local gate_keys = redis.call('HGETALL', G_KEYS)
   for i = 1, #gate_keys, 2 do
     running = running + redis.call('ZCARD', run_key(gate_keys[i]))
+    local _, _, is_paused = key_read(gate_keys[i + 1])
+    if is_paused then
+      paused = paused + redis.call('ZCARD', wait_key(gate_keys[i]))
+    end
   end
+  paused = math.min(paused, parked - batch)
   local free = math.max(leased - parked, 0)
   local rate = math.min(redis.call('HLEN', G_BOOKED), free)
   out[11] = math.min(running, free - rate)

@@ -5,17 +5,6 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- hmget(key, fields): HMGET over any number of fields (in slices of UNPACK_MAX, as call_sliced).
-local function hmget(key, fields)
-  local out = {}
-  for first = 1, #fields, UNPACK_MAX do
-    local got = redis.call('HMGET', key, unpack(fields, first, math.min(first + UNPACK_MAX - 1, #fields)))
-    for i = 1, #got do
-      out[#out + 1] = got[i]
-    end
-  end
-  return out
-end
 -- due_jobs(now, batch): reads only. Up to batch jobs of KEYS[1] (due) with score <= now, which
 -- includes leases that expired because their holder died, each {id, envelope, due, tries, leased}:
 -- due (ms, as text) and tries from its lease entry (KEYS[3], includes/lease.lua; the pattern of

@@ -1,13 +1,13 @@
 -- gate: the flow-control keys of a shard, the limit in force, promotion and batch completion.
 --
--- Needs the includes lease and wake before it. The Python side is celery_delayq/flow/gate.py
--- (the names) and keys.py (ShardKeys: the same key names).
+-- Needs the includes sliced, lease and wake before it. The Python side is
+-- celery_delayq/flow/gate.py (the names) and keys.py (ShardKeys: the same key names).
 --
 -- The gate's keys are not in KEYS: they share the shard's hash tag (so its cluster slot) and
 -- are built from KEYS[1] ("<prefix>:{<prefix>:<i>}:due") minus "due". GATE_BASE is that.
 local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
--- G_KEYS hash key -> the last limit a job of it carried; G_LIMITS hash key -> override
--- ("<n>" or "none"); G_PAUSED hash paused key -> "1"; G_RATES hash key -> GCRA arrival time
+-- G_KEYS hash key -> its entry (key_read below): the last limit a job of it carried, and the
+-- key's run-time override and pause when it has either; G_RATES hash key -> GCRA arrival time
 -- ms; G_BOOKED hash job id -> the release time (ms) a deferred job booked from its key's
 -- rate; G_CHECK hash job id -> "1" for a released job waiting for a worker whose next claim
 -- is a check of its slot (hold.lua), not a redelivery (see gate.lua); G_BATCHES set of the
@@ -15,8 +15,6 @@ local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
 -- expires (batch_check), read by the sweep (batch_delete.lua). The commands used on them are
 -- all in the ACL rule of docs/security.md (no SISMEMBER, ZPOPMIN, EXISTS or DEL).
 local G_KEYS = GATE_BASE .. 'gate:keys'
-local G_LIMITS = GATE_BASE .. 'gate:limits'
-local G_PAUSED = GATE_BASE .. 'gate:paused'
 local G_RATES = GATE_BASE .. 'gate:rates'
 local G_BOOKED = GATE_BASE .. 'gate:booked'
 local G_CHECK = GATE_BASE .. 'gate:check'
@@ -50,9 +48,35 @@ end
 local function wait_score(priority, due)
   return string.format('%.0f', (255 - priority) * 1e13 + due)
 end
--- limit_from(override, own): the limit in force given a key's G_LIMITS entry (override: nil for
--- none, "none": no cap, nil), else own (the job's limit as text, "" for none; nil), as a number
--- or nil for no cap.
+-- key_read(entry): a key's G_KEYS entry as own, override, paused: "<own>" (the last limit a job
+-- of the key carried, "" for none) for a key with no override and no pause, else
+-- "<own>|<override>|<paused>" (override: "<n>", "none" (no cap) or "" (none set); paused: "1"
+-- or ""). own: text ("" for none; nil when the key has no entry); override: text or nil;
+-- paused: a boolean. An entry that does not read so is taken as an own limit alone (as
+-- lua_formats.parse_key_entry reads it).
+local function key_read(entry)
+  if not entry then
+    return nil, nil, false
+  end
+  local own, override, paused = string.match(entry, '^([^|]*)|([^|]*)|([^|]*)$')
+  if own == nil then
+    return entry, nil, false
+  end
+  if override == '' then
+    override = nil
+  end
+  return own, override, paused ~= ''
+end
+-- key_entry(own, override, paused): the G_KEYS entry key_read reads back (own nil: "").
+local function key_entry(own, override, paused)
+  if override == nil and not paused then
+    return own or ''
+  end
+  return (own or '') .. '|' .. (override or '') .. '|' .. (paused and '1' or '')
+end
+-- limit_from(override, own): the limit in force given a key's override (nil for none, "none":
+-- no cap, "<n>"; one that does not read is ignored), else own (the job's limit as text, ""
+-- for none; nil), as a number or nil for no cap.
 local function limit_from(override, own)
   if override == 'none' then
     return nil
@@ -65,9 +89,30 @@ local function limit_from(override, own)
   end
   return nil
 end
--- limit_in_force(key, own): limit_from with the key's G_LIMITS entry read.
-local function limit_in_force(key, own)
-  return limit_from(redis.call('HGET', G_LIMITS, key), own)
+-- seen_keys(seen, always): record the keys a call's jobs carry, with each one's limit, in
+-- G_KEYS, from seen (key, own limit text, ...: the last of a key wins), each key's override and
+-- pause kept; an entry whose own limit is the same is not written (all are when always). One
+-- HMGET, and one HSET when an entry changes. Returns key -> {override, paused} as read.
+local function seen_keys(seen, always)
+  local own, order = {}, {}
+  for i = 1, #seen, 2 do
+    if own[seen[i]] == nil then
+      order[#order + 1] = seen[i]
+    end
+    own[seen[i]] = seen[i + 1]
+  end
+  local entries = hmget(G_KEYS, order)
+  local known, writes = {}, {}
+  for n, key in ipairs(order) do
+    local old, override, paused = key_read(entries[n])
+    known[key] = {override = override, paused = paused}
+    if always or old ~= own[key] then
+      writes[#writes + 1] = key
+      writes[#writes + 1] = key_entry(own[key], override, paused)
+    end
+  end
+  call_sliced('HSET', G_KEYS, writes, 2)
+  return known
 end
 -- server_now(): the server's TIME in ms.
 local function server_now()
@@ -94,18 +139,25 @@ end
 -- expired slots whose job is gone are purged first (above; a claim or gate that finds the key
 -- full purges too). A member whose job is no longer parked (cancelled, or stored again
 -- meanwhile: its score is not PARK_MS) is dropped from the list without counting. Returns how
--- many were moved. The list's head is read first (a key with none parked costs one read), and
--- is the one job moved when one slot is free (the usual release: no second read of the list).
+-- many were moved. The list's first two are read first (a key with none parked costs one
+-- read), and are the jobs moved when one or two slots are free (the usual release: no second
+-- read of the list); the moved jobs' due scores are written in one ZADD a read.
+-- now: the server's time in ms, or nil: read here (TIME) only when the key has parked jobs.
 local function promote(key, channel, shard, now)
   local wkey = wait_key(key)
-  local popped = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
-  if popped[1] == nil or redis.call('HEXISTS', G_PAUSED, key) == 1 then
+  local popped = redis.call('ZRANGE', wkey, 0, 1, 'WITHSCORES')
+  if popped[1] == nil then
     return 0
   end
-  -- free: the key's free slots, nil for no cap; reuse: the head read above is the one job to
-  -- move (one free slot)
+  local own, override, paused = key_read(redis.call('HGET', G_KEYS, key))
+  if paused then
+    return 0
+  end
+  now = now or server_now()
+  -- free: the key's free slots, nil for no cap; reuse: the head read above holds the jobs to
+  -- move (one or two free slots)
   local free = nil
-  local limit = limit_in_force(key, redis.call('HGET', G_KEYS, key))
+  local limit = limit_from(override, own)
   if limit ~= nil then
     local rkey = run_key(key)
     free = limit - redis.call('ZCARD', rkey)
@@ -116,10 +168,13 @@ local function promote(key, channel, shard, now)
       return 0
     end
   end
-  local moved, reuse = 0, free == 1
+  local moved, reuse = 0, free ~= nil and free <= 2
   while true do
     if reuse then
       reuse = false
+      if free == 1 then
+        popped = {popped[1], popped[2]}
+      end
     else
       local want = 500
       if free ~= nil then
@@ -135,14 +190,17 @@ local function promote(key, channel, shard, now)
       ids[#ids + 1] = popped[j]
     end
     redis.call('ZREM', wkey, unpack(ids))
+    local scores = {}
     for j = 1, #popped, 2 do
       local id = popped[j]
       if tonumber(redis.call('ZSCORE', KEYS[1], id)) == PARK_MS then
         local priority = 255 - math.floor(tonumber(popped[j + 1]) / 1e13)
-        redis.call('ZADD', KEYS[1], now - priority, id)
+        scores[#scores + 1] = now - priority
+        scores[#scores + 1] = id
         moved = moved + 1
       end
     end
+    call_sliced('ZADD', KEYS[1], scores, 2)
     if free ~= nil and moved >= free then
       break
     end
@@ -159,8 +217,9 @@ local function batch_add(bid, field, n)
   local count = tonumber(redis.call('HGET', bkey, field)) or 0
   redis.call('HSET', bkey, field, string.format('%d', count + n))
 end
--- batch_check(bid, batch_channel, channel, shard, now, keep): when the batch's succeeded +
--- failed + cancelled reach its total and it was not done yet (HSETNX done), make its
+-- batch_check(bid, batch_channel, channel, shard, now, keep): when the batch is sealed (no
+-- "open" field: an open batch, DelayQ.open_batch, completes only at its seal, batch_seal.lua),
+-- its succeeded + failed + cancelled reach its total and it was not done yet (HSETNX done), make its
 -- completion job (if any, still parked) due at now - 256, wake the beats, and publish
 -- "<bid>|{counts}" on batch_channel (lua_formats.batch_message mirrors it; with pcall: an ACL
 -- user without the channel loses the message, never the writes after it). keep: ms the
@@ -170,9 +229,9 @@ end
 -- batch, else 0.
 local function batch_check(bid, batch_channel, channel, shard, now, keep)
   local bkey = batch_hash(bid)
-  local h = redis.call('HMGET', bkey, 'total', 'succeeded', 'failed', 'cancelled', 'completion')
+  local h = redis.call('HMGET', bkey, 'total', 'succeeded', 'failed', 'cancelled', 'completion', 'open')
   local total = tonumber(h[1])
-  if total == nil then
+  if total == nil or h[6] == '1' then
     return 0
   end
   local s, f, c = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
@@ -211,7 +270,7 @@ local function keep_arg(i)
 end
 -- batch_forget(bid, key): remove what is left of a batch: its hash (field by field: no DEL in
 -- the ACL rule), its ids in G_BATCHES and G_BATCH_EXPIRY, and its key's records (G_KEYS,
--- G_LIMITS, G_PAUSED, G_RATES, and the parked list wait_key). Slots of members still running
+-- G_RATES, and the parked list wait_key). Slots of members still running
 -- (run_key) are left to their release.
 local function batch_forget(bid, key)
   local bkey = batch_hash(bid)
@@ -222,8 +281,6 @@ local function batch_forget(bid, key)
   redis.call('SREM', G_BATCHES, bid)
   redis.call('ZREM', G_BATCH_EXPIRY, bid)
   redis.call('HDEL', G_KEYS, key)
-  redis.call('HDEL', G_LIMITS, key)
-  redis.call('HDEL', G_PAUSED, key)
   redis.call('HDEL', G_RATES, key)
   local wkey = wait_key(key)
   for _, id in ipairs(redis.call('ZRANGE', wkey, 0, -1)) do

@@ -67,8 +67,10 @@ local function gate_of(job, g)
   return h.key, limit, prio
 end
 -- gate_claimed(jobs, now, g): the gate of gate.lua for the claimed jobs gate_of reads (the
--- others are left as they are). Every key seen is written to gate:keys with the job's limit.
--- With the key paused, or the limit in force (gate:limits, else the job's) at most the key's
+-- others are left as they are). Every key seen is recorded in gate:keys with the job's limit
+-- (includes/gate.lua seen_keys: one HMGET, and one HSET when a limit changed), which gives
+-- its override and pause too. With the key paused, or the limit in force (the override, else
+-- the job's) at most the key's
 -- running slots (after a purge of its expired slots whose job is gone, which promotes its
 -- parked jobs when it removed some): parked as gate.lua parks (score PARK_MS, lease entry
 -- (due, 0, "gate"), gate:wait:<key> by priority then due), or with g.park false left to the
@@ -88,8 +90,13 @@ local function gate_claimed(jobs, now, g)
   if #seen == 0 then
     return jobs, {}, 0
   end
-  call_sliced('HSET', G_KEYS, seen, 2)
-  local keep, released, parks, parked, known = {}, {}, {}, 0, {}
+  local known = seen_keys(seen, false)
+  -- parks: the parked jobs' due scores (PARK_MS); waits: key -> its parked jobs' wait scores
+  -- and ids (waited: the keys in order); entries: their lease entries. Each written in one
+  -- command at the end (a key's wait list is read in the loop only by its promote, which runs
+  -- before the key's first park).
+  local keep, released, parks, parked = {}, {}, {}, 0
+  local waits, waited, entries = {}, {}, {}
   for n, job in ipairs(jobs) do
     local f = found[n]
     if not f then
@@ -97,10 +104,6 @@ local function gate_claimed(jobs, now, g)
     else
       local key, limit, rkey = f[1], f[2], run_key(f[1])
       local k = known[key]
-      if k == nil then
-        k = {override = redis.call('HGET', G_LIMITS, key), paused = redis.call('HEXISTS', G_PAUSED, key) == 1}
-        known[key] = k
-      end
       local cap = limit_from(k.override, limit)
       local full = k.paused
       if not full and cap ~= nil then
@@ -120,8 +123,16 @@ local function gate_claimed(jobs, now, g)
         keep[#keep + 1] = job
       elseif full then
         local due = tonumber(job.due)
-        redis.call('ZADD', wait_key(key), wait_score(f[3], due), job.id)
-        redis.call('HSET', KEYS[3], job.id, lease_entry(due, 0, GATE_TOKEN))
+        local w = waits[key]
+        if w == nil then
+          w = {}
+          waits[key] = w
+          waited[#waited + 1] = key
+        end
+        w[#w + 1] = wait_score(f[3], due)
+        w[#w + 1] = job.id
+        entries[#entries + 1] = job.id
+        entries[#entries + 1] = lease_entry(due, 0, GATE_TOKEN)
         parks[#parks + 1] = PARK_TEXT
         parks[#parks + 1] = job.id
         parked = parked + 1
@@ -135,6 +146,22 @@ local function gate_claimed(jobs, now, g)
       end
     end
   end
+  for _, key in ipairs(waited) do
+    call_sliced('ZADD', wait_key(key), waits[key], 2)
+  end
+  call_sliced('HSET', KEYS[3], entries, 2)
   call_sliced('ZADD', KEYS[1], parks, 2)
   return keep, released, parked
+end
+-- hand_over_gated(out, jobs, gone, token, now, ttl, g): hand_over (includes/claiming.lua) of jobs
+-- until now + ttl; with g (gating_args), through gate_claimed first, out then getting {parked,
+-- id, key, ...}: how many it parked, then the ids and keys of those it released.
+local function hand_over_gated(out, jobs, gone, token, now, ttl, g)
+  if g then
+    local released, parked
+    jobs, released, parked = gate_claimed(jobs, now, g)
+    table.insert(released, 1, parked)
+    out[#out + 1] = released
+  end
+  return hand_over(out, jobs, gone, token, now + ttl)
 end
