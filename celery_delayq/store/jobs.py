@@ -192,10 +192,8 @@ class JobsPart(StoreBase):
         record): a stored job with the id is ``KEPT``, one stored in the window and gone since
         (delivered or cancelled) answers ``TAKEN`` with the window's end as its due ms.
         """
-        if unique_ms is not None:
-            mode = f"unique:{int(unique_ms)}"
-            return self._enqueue_unique(jobs, mode, "in" if relative else "at")
-        mode = "replace" if replace else "keep"
+        unique = unique_ms is not None
+        mode = f"unique:{int(unique_ms)}" if unique_ms is not None else "replace" if replace else "keep"
         clock = "in" if relative else "at"
         channel = self.keys.wake_channel
         if len(jobs) == 1:  # one script call: no pipeline around it
@@ -206,7 +204,11 @@ class JobsPart(StoreBase):
             due_ms = int(due_ms)
             one: list[Any] = [mode, channel, shard, clock]
             _shaped(one, [(job_id, due_ms, stored_form(job_id, envelope))])
-            now, status, due = self._write(SCRIPTS["enqueue"], keys.with_shapes, one, "", (job_id,))
+            now, status, due, *corrupt = self._write(
+                SCRIPTS["enqueue"], keys.with_unique if unique else keys.with_shapes, one, "", (job_id,)
+            )
+            if corrupt and int(corrupt[0]):
+                self._warn_unique_replaced(shard)
             now = int(now)
             self._saw_server_time(now)
             if not relative:
@@ -233,7 +235,8 @@ class JobsPart(StoreBase):
             return args
 
         def enqueue_keys(shard: int) -> Sequence[str]:
-            return self.keys.shard(shard).with_shapes
+            keys = self.keys.shard(shard)
+            return keys.with_unique if unique else keys.with_shapes
 
         replies = self._per_shard(
             "enqueue",
@@ -248,6 +251,10 @@ class JobsPart(StoreBase):
         out: list[tuple[EnqueueOutcome, int]] = [(EnqueueOutcome.KEPT, 0)] * len(jobs)
         now = 0
         for chunk, result in replies:
+            if unique:  # the script's last value: 1 if it replaced a corrupt uniqueness record
+                *result, corrupt_flag = result
+                if int(corrupt_flag):
+                    self._warn_unique_replaced(self.keys.shard_of(jobs[chunk[0]][0]))
             now = int(result[0])
             pairs = iter(result[1:])
             for p, status, due in zip(chunk, pairs, pairs, strict=True):
@@ -258,51 +265,16 @@ class JobsPart(StoreBase):
                 self._check_past(now, [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
         return out
 
-    def _enqueue_unique(
-        self, jobs: Sequence[tuple[str, int, str]], mode: str, clock: str
-    ) -> list[tuple[EnqueueOutcome, int]]:
-        """:meth:`enqueue` in mode ``unique:<ms>``: one script call a shard, each with the shard's
-        uniqueness record as ``KEYS[9]``; a record found corrupt (not a sorted set) was replaced
-        by the script, and is logged here."""
-        by_shard: dict[int, list[int]] = defaultdict(list)
-        for position, (job_id, _, _) in enumerate(jobs):
-            refuse_point_id(job_id)
-            by_shard[self.keys.shard_of(job_id)].append(position)
-        channel = self.keys.wake_channel
-
-        def unique_args(shard: int, chunk: Sequence[int]) -> list[Any]:
-            args: list[Any] = [mode, channel, shard, clock]
-            _shaped(args, [(jobs[p][0], int(jobs[p][1]), stored_form(jobs[p][0], jobs[p][2])) for p in chunk])
-            return args
-
-        replies = self._per_shard(
-            "enqueue",
-            by_shard,
-            ENQUEUE_CHUNK,
-            unique_args,
-            lambda shard: self.keys.shard(shard).with_unique,
-            raise_errors=False,
-            replicated=True,
+    def _warn_unique_replaced(self, shard: int) -> None:
+        """Log that ``lua/enqueue.lua`` found the shard's uniqueness record corrupt (not a sorted
+        set) and replaced it."""
+        logger.warning(
+            "delayq: the uniqueness record of shard %d (%s) was not a sorted set (a corrupt "
+            "record): it was replaced, so an id of that shard stored with unique_for before "
+            "may be stored again",
+            shard,
+            self.keys.shard(shard).unique,
         )
-        _raise_store_full(jobs, [chunk for chunk, _ in replies], [result for _, result in replies])
-        out: list[tuple[EnqueueOutcome, int]] = [(EnqueueOutcome.KEPT, 0)] * len(jobs)
-        for chunk, result in replies:
-            *reply, corrupt = result
-            self._saw_server_time(int(reply[0]))
-            pairs = iter(reply[1:])
-            for p, status, due in zip(chunk, pairs, pairs, strict=True):
-                out[p] = (_decode("enqueue", _ENQUEUE, status), int(due))
-            if int(corrupt):
-                logger.warning(
-                    "delayq: the uniqueness record of shard %d (%s) was not a sorted set (a corrupt "
-                    "record): it was replaced, so an id of that shard stored with unique_for before "
-                    "may be stored again",
-                    self.keys.shard_of(jobs[chunk[0]][0]),
-                    self.keys.shard(self.keys.shard_of(jobs[chunk[0]][0])).unique,
-                )
-        if clock == "at" and replies:
-            self._check_past(int(replies[-1][1][0]), [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
-        return out
 
     def _check_past(self, server_ms: int, jobs: Sequence[tuple[str, int]]) -> None:
         """Log once (per store, so per app and process) a job due more than
