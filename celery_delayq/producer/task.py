@@ -11,7 +11,7 @@ True
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from celery import Task, shared_task
@@ -39,9 +39,10 @@ from .result import ScheduledResult
 __all__ = [
     "DelayQTaskMixin",
     "DelayedTask",
+    "add_gate_header",
     "carried_gate",
     "delayed_task",
-    "gate_ids",
+    "job_ids",
     "retry_store_id",
     "scheduled_results",
     "take_gate",
@@ -130,19 +131,22 @@ def carried_gate(options: Mapping[str, Any]) -> Gate | None:
     return Gate.from_header(headers[GATE_HEADER])
 
 
-def gate_ids(gate: Gate, given_id: Any, count: int, options: dict[str, Any]) -> list[str]:
-    """The ids of ``count`` jobs of ``gate`` (its key's tag, then a new uuid; a ``given_id``
-    must begin with the tag: :func:`~..flow.gate.gated_id`), and its header added to ``options``'
-    ``headers`` (a header value that is not a mapping is left for the option check to refuse)."""
-    if given_id is not None:
-        ids = [gated_id(gate.key, given_id)] * count
-    else:
-        tag = key_tag(gate.key)
-        ids = [tag + job_id for job_id in new_task_ids(count)]
+def job_ids(given: Sequence[str | None], gate: Gate | None) -> list[str]:
+    """Each job's id: its ``given`` one, else a new uuid; under a ``gate``, each begins with the
+    gate key's tag (a given id must already: :func:`~..flow.gate.gated_id`)."""
+    fresh = iter(new_task_ids(given.count(None)))
+    if gate is None:
+        return [next(fresh) if job_id is None else job_id for job_id in given]
+    tag = key_tag(gate.key)
+    return [tag + next(fresh) if job_id is None else gated_id(gate.key, job_id) for job_id in given]
+
+
+def add_gate_header(gate: Gate, options: dict[str, Any]) -> None:
+    """Add ``gate``'s header to ``options``' ``headers`` (a header value that is not a mapping is
+    left for the option check to refuse)."""
     headers = options.get("headers")
     if headers is None or isinstance(headers, Mapping):
         options["headers"] = {**(headers or {}), GATE_HEADER: gate.header()}
-    return ids
 
 
 class DelayQTaskMixin:
@@ -282,14 +286,9 @@ class DelayQTaskMixin:
         store = get_store(app)  # (its config is the app's: DelayQConfig.from_app)
         max_payload = store.config.max_payload
         if gate is not None:
-            ids = gate_ids(gate, given_id, len(items), options)
-        else:
-            ids = [given_id] * len(items) if given_id else new_task_ids(len(items))
-        if given_ids is not None:  # (apply_at_many) each item's own id where it has one
-            tagged = (
-                (lambda job_id: gated_id(gate.key, job_id)) if gate is not None else (lambda job_id: job_id)
-            )
-            ids = [ids[i] if job_id is None else tagged(job_id) for i, job_id in enumerate(given_ids)]
+            add_gate_header(gate, options)
+        # (a falsy task_id is generated, as Celery's apply_async does)
+        ids = job_ids([given_id or None] * len(items) if given_ids is None else given_ids, gate)
         shift = base or 0
         if len(items) == 1:  # one job (apply_at, apply_in): the same steps, without the lists
             ((due_ms, args, kwargs),) = items
