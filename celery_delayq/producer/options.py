@@ -110,7 +110,7 @@ def unique_window_ms(unique_for: Any, task_id: Any, replace: bool, name: str) ->
     >>> unique_window_ms(60, None, False, "proj.remind")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    celery_delayq.exceptions.InvalidOptions: unique_for needs the job's own task_id ...
+    celery_delayq.exceptions.InvalidOptions: unique_for of 'proj.remind' needs the job's own task_id ...
     """
     if isinstance(unique_for, timedelta):
         seconds = unique_for.total_seconds()
@@ -128,8 +128,8 @@ def unique_window_ms(unique_for: Any, task_id: Any, replace: bool, name: str) ->
         )
     if task_id is None:
         raise InvalidOptions(
-            f"unique_for needs the job's own task_id (an id taken stays taken; a generated one is "
-            f"never given twice): {name!r}.apply_at(..., task_id='invoice-42', unique_for=...)"
+            f"unique_for of {name!r} needs the job's own task_id (an id taken stays taken; a "
+            "generated one is never given twice): apply_at(..., task_id='invoice-42', unique_for=...)"
         )
     if replace:
         raise InvalidOptions(
