@@ -42,7 +42,7 @@ _SPELLING = {
     name.lower(): name
     for name in (
         "dueColumn", "argsColumn", "kwargsColumn", "idColumn", "idTemplate", "routingKey",
-        "batchSize", "dueFrom", "dueUntil", "includeDead", "pageSize", "uniqueFor",
+        "batchSize", "dueFrom", "dueUntil", "includeDead", "pageSize", "uniqueFor", "checkpointLocation",
     )
 }  # fmt: skip
 _NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double", "decimal")
@@ -200,6 +200,10 @@ def _load_app(ref: str | None, timezone: str | None) -> Any:
 
 # -- writing ------------------------------------------------------------------------------------
 
+#: The streaming sink's default ``uniqueFor`` (7 days): how long a replayed micro-batch is
+#: kept from storing its rows' jobs again, and how long the sink remembers each query's commits.
+STREAM_UNIQUE_FOR = 7 * 86_400
+
 
 @dataclass(frozen=True)
 class WriteOptions:
@@ -221,9 +225,18 @@ class WriteOptions:
     unique_ms: int | None = None
 
     @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> WriteOptions:
-        """Read and check Spark's string options; every mistake raises ConfigurationError here."""
-        opts = _lower(options, _STORE_OPTIONS + _WRITE_ONLY, "write")
+    def parse(cls, options: Mapping[str, Any], stream: bool = False) -> WriteOptions:
+        """Read and check Spark's string options; every mistake raises ConfigurationError here.
+
+        ``stream`` (``writeStream``): every write has a uniqueness window, ``uniqueFor``
+        (:data:`STREAM_UNIQUE_FOR` when not given), and ids from the rows are optional (a row
+        without one gets its place in the stream: query, micro-batch, partition, row);
+        ``replace`` is refused (a replayed micro-batch would overwrite its own jobs)."""
+        if stream:  # Spark adds checkpointLocation to a stream's options; the sink does not read it
+            opts = _lower(options, (*_STORE_OPTIONS, *_WRITE_ONLY, "checkpointlocation"), "writeStream")
+            opts.pop("checkpointlocation", None)
+        else:
+            opts = _lower(options, _STORE_OPTIONS + _WRITE_ONLY, "write")
         store = StoreOptions.parse(opts)
         task = opts.get("task", "").strip()
         if not task:
@@ -272,9 +285,16 @@ class WriteOptions:
                 )
             call["expires"] = expires
         replace = _flag("replace", opts.get("replace"), False)
+        if stream and replace:
+            raise ConfigurationError(
+                "delayq writeStream: option replace is refused: a micro-batch that Spark writes "
+                "again after a failure would overwrite the jobs it stored the first time"
+            )
         unique_ms = None
+        if stream and "uniquefor" not in opts:
+            opts["uniquefor"] = str(STREAM_UNIQUE_FOR)
         if "uniquefor" in opts:
-            if not (id_column or id_template):
+            if not (id_column or id_template or stream):
                 raise ConfigurationError(
                     "option uniqueFor needs the jobs' ids from the rows: give idColumn or idTemplate"
                 )

@@ -19,6 +19,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     EqualTo,
     Filter,
     GreaterThan,
@@ -31,7 +32,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, DelayQError
 from ..store.facade import Store
 from .options import ReadOptions, WriteOptions
 from .reader import READ_COLUMNS, READ_SCHEMA, read_shard
@@ -70,6 +71,18 @@ class DelayQDataSource(DataSource):
         options.check_schema({f.name: f.dataType.simpleString() for f in schema.fields})
         _ping(options.store.config())
         return _Writer(options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        """``writeStream.format("delayq")``: each micro-batch's rows as jobs, exactly once."""
+        if overwrite:  # (Spark's complete output mode)
+            raise ConfigurationError(
+                "delayq writeStream: output mode complete would mean dropping every pending job; "
+                "use outputMode('append')"
+            )
+        options = WriteOptions.parse(self.options, stream=True)
+        options.check_schema({f.name: f.dataType.simpleString() for f in schema.fields})
+        _ping(options.store.config())
+        return _StreamWriter(options)
 
 
 def _ping(config: Any) -> None:
@@ -111,6 +124,70 @@ class _Writer(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Jobs of partitions that finished stay stored; with ids from the rows, running the
         write again stores the rest and keeps those (see docs/spark.md)."""
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamCommit(WriterCommitMessage):
+    """What one partition of a micro-batch did; ``skipped``: the batch was committed before."""
+
+    query: str
+    rows: int
+    stored: int
+    kept: int
+    taken: int
+    skipped: bool = False
+
+
+class _StreamWriter(DataSourceStreamArrowWriter):
+    """Exactly once: each row's job has an id that is the same when Spark writes the micro-batch
+    again (the row's own, or ``stream:<query id>:<batch>:<partition>:<row>``), stored with a
+    uniqueness window (``uniqueFor``), so a replay keeps what is waiting and does not store again
+    what already ran; a batch recorded as committed (:meth:`Store.commit_stream`) is skipped."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> StreamCommit:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        query = context.getLocalProperty("sql.streaming.queryId") if context else None
+        batch = context.getLocalProperty("streaming.sql.batchId") if context else None
+        if context is None or query is None or batch is None:
+            raise DelayQError("delayq writeStream: no streaming query or micro-batch in this task's context")
+        store = Store(self.options.store.config())
+        try:
+            committed = store.stream_committed(query)
+            if committed is not None and committed >= int(batch):
+                for _ in iterator:  # Spark's input is read to its end, and not written
+                    pass
+                return StreamCommit(query, 0, 0, 0, 0, skipped=True)
+            prefix = f"stream:{query}:{batch}:{context.partitionId()}:"
+            with JobWriter(self.options, store=store, id_prefix=prefix) as writer:
+                for arrow_batch in iterator:
+                    writer.add_batch(arrow_batch)
+            s = writer.stats
+            return StreamCommit(query, s.rows, s.stored, s.kept, s.taken)
+        finally:
+            store.close()
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Record the batch as committed for its query, for ``uniqueFor``."""
+        done = [m for m in messages if isinstance(m, StreamCommit)]
+        if not done:
+            return  # no partition: nothing was written
+        store = Store(self.options.store.config())
+        try:
+            store.commit_stream(done[0].query, batchId, self.options.unique_ms or 0)
+        finally:
+            store.close()
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Jobs of partitions that finished stay stored; Spark writes the batch again when the
+        query restarts, and their ids keep them from being stored twice."""
 
 
 # -- reading ------------------------------------------------------------------------------------

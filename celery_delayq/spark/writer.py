@@ -85,8 +85,13 @@ class JobWriter:
     when a later row fails.
     """
 
-    def __init__(self, options: WriteOptions, store: Store | None = None) -> None:
+    def __init__(
+        self, options: WriteOptions, store: Store | None = None, id_prefix: str | None = None
+    ) -> None:
         self.options = options
+        #: A row without an id gets ``<id_prefix><its row number>`` (the streaming sink's place
+        #: in the stream), else a new uuid.
+        self.id_prefix = id_prefix
         self.app = options.store.celery_app()
         self.task: Any = options.task_of(self.app)
         self.config = options.store.config()
@@ -197,7 +202,10 @@ class JobWriter:
             return
         ids, dues, args, kwargs = self._ids, self._due, self._args, self._kwargs
         self._ids, self._due, self._args, self._kwargs = [], [], [], []
-        if None in ids:
+        if None in ids and self.id_prefix is not None:
+            prefix, first = self.id_prefix, self._built
+            ids = [job_id if job_id is not None else f"{prefix}{first + i}" for i, job_id in enumerate(ids)]
+        elif None in ids:
             fresh = iter(new_task_ids(ids.count(None)))
             ids = [job_id if job_id is not None else next(fresh) for job_id in ids]
         final: list[str] = ids  # type: ignore[assignment]

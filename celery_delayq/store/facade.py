@@ -9,7 +9,8 @@ The store's methods live in its parts, one module a seam, each a class over
 - :mod:`.dead`: dead letters;
 - :mod:`.schedules`: the stored schedules and firing their points;
 - :mod:`.flow`: gate keys and slots; :mod:`.batches`: batches;
-- :mod:`.beats`: heartbeats, lateness, the wake channel, the server checks.
+- :mod:`.beats`: heartbeats, lateness, the wake channel, the server checks;
+- :mod:`.streams`: what each Spark streaming query committed to the sink.
 
 :class:`Store` inherits them all, so every caller writes ``store.method(...)`` whatever part
 holds the method. No other module of the package holds a Redis client or runs a script
@@ -30,11 +31,14 @@ from .flow import FlowPart
 from .jobs import JobsPart
 from .reads import ReadsPart
 from .schedules import SchedulesPart
+from .streams import StreamsPart
 
 __all__ = ["Store", "get_store"]
 
 
-class Store(JobsPart, DeliveryPart, ReadsPart, DeadPart, SchedulesPart, FlowPart, BatchesPart, BeatsPart):
+class Store(
+    JobsPart, DeliveryPart, ReadsPart, DeadPart, SchedulesPart, FlowPart, BatchesPart, BeatsPart, StreamsPart
+):
     """One app's shards in one Redis deployment."""
 
 

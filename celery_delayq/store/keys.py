@@ -275,6 +275,11 @@ class KeySpace:
         """Hash: beat token -> JSON heartbeat (host, pid, times, counters), written by each beat."""
         return f"{self.prefix}:beats"
 
+    def stream(self, query_id: str) -> str:
+        """String: the last micro-batch that Spark streaming query ``query_id`` committed to the
+        ``delayq`` sink, kept for the sink's ``uniqueFor`` (a TTL; one key a query, no shard)."""
+        return f"{self.prefix}:stream:{query_id}"
+
     def web_counts(self, name: str) -> str:
         """String: JSON of the dashboard's chart counts ``name`` (``hour``, ``day``), kept a
         short while (a TTL) for every dashboard process (one key, no shard)."""

@@ -1,0 +1,276 @@
+"""The ``delayq`` streaming sink (``writeStream.format("delayq")``): each micro-batch's rows as
+jobs, exactly once, across replays, a driver SIGKILLed between a batch's writes and its commit,
+and a Redis server that goes away in the middle of a batch.
+
+The in-process tests use the session's local Spark; the fault tests run the driver
+(``tests/apps/stream_driver.py``) as a process of its own, in a session of its own, so that it
+can be killed whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from bench.spark import spark_problem
+from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.exceptions import ConfigurationError
+from celery_delayq.spark import WriteOptions
+from celery_delayq.spark.options import STREAM_UNIQUE_FOR
+from celery_delayq.store.keys import KeySpace
+from tests.support.polling import wait_for
+from tests.support.processes import ROOT, Procs, subprocess_env
+from tests.support.spark import spark
+from tests.support.store import make_store
+
+__all__ = ["spark"]  # a fixture, used by name
+
+pytest.importorskip("pyarrow")
+
+SCHEMA = "user_id long, text string, due timestamp"
+
+
+def write_events(folder: Path, files: int, per_file: int, due: str = "2030-01-01T00:00:00Z") -> int:
+    """``files`` JSON-lines files of ``per_file`` events each (user ids 0, 1, ...); the count."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        with open(folder / f"part-{f:04d}.json", "w") as out:
+            for i in range(per_file):
+                n = f * per_file + i
+                out.write(json.dumps({"user_id": n, "text": f"reminder {n}", "due": due}) + "\n")
+    return files * per_file
+
+
+def pending(r: redis.Redis, shards: int = 16) -> dict[str, float]:
+    """Every waiting job's id and due score."""
+    out: dict[str, float] = {}
+    for shard in KeySpace("delayq", shards).all_shards():
+        out.update({str(k): float(v) for k, v in r.zrange(shard.due, 0, -1, withscores=True)})
+    return out
+
+
+def forget_commit(checkpoint: Path, batch: int) -> None:
+    """Take micro-batch ``batch`` out of Spark's commit log (and its checksum): as after a crash
+    before Spark wrote it, the restarted query writes that batch again."""
+    (checkpoint / "commits" / str(batch)).unlink()
+    (checkpoint / "commits" / f".{batch}.crc").unlink(missing_ok=True)
+
+
+# -- options ------------------------------------------------------------------------------------
+
+
+def test_stream_options_take_checkpoint_location_refuse_replace_and_default_the_window() -> None:
+    base = {"url": "redis://127.0.0.1:1", "task": "proj.remind", "args": "user_id"}
+    parsed = WriteOptions.parse({**base, "checkpointLocation": "/tmp/ck"}, stream=True)
+    assert parsed.unique_ms == STREAM_UNIQUE_FOR * 1000  # no ids from the rows needed
+    assert WriteOptions.parse({**base, "uniqueFor": "60"}, stream=True).unique_ms == 60_000
+    with pytest.raises(ConfigurationError, match="option replace is refused"):
+        WriteOptions.parse({**base, "replace": "true"}, stream=True)
+    with pytest.raises(ConfigurationError, match="delayq write: unknown option 'checkpointLocation'"):
+        WriteOptions.parse({**base, "checkpointLocation": "/tmp/ck"})  # a batch write has none
+
+
+def test_the_store_reports_a_corrupt_commit_record_and_replaces_it(
+    redis_url: str, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store(redis_url)
+    try:
+        assert store.stream_committed("q1") is None
+        store.commit_stream("q1", 7, 60_000)
+        assert store.stream_committed("q1") == 7
+        for corrupt in ("seven", None):
+            r.delete("delayq:stream:q1")
+            if corrupt is None:
+                r.hset("delayq:stream:q1", "batch", "7")  # not a string at all
+            else:
+                r.set("delayq:stream:q1", corrupt)
+            with caplog.at_level("WARNING", logger="celery_delayq.store.streams"):
+                assert store.stream_committed("q1") is None
+            assert "delayq:stream:q1 is not a micro-batch number (a corrupt record)" in caplog.text
+            caplog.clear()
+            store.commit_stream("q1", 8, 60_000)
+            assert store.stream_committed("q1") == 8
+    finally:
+        store.close()
+
+
+# -- in process: a replayed micro-batch ---------------------------------------------------------
+
+
+def _stream(spark: Any, events: Path, checkpoint: Path, url: str, **options: str) -> Any:
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(events))
+    writer = (
+        df.writeStream.format("delayq")
+        .option("url", url)
+        .option("task", "e2e.record")
+        .option("args", "user_id")
+        .option("kwargs", "text")
+        .option("checkpointLocation", str(checkpoint))
+    )
+    for name, value in options.items():
+        writer = writer.option(name, value)
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    return query
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_replayed_micro_batch_stores_nothing_twice(
+    spark: Any, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """Three micro-batches of 200 events: 600 jobs, ids from the stream's place. Spark writes
+    batch 2 again when its commit log lacks it: skipped whole while the sink's own commit record
+    is there; without it too, its jobs are kept (waiting) or taken (gone: delivered), none new."""
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    total = write_events(events, 3, 200)
+    query = _stream(spark, events, checkpoint, redis_url)
+    first = pending(r)
+    assert len(first) == total
+    assert all(job_id.startswith(f"stream:{query.id}:") for job_id in first)
+    assert r.get(f"delayq:stream:{query.id}") == "2"
+    # Spark lost its commit of batch 2 (a crash after the sink committed): the batch is skipped.
+    forget_commit(checkpoint, 2)
+    _stream(spark, events, checkpoint, redis_url)
+    assert pending(r) == first
+    # Both commits lost (a crash between the batch's writes and any commit), and 50 of its jobs
+    # gone since (delivered): the replay stores none of them again and keeps the rest as they are.
+    forget_commit(checkpoint, 2)
+    r.delete(f"delayq:stream:{query.id}")
+    batch_2 = sorted(job_id for job_id in first if job_id.startswith(f"stream:{query.id}:2:"))
+    assert len(batch_2) == 200
+    store = make_store(redis_url)
+    try:
+        for job_id in batch_2[:50]:
+            assert store.cancel(job_id)
+    finally:
+        store.close()
+    _stream(spark, events, checkpoint, redis_url)
+    after = pending(r)
+    assert len(after) == total - 50
+    assert set(after) == set(first) - set(batch_2[:50])
+    assert r.get(f"delayq:stream:{query.id}") == "2"
+    assert 0 < r.pttl(f"delayq:stream:{query.id}") <= STREAM_UNIQUE_FOR * 1000
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_corrupt_commit_record_is_reported_and_the_batch_written_again_once(
+    spark: Any, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """A commit record that is not a batch number (here a list) counts as none: the replayed
+    batch is written again, its jobs kept, and the record replaced by the commit."""
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    total = write_events(events, 2, 100)
+    query = _stream(spark, events, checkpoint, redis_url)
+    first = pending(r)
+    forget_commit(checkpoint, 1)
+    r.delete(f"delayq:stream:{query.id}")
+    r.rpush(f"delayq:stream:{query.id}", "not a batch number")
+    _stream(spark, events, checkpoint, redis_url)
+    assert pending(r) == first and len(first) == total
+    assert r.get(f"delayq:stream:{query.id}") == "1"  # replaced by the commit
+
+
+# -- a driver of its own: killed, and a Redis that goes away -------------------------------------
+
+
+def skip_without_spark() -> None:
+    problem = spark_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+def run_driver(
+    events: Path, checkpoint: Path, url: str, per_batch: int, kill_at: int = -1, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``tests/apps/stream_driver.py`` to its end (or its death) in a session of its own."""
+    full = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    full["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    full["SPARK_LOCAL_IP"] = "127.0.0.1"
+    full.update(env)
+    cmd = [sys.executable, "-m", "tests.apps.stream_driver", str(events), str(checkpoint), url]
+    cmd += [str(per_batch), str(kill_at)]
+    proc = subprocess.Popen(
+        cmd, env=full, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # Whatever the driver left of its group (a JVM or a worker) is gone before the next run.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+@pytest.mark.spark
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_stream_killed_twice_schedules_each_event_once_and_each_runs_once(
+    redis_url: str, r: redis.Redis, tmp_path: Path, procs: Procs
+) -> None:
+    """100,000 events in 20 files, 2 files a micro-batch (10 batches), ids from the stream's place.
+    The driver is SIGKILLed (with its JVM) between the writes and the commit of batch 3, then of
+    batch 6, and restarted from its checkpoint each time: 100,000 jobs, then a real beat and
+    worker run each once."""
+    skip_without_spark()
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    due = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5))
+    total = write_events(events, 20, 5_000, due=due)
+    killed = [run_driver(events, checkpoint, redis_url, 2, kill_at=k) for k in (3, 6)]
+    for run in killed:
+        assert run.returncode == -signal.SIGKILL, run.stdout[-3000:]
+    assert 0 < len(pending(r)) < total
+    last = run_driver(events, checkpoint, redis_url, 2)
+    assert last.returncode == 0, last.stdout[-3000:]
+    ids = pending(r)
+    assert len(ids) == total
+    env = subprocess_env(redis_url, redis_url)
+    procs.start("worker", env)
+    procs.start("beat", env)
+    done = wait_for(lambda: r.hlen("e2e:runs") >= total, 600, 0.5)
+    assert done, f"{r.hlen('e2e:runs')} of {total} ran\n{procs.logs()[-5000:]}"
+    time.sleep(2.0)  # a late duplicate would show here
+    runs = r.hgetall("e2e:runs")
+    assert set(runs) == set(ids)
+    assert {int(v) for v in runs.values()} == {1}
+    assert len(pending(r)) == 0
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_redis_gone_during_a_batch_fails_the_query_and_a_restart_loses_nothing(tmp_path: Path) -> None:
+    """Partition 0 of batch 1 shuts the server down (saving) once it has written its jobs: the
+    query fails naming the connection; the server comes back with what it had, and the
+    restarted query writes each event's job once."""
+    skip_without_spark()
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    total = write_events(events, 4, 500)
+    with EmbeddedRedis(persist=True) as server:
+        failed = run_driver(events, checkpoint, server.url, 1, STREAM_SHUTDOWN_AT_BATCH="1")
+        assert failed.returncode != 0
+        assert "ConnectionError" in failed.stdout, failed.stdout[-3000:]
+        assert wait_for(lambda: not server.ping(), 10, 0.1)
+        server.process = None
+        server.start()
+        r = redis.Redis.from_url(server.url, decode_responses=True)
+        assert 500 <= len(pending(r)) < total  # batch 0, and what batch 1 wrote before the fault
+        again = run_driver(events, checkpoint, server.url, 1)
+        assert again.returncode == 0, again.stdout[-3000:]
+        ids = pending(r)
+        assert len(ids) == total
+        r.close()
