@@ -274,3 +274,42 @@ def test_redis_gone_during_a_batch_fails_the_query_and_a_restart_loses_nothing(t
         ids = pending(r)
         assert len(ids) == total
         r.close()
+
+
+# -- the example ------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_streaming_example_schedules_each_event_once_and_a_worker_runs_them(
+    spark: Any,
+    redis_url: str,
+    r: redis.Redis,
+    tmp_path: Path,
+    procs: Procs,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """examples/spark_stream.py run twice on one checkpoint (stopped and started again, as its
+    docstring says): one job per event fed, keyed by the event's id; a real worker and beat of
+    the example's app run each once."""
+    from examples import spark_stream as ex
+
+    folders = ["--events", str(tmp_path / "events"), "--checkpoint", str(tmp_path / "checkpoint")]
+    argv = ["--url", redis_url, "--seconds", "3", "--per-second", "50", "--delay", "4", *folders]
+    assert ex.main(argv, spark=spark) == 0
+    assert ex.main(argv, spark=spark) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " events fed, " in line]
+    fed = sum(int(line.split(": ")[1].split()[0]) for line in lines)
+    ids = pending(r)
+    assert len(lines) == 2 and len(ids) == fed > 0, lines
+    assert all(job_id.startswith("event-") for job_id in ids)
+    env = subprocess_env(redis_url, redis_url, DELAYQ_EXAMPLE_URL=redis_url)
+    procs.start("worker", env, app="examples.spark_stream")
+    procs.start("beat", env, app="examples.spark_stream")
+    log = lambda: (tmp_path / "worker-0.log").read_text(errors="replace")  # noqa: E731
+    done = wait_for(lambda: log().count("succeeded in") >= fed, 120, 0.5)
+    assert done, f"{log().count('succeeded in')} of {fed} ran\n{procs.logs()[-3000:]}"
+    time.sleep(1.0)
+    assert log().count("succeeded in") == fed
+    assert len(pending(r)) == 0
