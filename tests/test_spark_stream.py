@@ -182,6 +182,35 @@ def test_a_corrupt_commit_record_is_reported_and_the_batch_written_again_once(
     assert r.get(f"delayq:stream:{query.id}") == "1"  # replaced by the commit
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_full_redis_fails_the_query_and_a_restart_with_room_loses_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Events of 2 KB against a 4 MB ``maxmemory``: the query fails with StoreFull; once Redis
+    has room, the restarted query stores each event's job once."""
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    events.mkdir()
+    total = 0
+    for f in range(4):
+        with open(events / f"part-{f}.json", "w") as out:
+            for _ in range(1000):
+                out.write(
+                    json.dumps({"user_id": total, "text": "x" * 2000, "due": "2030-01-01T00:00:00Z"}) + "\n"
+                )
+                total += 1
+    with EmbeddedRedis(extra_args=["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]) as server:
+        url = server.url + "/0"
+        with pytest.raises(Exception, match="StoreFull"):
+            _stream(spark, events, checkpoint, url)
+        r = redis.Redis.from_url(url, decode_responses=True)
+        assert len(pending(r)) < total
+        r.config_set("maxmemory", "0")
+        _stream(spark, events, checkpoint, url)
+        assert len(pending(r)) == total
+        r.close()
+
+
 # -- a driver of its own: killed, and a Redis that goes away -------------------------------------
 
 
