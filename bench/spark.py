@@ -37,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ SAMPLE_IDS = 1_000
 ARROW_BATCH = 10_000
 DEFAULT_ROWS = 1_000_000
 DEFAULT_MASTER = "local[2]"
+STREAM_BATCHES = 4  # micro-batches of the streaming line
 
 
 def spark_problem() -> str | None:
@@ -378,7 +380,29 @@ def measure(ctx: Context, n: int, master: str) -> RowResult:
         }
         ours = timed(writer.save, spark_meters)
         checks.append(f"Spark: {check_stored(store, rows, 'the Spark write')}")
+        client.flushall()
+        # The streaming sink against the batch writer, on the same rows in the same files.
+        ctx.say(f"spark: {n:,} rows as {STREAM_BATCHES * cores} Parquet files, streamed and written")
+        folder = tempfile.mkdtemp(prefix="delayq-bench-stream-")
+        files = os.path.join(folder, "rows")
+        df.repartition(STREAM_BATCHES * cores).write.parquet(files)  # untimed
         df.unpersist()
+        schema = spark.read.parquet(files).schema
+        from_files = spark.read.parquet(files).write.format("delayq").options(**options).mode("append")
+        batch_files = timed(from_files.save, spark_meters)
+        checks.append(f"Spark from files: {check_stored(store, rows, 'the Spark write of the files')}")
+        client.flushall()
+
+        def stream() -> None:
+            reader = spark.readStream.schema(schema).option("maxFilesPerTrigger", cores).parquet(files)
+            writer = reader.writeStream.format("delayq").options(**options)
+            query = writer.option("checkpointLocation", os.path.join(folder, "checkpoint"))
+            query.trigger(availableNow=True).start().awaitTermination()
+
+        streamed = timed(stream, spark_meters)
+        checks.append(f"stream: {check_stored(store, rows, 'the streaming sink')}")
+        client.flushall()
+        shutil.rmtree(folder, ignore_errors=True)
     finally:
         stop_spark(run)
     client.flushall()
@@ -417,7 +441,22 @@ def measure(ctx: Context, n: int, master: str) -> RowResult:
             baseline=one.rate(n),
         )
     )
+    result.lines.append(
+        Line(
+            f"spark: streaming sink, {STREAM_BATCHES} micro-batches, vs the batch writer on the same files",
+            streamed.rate(n),
+            "rows/s",
+            baseline=batch_files.rate(n),
+        )
+    )
     result.notes += [
+        f"streaming sink: the same rows written (untimed) as {STREAM_BATCHES * cores} Parquet files; "
+        f"readStream.parquet with maxFilesPerTrigger {cores} (availableNow: {STREAM_BATCHES} micro-batches "
+        f"of {cores} partitions) into writeStream.format('delayq') with the same options, timed from "
+        f"start() to the query's end: {streamed.seconds:.2f} s. The sink stores every job with a "
+        f"uniqueness window (uniqueFor, 7 days: one more sorted-set entry a job) and records each "
+        f"batch's commit. Baseline: spark.read.parquet of the same files written with "
+        f"write.format('delayq'), {batch_files.seconds:.2f} s",
         f"ours: {n:,} rows made by spark.range in {cores} partitions (user_id bigint, due timestamp "
         f"spread over {SPREAD_S // 86_400} days from the next whole hour, text 'hi <id>', day its UTC "
         f"date), cached and counted first (untimed, {materialize:.1f} s); timed from save() to its "
@@ -447,6 +486,8 @@ def measure(ctx: Context, n: int, master: str) -> RowResult:
                 _cpu_note("Spark", ours, n, spark=True),
                 _cpu_note("write_rows", plain, n),
                 _cpu_note("Arrow JobWriter", one, n),
+                _cpu_note("Spark from files", batch_files, n, spark=True),
+                _cpu_note("streaming sink", streamed, n, spark=True),
             )
         )
         + f"; the machine has {os.cpu_count()} cores, and what other processes used is part of its figure",

@@ -47,6 +47,9 @@ def test_spark_benchmark_runs() -> None:
     assert "rows/s per core" in out
     assert "stored-count check passed: Spark: 2,000 stored" in out
     assert "write_rows: 2,000 stored" in out
+    assert "stream: 2,000 stored" in out and "Spark from files: 2,000 stored" in out
+    streaming = next((row for row in out.splitlines() if row.startswith("| spark: streaming sink")), None)
+    assert streaming is not None and streaming.count("rows/s") == 2, out
 
 
 def test_master_cores() -> None:
