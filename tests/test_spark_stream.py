@@ -28,12 +28,13 @@ from celery_delayq.exceptions import ConfigurationError
 from celery_delayq.spark import WriteOptions
 from celery_delayq.spark.options import STREAM_UNIQUE_FOR
 from celery_delayq.store.keys import KeySpace
+from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.processes import ROOT, Procs, subprocess_env
 from tests.support.spark import spark
 from tests.support.store import make_store
 
-__all__ = ["spark"]  # a fixture, used by name
+__all__ = ["cluster_url", "redis_cluster", "spark"]  # fixtures, used by name
 
 pytest.importorskip("pyarrow")
 
@@ -209,6 +210,30 @@ def test_a_full_redis_fails_the_query_and_a_restart_with_room_loses_nothing(
         _stream(spark, events, checkpoint, url)
         assert len(pending(r)) == total
         r.close()
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_stream_into_a_redis_cluster_and_a_replay_there(
+    spark: Any, cluster_url: str, tmp_path: Path
+) -> None:
+    """``cluster=true``: jobs on each id's node, the commit record on its own; a batch written
+    again with both commits lost stores nothing new."""
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    total = write_events(events, 2, 300)
+    query = _stream(spark, events, checkpoint, cluster_url, cluster="true")
+    store = make_store(cluster_url, cluster=True)
+    try:
+        assert store.count() == total
+        assert store.stream_committed(str(query.id)) == 1
+        forget_commit(checkpoint, 1)
+        store.client.delete(f"delayq:stream:{query.id}")
+        _stream(spark, events, checkpoint, cluster_url, cluster="true")
+        assert store.count() == total
+        assert store.stream_committed(str(query.id)) == 1
+    finally:
+        store.close()
 
 
 # -- a driver of its own: killed, and a Redis that goes away -------------------------------------

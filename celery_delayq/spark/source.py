@@ -9,6 +9,7 @@ executor; each partition opens its own Redis client.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from .reader import READ_COLUMNS, READ_SCHEMA, read_shard
 from .writer import JobWriter
 
 __all__ = ["DelayQDataSource"]
+
+logger = logging.getLogger(__name__)
 
 
 class DelayQDataSource(DataSource):
@@ -179,11 +182,22 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         done = [m for m in messages if isinstance(m, StreamCommit)]
         if not done:
             return  # no partition: nothing was written
+        assert self.options.unique_ms is not None  # (always set on a stream: WriteOptions.parse)
         store = Store(self.options.store.config())
         try:
-            store.commit_stream(done[0].query, batchId, self.options.unique_ms or 0)
+            store.commit_stream(done[0].query, batchId, self.options.unique_ms)
         finally:
             store.close()
+        logger.info(
+            "delayq stream %s: micro-batch %d committed: %s",
+            done[0].query,
+            batchId,
+            "skipped (committed before)"
+            if all(m.skipped for m in done)
+            else "{} rows, {} stored, {} kept, {} taken".format(
+                *(sum(getattr(m, name) for m in done) for name in ("rows", "stored", "kept", "taken"))
+            ),
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Jobs of partitions that finished stay stored; Spark writes the batch again when the
