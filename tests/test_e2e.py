@@ -173,6 +173,46 @@ def test_an_id_with_a_uniqueness_window_runs_once_until_the_window_ends(
     assert runs(r) == {**{i: 1 for i in ids}, "uniq-short": 2}
 
 
+@pytest.mark.slow
+def test_debounced_and_throttled_calls_run_once_a_key(
+    redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
+) -> None:
+    """``debounce``: four calls a key, 0.2 s apart, wait 1.5 s: each key runs once, the last
+    call's job, no sooner than its wait after that call. ``throttle``: four calls a key within
+    its period: the first call's job runs, the others were told ``throttled``."""
+    producer = producers(redis_url, redis_url)
+    start_stack(procs, subprocess_env(redis_url, redis_url))
+    warm_up(producer, r, procs)
+    record = producer.record
+    last: dict[str, ScheduledResult] = {}
+    called: dict[str, float] = {}
+    earlier: list[str] = []
+    kept: list[str] = []
+    for round_ in range(4):
+        for user in range(10):
+            key = f"user:{user}"
+            called[key] = time.time()
+            res = record.apply_async((user, round_), debounce=(key, 1.5))
+            assert res.outcome == ("new" if round_ == 0 else "debounced")
+            if key in last:
+                earlier.append(last[key].id)
+            last[key] = res
+            throttled = record.apply_async((user, round_), throttle=(f"t:{user}", 600))
+            assert throttled.outcome == ("new" if round_ == 0 else "throttled")
+            if round_ == 0:
+                kept.append(throttled.id)
+        time.sleep(0.2)
+    expected = {res.id: 1 for res in last.values()} | {job_id: 1 for job_id in kept}
+    assert wait_for(lambda: r.hlen("e2e:runs") >= len(expected), 30), procs.logs()
+    time.sleep(1.0)  # nothing else comes
+    assert runs(r) == expected
+    assert not set(earlier) & set(runs(r))
+    started = starts_by_id(r)
+    for key, res in last.items():  # trailing: due a wait after the key's last call, not before
+        assert started[res.id]["start"] >= called[key] + 1.5 - CLOCK_TOL, started[res.id]
+    assert producer.dq.count() == 0
+
+
 def test_rescheduled_jobs_run_at_their_new_time(
     redis_url: str, r: redis.Redis, procs: Procs, producers: Callable[..., Producer]
 ) -> None:

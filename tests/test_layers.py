@@ -41,6 +41,7 @@ STORE_LAYER = {
         "flow",
         "batches",
         "beats",
+        "streams",
         "connection",
         "scripts",
         "direct",

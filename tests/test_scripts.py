@@ -873,6 +873,7 @@ OWN_KEYS = {
     "start": 2,  # Store.start: the job instance's start record, the shard's dropped count
     "enqueue": 9,  # the shard's core keys, its shapes hash and (mode unique) its unique record
     "shapes_sweep": 8,
+    "keyed": 10,  # the shard's core keys, its debounce hash and due set, its throttle set
     "due_counts": 1,  # Store.due_count_series: the shard's due set alone
 }
 

@@ -139,6 +139,7 @@ def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dic
             properties=dict(envelope.props) if envelope else None,
             content_type=envelope.content_type if envelope else None,
             content_encoding=envelope.content_encoding if envelope else None,
+            keyed=envelope.keyed if envelope else None,
             envelope_error=error,
             dead=None,
         )

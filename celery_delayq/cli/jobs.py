@@ -115,6 +115,7 @@ def print_job(s: Session, view: dict[str, Any]) -> None:
         ("id", view["id"]),
         ("state", view["state"]),
         *([("waits for", view["gated_reason"])] if view.get("gated_reason") else []),
+        *([tuple(view["keyed"].split(":", 1))] if view.get("keyed") else []),  # debounce/throttle: key
         ("task", view["task"]),
         ("due", f"{s.when(view['due_ms'])} ({relative(view['due_ms'], now)})"),
         ("shard", str(view["shard"])),

@@ -80,8 +80,8 @@ def apply_in(sig: Any, delay: Any, **options: Any) -> Any:
 
 def refuse_gate_options(options: dict[str, Any]) -> None:
     """Refuse the gate options here (they would reach the message as unknown properties and
-    gate nothing): a canvas's members get ids of Celery's making, not their key's. So is
-    ``unique_for`` (it would reach the message unread)."""
+    gate nothing): a canvas's members get ids of Celery's making, not their key's. So are
+    ``unique_for``, ``debounce`` and ``throttle`` (they would reach the message unread)."""
     for name in GATE_OPTIONS:
         if options.get(name) is not None:
             raise InvalidOptions(
@@ -94,6 +94,12 @@ def refuse_gate_options(options: dict[str, Any]) -> None:
             "unique_for: celery_delayq.apply_at/apply_in of a signature or canvas take no uniqueness "
             "window; use task.apply_at(eta, args, kwargs, task_id=..., unique_for=...)"
         )
+    for name in ("debounce", "throttle"):
+        if options.get(name) is not None:
+            raise InvalidOptions(
+                f"{name}: celery_delayq.apply_at/apply_in of a signature or canvas take no {name}; "
+                f"use task.apply_async(args, kwargs, {name}=(key, ...))"
+            )
 
 
 def _check_signature(sig: Any) -> None:

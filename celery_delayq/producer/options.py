@@ -20,6 +20,7 @@ from kombu.entity import DELIVERY_MODES, Queue
 
 from ..due import due_ms_from_eta
 from ..exceptions import InvalidArguments, InvalidOptions, InvalidTaskId
+from ..flow.gate import check_key
 from ..store.envelope import CLAIM_HEADER, DUE_HEADER
 
 __all__ = [
@@ -137,6 +138,67 @@ def unique_window_ms(unique_for: Any, task_id: Any, replace: bool, name: str) ->
             "replace overwrites it"
         )
     return max(1, round(seconds * 1000))
+
+
+def _duration_ms(value: Any, what: str, name: str, zero: bool) -> int:
+    """Seconds (a number, not a bool) or a ``timedelta`` as whole ms: > 0 (``zero``: >= 0) and at
+    most 10 years, else :class:`InvalidOptions` naming ``what`` of task ``name``."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidOptions(
+            f"{what} of {name!r} must be a number of seconds or a timedelta, got "
+            f"{type(value).__name__}: {short_repr(value)}"
+        )
+    else:
+        seconds = float(value)
+    low_ok = seconds >= 0 if zero else seconds > 0
+    if not (low_ok and seconds <= MAX_UNIQUE_FOR):  # (NaN fails too)
+        raise InvalidOptions(
+            f"{what} of {name!r} must be {'0 or more' if zero else 'more than 0'} and at most "
+            f"{MAX_UNIQUE_FOR} s (10 years), got {short_repr(value)}"
+        )
+    return round(seconds * 1000) if zero else max(1, round(seconds * 1000))
+
+
+def keyed_option(options: dict[str, Any], name: str) -> tuple[str, str, int, int] | None:
+    """Pop and check ``debounce=(key, wait)`` or ``(key, wait, max_wait)``, or
+    ``throttle=(key, period)``, from ``options``: ``(mode, key, ms, ms)`` (the wait and the max
+    wait, 0 for none; or 0 and the period), or None when neither is given.
+
+    >>> keyed_option({"debounce": ("user:42", 30, 300)}, "proj.digest")
+    ('debounce', 'user:42', 30000, 300000)
+    >>> keyed_option({"throttle": ("user:42", 60)}, "proj.digest")
+    ('throttle', 'user:42', 0, 60000)
+    >>> both = {"debounce": ("user:42", 30), "throttle": ("user:42", 60)}
+    >>> keyed_option(both, "proj.digest")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.InvalidOptions: debounce and throttle of 'proj.digest' exclude each other: ...
+    """
+    debounce, throttle = options.pop("debounce", None), options.pop("throttle", None)
+    if debounce is None and throttle is None:
+        return None
+    if debounce is not None and throttle is not None:
+        raise InvalidOptions(f"debounce and throttle of {name!r} exclude each other: give one")
+    mode = "debounce" if debounce is not None else "throttle"
+    value = debounce if debounce is not None else throttle
+    shapes = "(key, wait) or (key, wait, max_wait)" if mode == "debounce" else "(key, period)"
+    if not isinstance(value, tuple | list) or not 2 <= len(value) <= (3 if mode == "debounce" else 2):
+        raise InvalidOptions(f"{mode} of {name!r} must be {shapes}, got {short_repr(value)}")
+    key = check_key(value[0], f"the key of {mode}")
+    if mode == "throttle":
+        return mode, key, 0, _duration_ms(value[1], "the period of throttle", name, zero=False)
+    wait = _duration_ms(value[1], "the wait of debounce", name, zero=True)
+    most = 0
+    if len(value) == 3 and value[2] is not None:
+        most = _duration_ms(value[2], "the max_wait of debounce", name, zero=False)
+        if most < wait:
+            raise InvalidOptions(
+                f"the max_wait of debounce of {name!r} ({short_repr(value[2])}) is shorter than its "
+                f"wait ({short_repr(value[1])}): a job waits at most max_wait after the first call"
+            )
+    return mode, key, wait, most
 
 
 def check_task_id(task_id: Any, name: str) -> str:

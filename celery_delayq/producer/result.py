@@ -31,10 +31,14 @@ class ScheduledResult(AsyncResult):  # type: ignore[misc]
     * ``outcome``, with ``unique_for`` only (else None): ``"new"`` (stored), ``"kept"`` (a job
       with this id is stored: ``due`` is its due time) or ``"taken"`` (the id was stored less than
       ``unique_for`` ago and its job is gone: delivered, or cancelled; ``due`` is None).
+    * ``outcome``, with ``debounce`` or ``throttle``: ``"new"`` (stored), ``"debounced"`` (stored
+      in place of the key's pending job, whose id is ``replaced``: that earlier call's result
+      never resolves) or ``"throttled"`` (the key's window is open: nothing stored, ``due`` None).
     * ``cancel()`` and ``reschedule(eta)``.
     """
 
     outcome: str | None = None
+    replaced: str | None = None
 
     def __init__(
         self,

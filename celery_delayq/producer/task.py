@@ -27,12 +27,12 @@ from ..due import (
 )
 from ..exceptions import InvalidDueTime, InvalidOptions
 from ..flow.gate import GATE_HEADER, GATE_OPTIONS, Gate, check_key, gated_id, key_tag, pop_gate
-from ..store.envelope import DUE_HEADER
+from ..store.envelope import DUE_HEADER, KEYED_HEADER
 from ..store.facade import get_store
 from ..store.jobs import EnqueueOutcome
 from ..store.keys import is_point_id
 from .build import build_envelopes, new_task_ids
-from .options import TRANSPORT_OPTIONS, check_task_id, due_item, short_repr, unique_window_ms
+from .options import TRANSPORT_OPTIONS, check_task_id, due_item, keyed_option, short_repr, unique_window_ms
 from .plans import app_state
 from .result import ScheduledResult
 
@@ -199,13 +199,19 @@ class DelayQTaskMixin:
         """
         app = self._delayq_app()
         due_ms = due_ms_from_eta(eta, app)
+        if "throttle" in options or "debounce" in options:
+            _refuse_debounce(options, self.name, "apply_at")
+            return self._delayq_keyed(args, kwargs, options, due_ms, relative=False)
         return self._delayq_schedule([(due_ms, args, kwargs)], options, app=app)[0]
 
     def apply_in(self, delay: Any, args: Any = None, kwargs: Any = None, **options: Any) -> ScheduledResult:
         """Schedule the task to run after ``delay`` (seconds, or a ``timedelta``), counted from the
         Redis server's now (not this machine's clock)."""
         app = self._delayq_app()
-        due_ms_from_delay(delay, now_ms=0)  # bad input raises before any round trip
+        delay_ms = due_ms_from_delay(delay, now_ms=0)  # bad input raises before any round trip
+        if "throttle" in options or "debounce" in options:
+            _refuse_debounce(options, self.name, "apply_in")
+            return self._delayq_keyed(args, kwargs, options, delay_ms, relative=True)
         base = None if app_state(app).always_eager else get_store(app).server_now_ms()
         due_ms = due_ms_from_delay(delay, now_ms=base)
         return self._delayq_schedule([(due_ms, args, kwargs)], options, base)[0]
@@ -224,6 +230,12 @@ class DelayQTaskMixin:
                 "apply_at_many takes no task_id option: give each job's id as its item's fourth "
                 "element, (eta, args, kwargs, task_id), or leave it out and one is generated"
             )
+        for name in ("debounce", "throttle"):
+            if options.get(name) is not None:
+                raise InvalidOptions(
+                    f"apply_at_many takes no {name} (one job a key at a time): call "
+                    f"task.apply_async(args, kwargs, {name}=(key, ...)) for each job"
+                )
         app = self._delayq_app()
         prepared: list[tuple[int, Any, Any]] = []
         given: list[str | None] = []
@@ -320,6 +332,8 @@ class DelayQTaskMixin:
         :func:`carried_gate`), always goes through delayq, whatever ``delayq_intercept_eta``
         says (the gate is delayq's): without eta or countdown it is due at once.
         """
+        if options.get("debounce") is not None or options.get("throttle") is not None:
+            return self._delayq_keyed_async(args, kwargs, task_id, options)
         if options.get("unique_for") is not None:  # Celery would carry it off unread
             raise InvalidOptions(
                 "unique_for is an option of apply_at and apply_in: apply_async with eta or countdown "
@@ -367,6 +381,81 @@ class DelayQTaskMixin:
         options["task_id"] = task_id
         store_id = retry_store_id(task_id, options)
         return self._delayq_schedule([(due_ms, args, kwargs)], options, base, store_id)[0]
+
+    def _delayq_keyed_async(self, args: Any, kwargs: Any, task_id: Any, options: dict[str, Any]) -> Any:
+        """``apply_async(..., debounce=...)`` or ``throttle=...``: due after ``countdown`` (or at
+        ``eta``, or at once; debounce: after its wait)."""
+        if task_id is not None:
+            options["task_id"] = task_id  # (refused by _delayq_keyed, naming the option)
+        options = dict(options)
+        eta, countdown = options.pop("eta", None), options.pop("countdown", None)
+        if "debounce" in options and (eta is not None or countdown is not None):
+            raise InvalidOptions(
+                f"debounce of {self.name!r} sets the due time itself (its wait after each call): "
+                "give no eta or countdown"
+            )
+        if countdown or eta is None:
+            seconds = _countdown_seconds(countdown)
+            return self._delayq_keyed(args, kwargs, options, round(max(seconds, 0.0) * 1000), relative=True)
+        due_ms = due_ms_from_eta(celery_naive_as_utc(eta), self._delayq_app())
+        return self._delayq_keyed(args, kwargs, options, due_ms, relative=False)
+
+    def _delayq_keyed(
+        self, args: Any, kwargs: Any, options: dict[str, Any], due_ms: int, relative: bool
+    ) -> ScheduledResult:
+        """Store one job debounced or throttled by a key (``lua/keyed.lua``; see
+        docs/one-off.md, "Debounce and throttle"). ``due_ms``: the job's due time, or its delay
+        with ``relative`` (throttle; a debounced job is due after its wait)."""
+        app = self._delayq_app()
+        options = dict(options)
+        keyed = keyed_option(options, self.name)
+        assert keyed is not None
+        mode, key, first_ms, second_ms = keyed
+        for name in ("task_id", "replace", "unique_for", *GATE_OPTIONS):
+            if options.get(name) is not None and options.get(name) is not False:
+                raise InvalidOptions(
+                    f"{mode} of {self.name!r} takes no {name}: a {mode}d job's id is made from its "
+                    f"key, and it is neither gated nor kept by a uniqueness window"
+                )
+        state = app_state(app)
+        if state.always_eager:  # Celery's eager mode runs tasks at once and ignores eta
+            return self.apply_async(args, kwargs, **options)  # type: ignore[no-any-return]
+        headers = options.get("headers")
+        if headers is None or isinstance(headers, Mapping):
+            options["headers"] = {**(headers or {}), KEYED_HEADER: f"{mode}:{key}"}
+        store = get_store(app)
+        job_id = key_tag(key) + new_task_ids(1)[0]
+        if mode == "debounce":
+            first, relative = first_ms, True
+            estimate = store.server_now_ms() + first_ms
+        else:
+            first, second_ms = due_ms, second_ms
+            estimate = store.server_now_ms() + due_ms if relative else due_ms
+        envelope = build_envelopes(
+            app,
+            self,
+            [(job_id, estimate, args, kwargs)],
+            options,
+            max_payload=store.config.max_payload,
+            state=state,
+        )[0]
+        outcome, stored_due, replaced = store.enqueue_keyed(
+            mode, key, job_id, envelope, first, second_ms, relative
+        )
+        (result,) = scheduled_results(app, self.name, [job_id], [(outcome, stored_due)])
+        result.outcome, result.replaced = outcome.value, replaced
+        if outcome is EnqueueOutcome.THROTTLED:
+            result.due, result.created = None, False
+        return result
+
+
+def _refuse_debounce(options: Mapping[str, Any], name: str, method: str) -> None:
+    """``debounce`` given to ``apply_at``/``apply_in``: it sets the due time itself."""
+    if options.get("debounce") is not None:
+        raise InvalidOptions(
+            f"debounce of {name!r} sets the due time itself (each call: now + its wait), so it is an "
+            f"option of apply_async, not {method}: task.apply_async(args, kwargs, debounce=(key, wait))"
+        )
 
 
 def _countdown_seconds(countdown: Any) -> float:

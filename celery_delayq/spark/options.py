@@ -262,11 +262,12 @@ class WriteOptions:
             if not isinstance(extra, dict):
                 raise ConfigurationError("option options must be a JSON object of apply_async options")
             call.update(extra)
-        for name in ("task_id", "replace", "eta", "countdown", "unique_for"):
+        for name in ("task_id", "replace", "eta", "countdown", "unique_for", "debounce", "throttle"):
             if name in call:
                 raise ConfigurationError(
                     f"option options may not set {name!r}: ids come from idColumn/idTemplate, the due "
-                    "time from dueColumn, and replace and uniqueFor are options of their own"
+                    "time from dueColumn, replace and uniqueFor are options of their own, and debounce and "
+                    "throttle are apply_async's alone (one job a key at a time)"
                 )
         if "queue" in opts:
             call["queue"] = opts["queue"]

@@ -20,7 +20,8 @@ __all__ = ["READ_COLUMNS", "READ_SCHEMA", "read_shard"]
 #: The columns ``spark.read.format("delayq")`` returns, as a Spark DDL schema.
 READ_SCHEMA = (
     "id STRING, task STRING, due TIMESTAMP, shard INT, state STRING, queue STRING, "
-    "args STRING, kwargs STRING, tries INT, lease_until TIMESTAMP, created TIMESTAMP, reason STRING"
+    "args STRING, kwargs STRING, tries INT, lease_until TIMESTAMP, created TIMESTAMP, reason STRING, "
+    "keyed STRING"
 )
 READ_COLUMNS = tuple(part.split()[0] for part in READ_SCHEMA.split(", "))
 
@@ -38,9 +39,11 @@ def _row(
     task: str | None = None
     queue = args = kwargs = None
     created: datetime | None = None
+    keyed: str | None = None
     try:
         envelope = decode_envelope(loaded_form(job_id, raw))
         task = envelope.task
+        keyed = envelope.keyed
         queue = envelope.queue
         created = ms_to_datetime(envelope.created_ms)
         args, kwargs = envelope.arguments()
@@ -51,6 +54,7 @@ def _row(
     return (
         job_id, task, ms_to_datetime(due_ms), shard, state, queue, args, kwargs, tries,
         ms_to_datetime(lease_until) if lease_until is not None else None, created, reason,
+        keyed,
     )  # fmt: skip
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "DUE_HEADER",
     "ENVELOPE_VERSION",
     "JSON_CT",
+    "KEYED_HEADER",
     "PLAIN_TAIL",
     "UTF8",
     "Envelope",
@@ -72,6 +73,11 @@ DUE_HEADER = "delayq_due"
 
 #: Header added when a beat publishes a job through kombu: its claim (see :mod:`..worker.starts`).
 CLAIM_HEADER = "delayq_claim"
+
+#: Header of a job stored debounced or throttled by a key: ``"debounce:<key>"`` or
+#: ``"throttle:<key>"`` (``apply_async(..., debounce=...)``; shown by ``show``, the dashboard and
+#: the Spark reader).
+KEYED_HEADER = "delayq_keyed"
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,15 @@ class Envelope:
     def priority(self) -> Any:
         """The message priority the job is routed with, or None."""
         return self.route.get("priority")
+
+    @property
+    def keyed(self) -> str | None:
+        """``"debounce:<key>"`` or ``"throttle:<key>"`` for a job stored debounced or throttled
+        (its :data:`KEYED_HEADER`, among the headers given to ``apply_async``), else None."""
+        extra = self.route.get("headers")
+        value = extra.get(KEYED_HEADER) if isinstance(extra, dict) else None
+        value = self.headers.get(KEYED_HEADER, value)
+        return value if isinstance(value, str) else None
 
     @property
     def json_body(self) -> bool:

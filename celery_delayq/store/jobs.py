@@ -32,6 +32,8 @@ class EnqueueOutcome(enum.StrEnum):
     REPLACED = "replaced"  # stored in place of the waiting job with this id (``replace``)
     AFTER_HELD = "after-held"  # stored in place of a job a beat held (its lease is dropped)
     TAKEN = "taken"  # ``unique_for``: the id's window is open and its job is gone (delivered or cancelled)
+    DEBOUNCED = "debounced"  # ``debounce``: stored in place of the key's pending job (lua/keyed.lua)
+    THROTTLED = "throttled"  # ``throttle``: the key's window is open; not stored (lua/keyed.lua)
 
 
 class CancelOutcome(enum.StrEnum):
@@ -57,7 +59,9 @@ class RescheduleOutcome(enum.StrEnum):
 
 
 # The scripts' integer replies, by code (see each script's header).
-_ENQUEUE = tuple(EnqueueOutcome)  # 0 kept, 1 new, 2 replaced, 3 after-held, 4 taken
+_ENQUEUE = tuple(EnqueueOutcome)[:5]  # 0 kept, 1 new, 2 replaced, 3 after-held, 4 taken
+
+_KEYED = {1: EnqueueOutcome.NEW, 2: EnqueueOutcome.DEBOUNCED, 5: EnqueueOutcome.THROTTLED}
 
 _CANCEL = (CancelOutcome.MISSING, CancelOutcome.CANCELLED, CancelOutcome.DELIVERING)
 
@@ -264,6 +268,46 @@ class JobsPart(StoreBase):
             if not relative:
                 self._check_past(now, [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
         return out
+
+    def enqueue_keyed(
+        self,
+        mode: str,
+        key: str,
+        job_id: str,
+        envelope: str,
+        first_ms: int,
+        second_ms: int,
+        relative: bool = True,
+    ) -> tuple[EnqueueOutcome, int, str | None]:
+        """Store one job of ``key`` (``lua/keyed.lua``; ``job_id`` begins with the key's hash
+        tag, so the job and the key's records share a shard). Mode ``"debounce"``: due
+        ``first_ms`` (the wait) from the server's now, no later than ``second_ms`` (the max wait,
+        0: none) after the call that opened the key's window; it replaces the key's pending job
+        when no beat holds it (``DEBOUNCED``, with that job's id). Mode ``"throttle"``: due at
+        ``first_ms`` (a delay with ``relative``), stored only when the key's window (``second_ms``
+        long) is not open, else ``THROTTLED`` with the window's end as due. Returns
+        ``(outcome, due ms, replaced id or None)``."""
+        shard = self.keys.shard_of(job_id)
+        keys = self.keys.shard(shard)
+        args = [mode, self.keys.wake_channel, shard, key, job_id, stored_form(job_id, envelope)]
+        args += [int(first_ms), int(second_ms), "in" if relative else "at"]
+        now, status, due, replaced, corrupt = self._write(
+            SCRIPTS["keyed"], keys.with_keyed, args, "", (job_id,)
+        )
+        if int(corrupt):
+            logger.warning(
+                "delayq: a %s record of shard %d was not of its type (a corrupt record): it was "
+                "replaced, so a key of that shard may have had a second job stored",
+                mode,
+                shard,
+            )
+        self._saw_server_time(int(now))
+        if isinstance(replaced, bytes):
+            replaced = replaced.decode()
+        outcome = _KEYED.get(int(status))
+        if outcome is None:
+            raise CorruptData(f"delayq keyed: unknown status {status!r}")
+        return outcome, int(due), replaced or None
 
     def _warn_unique_replaced(self, shard: int) -> None:
         """Log that ``lua/enqueue.lua`` found the shard's uniqueness record corrupt (not a sorted

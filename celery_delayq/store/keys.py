@@ -130,6 +130,30 @@ class ShardKeys:
         return self._key("unique")
 
     @property
+    def debounce(self) -> str:
+        """Hash: debounce key (of the keys whose tag puts them on this shard) -> ``"<id of its
+        pending job>|<ms of the call that opened its window>"`` (``lua/keyed.lua``)."""
+        return self._key("debounce")
+
+    @property
+    def debounce_due(self) -> str:
+        """Sorted set: debounce key -> its pending job's due (ms); a record is dropped a day
+        after it by a later debounced call on the shard (``lua/keyed.lua``)."""
+        return self._key("debounce:due")
+
+    @property
+    def throttle(self) -> str:
+        """Sorted set: throttle key -> the end (ms) of its window (``lua/keyed.lua``); ended
+        windows are removed by the next throttled call on the shard."""
+        return self._key("throttle")
+
+    @property
+    def with_keyed(self) -> tuple[str, ...]:
+        """KEYS for ``keyed``: :attr:`core`, then :attr:`debounce`, :attr:`debounce_due` and
+        :attr:`throttle`."""
+        return (*self._core, self.debounce, self.debounce_due, self.throttle)
+
+    @property
     def wire(self) -> str:
         """Hash: ``"<space>|<shape>"`` -> the message template of that job shape (JSON) or ``"-"``
         (``lua/push.lua``, the push path on claim; written by :meth:`.Store.add_templates`)."""
