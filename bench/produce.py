@@ -18,6 +18,9 @@ from .report import Line, RowResult
 
 BATCH = 1000
 
+#: Keys the debounce line calls in turn.
+DEBOUNCE_KEYS = 1000
+
 
 #: PINGs timed one by one after each half of the ``apply_at`` row: their median is the round trip.
 PINGS = 2000
@@ -90,6 +93,11 @@ def row_apply_at(ctx: Context) -> RowResult:
         base: dict[str, list[float]] = {REAL: [], BARE: []}
         calls = {shape: (_calls(shape), _calls(shape)) for shape in (REAL, BARE)}
         without: dict[str, list[float]] = {what: [] for what in WITHOUT}
+        debounced: list[float] = []
+        debounce_calls = _calls(REAL)
+        keys = itertools.cycle([f"user:{i}" for i in range(DEBOUNCE_KEYS)])
+        for args, kwargs in itertools.islice(debounce_calls, 100):  # the keyed script loaded
+            p.task.apply_async(args, kwargs, debounce=(next(keys), 3600))
         for _ in range(2):  # interleaved halves: drift of the machine hits every side and shape
             for shape in (REAL, BARE):
                 ours_calls, base_calls = calls[shape]
@@ -103,6 +111,12 @@ def row_apply_at(ctx: Context) -> RowResult:
                 ours[shape].append(timed_loop(apply_at, seconds / 2))
                 if shape == REAL:
                     pings.extend(ping_times(p.client, PINGS // 2))
+
+                    def debounce() -> None:
+                        args, kwargs = next(debounce_calls)
+                        p.task.apply_async(args, kwargs, debounce=(next(keys), 3600))
+
+                    debounced.append(timed_loop(debounce, seconds / 2))
                 base[shape].append(timed_loop(apply_async, seconds / 2))
                 if shape == REAL:
                     for what, times in without.items():
@@ -140,6 +154,21 @@ def row_apply_at(ctx: Context) -> RowResult:
     )
     result.lines.append(
         Line(f"apply_at: jobs/s, one call per job, {BARE}", bare_ours, "jobs/s", baseline=bare_base)
+    )
+    debounce_rate = sum(debounced) / 2
+    result.lines.append(
+        Line(
+            f"debounce: calls/s, {REAL}, {DEBOUNCE_KEYS:,} keys in turn, vs apply_at",
+            debounce_rate,
+            "calls/s",
+            baseline=ours_rate,
+        )
+    )
+    result.notes.append(
+        f"debounce: apply_async(args, kwargs, debounce=(key, 3600)) of the same real jobs, the keys "
+        f"user:0..user:{DEBOUNCE_KEYS - 1} in turn (after the first round every call replaces its "
+        f"key's pending job: lua/keyed.lua), timed in the same halves as apply_at ({REAL}); "
+        f"{1e6 / debounce_rate:.0f} µs a call against apply_at's {call_us:.0f} µs"
     )
     result.notes.append(
         f"one process, {seconds:g} s of each (two halves, sides and job shapes interleaved) for each job "
