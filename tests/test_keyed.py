@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,7 +29,7 @@ from celery_delayq.exceptions import InvalidOptions
 from celery_delayq.spark import READ_COLUMNS, read_shard
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.scripts import SCRIPTS
-from tests.support.apps import make_app
+from tests.support.apps import make_app, race_producers
 from tests.support.cli import invoke
 from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.store import broker_lists, make_full, make_store, server_ms, snapshot
@@ -146,30 +144,9 @@ def test_throttle_stores_one_job_a_key_a_period_and_says_so(app: Celery, digest:
 def test_two_producers_racing_on_one_key_leave_one_job(redis_url: str, mode: str) -> None:
     """Two producers (an app and connection each) call 200 times each on one key at once:
     debounce leaves one pending job; throttle stores one, and tells every other call."""
-    outcomes: Counter[str] = Counter()
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    option = ("race", 60)
-
-    def producer() -> None:
-        app = make_app(redis_url)
-        task = app.task(base=DelayedTask, name="t.digest", shared=False)(_digest)
-        try:
-            for i in range(200):
-                res = task.apply_async((i, "x"), **{mode: option})
-                with lock:
-                    outcomes[res.outcome or "none"] += 1
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            app.close()
-
-    threads = [threading.Thread(target=producer) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors
+    outcomes = race_producers(
+        redis_url, _digest, lambda t: t.apply_async((1, "x"), **{mode: ("race", 60)}), 200
+    )
     app = make_app(redis_url)
     try:
         assert DelayQ(app).count() == 1

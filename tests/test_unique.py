@@ -8,11 +8,10 @@ are in tests/test_unique_e2e.py.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -27,7 +26,7 @@ from celery_delayq.exceptions import InvalidOptions, InvalidTaskId
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.jobs import EnqueueOutcome
 from celery_delayq.store.scripts import SCRIPTS
-from tests.support.apps import make_app
+from tests.support.apps import make_app, race_producers
 from tests.support.store import make_full, published_ids, server_ms, snapshot
 
 LATER = datetime(2031, 1, 1, tzinfo=UTC)
@@ -162,31 +161,10 @@ def test_apply_at_many_checks_item_ids_before_storing(app: Celery, redis_url: st
 def test_two_producers_racing_on_the_same_ids_store_each_once(redis_url: str) -> None:
     """Two processes' worth of producers (an app and connection each) schedule the same 100
     ids at once: each id is stored by exactly one call; every other call is told kept."""
-    ids = [f"race-{i}" for i in range(100)]
-    outcomes: Counter[str] = Counter()
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def producer() -> None:
-        app = make_app(redis_url)
-        task = app.task(base=DelayedTask, name="t.add", shared=False)(_add)
-        try:
-            for _ in range(3):
-                for job_id in ids:
-                    res = task.apply_at(LATER, (1, 2), task_id=job_id, unique_for=60)
-                    with lock:
-                        outcomes[res.outcome or "none"] += 1
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            app.close()
-
-    threads = [threading.Thread(target=producer) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    ids = itertools.cycle([f"race-{i}" for i in range(100)])  # 600 calls: each id 6 times
+    outcomes = race_producers(
+        redis_url, _add, lambda t: t.apply_at(LATER, (1, 2), task_id=next(ids), unique_for=60), 300
+    )
     assert outcomes == {"new": 100, "kept": 500}
 
 

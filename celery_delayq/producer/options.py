@@ -113,20 +113,7 @@ def unique_window_ms(unique_for: Any, task_id: Any, replace: bool, name: str) ->
     ...
     celery_delayq.exceptions.InvalidOptions: unique_for of 'proj.remind' needs the job's own task_id ...
     """
-    if isinstance(unique_for, timedelta):
-        seconds = unique_for.total_seconds()
-    elif isinstance(unique_for, bool) or not isinstance(unique_for, numbers.Real):
-        raise InvalidOptions(
-            f"unique_for of {name!r} must be a number of seconds or a timedelta, got "
-            f"{type(unique_for).__name__}: {short_repr(unique_for)}"
-        )
-    else:
-        seconds = float(unique_for)
-    if not (0 < seconds <= MAX_UNIQUE_FOR):  # (NaN fails too)
-        raise InvalidOptions(
-            f"unique_for of {name!r} must be more than 0 and at most {MAX_UNIQUE_FOR} s (10 years), "
-            f"got {short_repr(unique_for)}"
-        )
+    ms = _duration_ms(unique_for, "unique_for", name, zero=False)
     if task_id is None:
         raise InvalidOptions(
             f"unique_for of {name!r} needs the job's own task_id (an id taken stays taken; a "
@@ -137,7 +124,7 @@ def unique_window_ms(unique_for: Any, task_id: Any, replace: bool, name: str) ->
             f"unique_for and replace=True of {name!r} contradict: the window keeps the id's job, "
             "replace overwrites it"
         )
-    return max(1, round(seconds * 1000))
+    return ms
 
 
 def _duration_ms(value: Any, what: str, name: str, zero: bool) -> int:

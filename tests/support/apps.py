@@ -5,6 +5,8 @@ subscribed to the backend."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -134,3 +136,36 @@ def forget_subscriptions(app: Celery) -> None:
     if consumer is not None:
         consumer.stop()
         consumer.subscribed_to.clear()
+
+
+def race_producers(
+    redis_url: str, task: Callable[..., Any], call: Callable[[Any], Any], rounds: int
+) -> Counter[str]:
+    """Two producers (an app and connection each, in two threads) make ``rounds`` calls each
+    at once: ``call(task)``, ``task`` being ``task`` registered on the producer's app as
+    ``t.<its name>``. Returns how many calls answered each ``outcome``; an error in either is raised."""
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def producer() -> None:
+        app = make_app(redis_url)
+        bound = app.task(base=DelayedTask, name=f"t.{task.__name__.strip('_')}", shared=False)(task)
+        try:
+            for _ in range(rounds):
+                res = call(bound)
+                with lock:
+                    outcomes[res.outcome or "none"] += 1
+        except BaseException as exc:  # raised below
+            errors.append(exc)
+        finally:
+            app.close()
+
+    threads = [threading.Thread(target=producer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    if errors:
+        raise errors[0]
+    return outcomes
