@@ -114,7 +114,7 @@ def test_a_debounced_job_is_delivered_once_with_the_last_arguments(
     messages = broker_lists(r)["celery"]
     assert [m["headers"]["id"] for m in messages] == [last.id]
     assert json.loads(messages[0]["body"])[0] == [1, "c"]
-    assert messages[0]["headers"]["delayq_keyed"] == "debounce:user:1"
+    assert messages[0]["headers"]["delayq_keyed"] == "debounce"  # the key: the id's tag
     # the key's next call after the delivery opens a new window
     again = digest.apply_async((1, "d"), debounce=("user:1", 60))
     assert (again.outcome, again.replaced) == ("new", None)

@@ -422,7 +422,9 @@ class DelayQTaskMixin:
             return self.apply_async(args, kwargs, **options)  # type: ignore[no-any-return]
         headers = options.get("headers")
         if headers is None or isinstance(headers, Mapping):
-            options["headers"] = {**(headers or {}), KEYED_HEADER: f"{mode}:{key}"}
+            # the mode alone (the key is the id's tag): the same options for every key, so the
+            # message plan made for the first call serves the others (producer/plans.py)
+            options["headers"] = {**(headers or {}), KEYED_HEADER: mode}
         store = get_store(app)
         job_id = key_tag(key) + new_task_ids(1)[0]
         if mode == "debounce":

@@ -74,8 +74,8 @@ DUE_HEADER = "delayq_due"
 #: Header added when a beat publishes a job through kombu: its claim (see :mod:`..worker.starts`).
 CLAIM_HEADER = "delayq_claim"
 
-#: Header of a job stored debounced or throttled by a key: ``"debounce:<key>"`` or
-#: ``"throttle:<key>"`` (``apply_async(..., debounce=...)``; shown by ``show``, the dashboard and
+#: Header of a job stored debounced or throttled by a key: ``"debounce"`` or ``"throttle"`` (the
+#: key is the job id's hash tag; :attr:`Envelope.keyed` joins them for ``show``, the dashboard and
 #: the Spark reader).
 KEYED_HEADER = "delayq_keyed"
 
@@ -110,11 +110,17 @@ class Envelope:
     @property
     def keyed(self) -> str | None:
         """``"debounce:<key>"`` or ``"throttle:<key>"`` for a job stored debounced or throttled
-        (its :data:`KEYED_HEADER`, among the headers given to ``apply_async``), else None."""
+        (its :data:`KEYED_HEADER` holds the mode, among the headers given to ``apply_async``;
+        the key is its id's hash tag, ``{<key>}``), else None."""
         extra = self.route.get("headers")
-        value = extra.get(KEYED_HEADER) if isinstance(extra, dict) else None
-        value = self.headers.get(KEYED_HEADER, value)
-        return value if isinstance(value, str) else None
+        mode = extra.get(KEYED_HEADER) if isinstance(extra, dict) else None
+        mode = self.headers.get(KEYED_HEADER, mode)
+        if not isinstance(mode, str):
+            return None
+        job_id = self.headers.get("id")
+        if not isinstance(job_id, str) or not job_id.startswith("{") or job_id.find("}") < 1:
+            return mode
+        return f"{mode}:{job_id[1 : job_id.find('}')]}"
 
     @property
     def json_body(self) -> bool:
