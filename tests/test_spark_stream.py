@@ -294,7 +294,7 @@ def test_a_stream_killed_twice_schedules_each_event_once_and_each_runs_once(
     ids = pending(r)
     assert len(ids) == total
     env = subprocess_env(redis_url, redis_url)
-    procs.start("worker", env)
+    procs.start("worker", env, pool="prefork -c 2", level="warning")  # (85 s -> 67 s for 100,000)
     procs.start("beat", env)
     done = wait_for(lambda: r.hlen("e2e:runs") >= total, 600, 0.5)
     assert done, f"{r.hlen('e2e:runs')} of {total} ran\n{procs.logs()[-5000:]}"

@@ -41,13 +41,20 @@ class Procs:
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(
-        self, kind: str, env: dict[str, str], *args: str, app: str = E2E_APP, pool: str = "threads -c 8"
+        self,
+        kind: str,
+        env: dict[str, str],
+        *args: str,
+        app: str = E2E_APP,
+        pool: str = "threads -c 8",
+        level: str = "info",
     ) -> subprocess.Popen[bytes]:
         """``kind`` (worker/beat) with ``args``; a worker's pool is ``pool`` (``-P`` and what follows,
-        e.g. ``"prefork -c 2"``)."""
+        e.g. ``"prefork -c 2"``); ``level``: the log level (``warning`` spares a worker that runs
+        100,000 tasks two lines of log each)."""
         n = len(self.procs)
         log = self.tmp_path / f"{kind}-{n}.log"
-        cmd = [sys.executable, "-m", "celery", "-A", app, kind, "-l", "info", *args]
+        cmd = [sys.executable, "-m", "celery", "-A", app, kind, "-l", level, *args]
         if kind == "worker":
             cmd += [
                 "-P",
