@@ -389,6 +389,8 @@ class DelayQTaskMixin:
             options["task_id"] = task_id  # (refused by _delayq_keyed, naming the option)
         options = dict(options)
         eta, countdown = options.pop("eta", None), options.pop("countdown", None)
+        for name in TRANSPORT_OPTIONS:  # (Celery's canvas passes its producer: the beat publishes)
+            options.pop(name, None)
         if "debounce" in options and (eta is not None or countdown is not None):
             raise InvalidOptions(
                 f"debounce of {self.name!r} sets the due time itself (its wait after each call): "
@@ -427,12 +429,9 @@ class DelayQTaskMixin:
             options["headers"] = {**(headers or {}), KEYED_HEADER: mode}
         store = get_store(app)
         job_id = key_tag(key) + new_task_ids(1)[0]
-        if mode == "debounce":
-            first, relative = first_ms, True
-            estimate = store.server_now_ms() + first_ms
-        else:
-            first, second_ms = due_ms, second_ms
-            estimate = store.server_now_ms() + due_ms if relative else due_ms
+        # debounce: due its wait after the call; throttle: due_ms (a delay with ``relative``)
+        first, relative = (first_ms, True) if mode == "debounce" else (due_ms, relative)
+        estimate = store.server_now_ms() + first if relative else first  # (what expires counts from)
         envelope = build_envelopes(
             app,
             self,
