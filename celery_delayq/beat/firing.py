@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import CorruptData
+from ..flow.gate import GATE_TOKEN
 from ..schedules.api import Schedules
 from ..schedules.rules import Rule, rule_from_json
+from ..schedules.spec import overlap_key
 from ..store.bounded import MAX_SMALL, load_json
-from ..store.connection import error_text
+from ..store.connection import REDIS_ERRORS, error_text, redis_error_kind
 from ..store.delivery import ClaimedJob
 from ..store.envelope import Envelope
 from ..store.facade import Store
-from ..store.schedules import FireOutcome
+from ..store.schedules import FireOutcome, OverlapAnswer
 from .publish import Outcome, Publisher, Publishing
 from .push import PushPath
 from .stats import DispatchStats
@@ -30,6 +32,10 @@ from .stats import DispatchStats
 __all__ = ["FireCall", "ScheduleFiring", "next_point", "plan_point"]
 
 logger = logging.getLogger(__name__)
+
+#: The longest a point waiting for a run in flight to end (overlap ``buffer_one``) waits before
+#: a beat looks again: it runs within this of the run's end.
+OVERLAP_POLL_MS = 1000
 
 
 def next_point(
@@ -119,6 +125,9 @@ class FireCall:
     next_id: str
     next_due: int
     next_envelope: str
+    #: the lease token to fire with: "" for the beat's own; "gate" for a point of a schedule
+    #: with an overlap policy, which ``lua/overlap.lua`` handed to its slot
+    token: str = ""
 
     def args(self) -> list[Any]:
         return [
@@ -186,6 +195,7 @@ class ScheduleFiring:
                 self.stats.corrupt["definition"] += 1
                 publishing.bury(job, f"schedule stopped: {exc}", envelope)
                 continue
+            token = ""  # fired with this beat's token, unless overlap.lua handed the point on
             if definition is not None and definition.get("enabled"):
                 now_ms = int(self.server_now_ms())
                 try:
@@ -210,8 +220,37 @@ class ScheduleFiring:
                         envelope,
                     )
                     continue
+                overlap = definition.get("overlap", "allow")
+                said = False  # the skip is logged already
+                if overlap != "allow":
+                    answer = self._ask_overlap(shard, job, name, overlap)
+                    if answer is None or answer.decision in ("not-held", "wait"):
+                        continue  # kept for its lease (a Redis error), another beat's, or waits
+                    if answer.decision == "skip":
+                        publish_it, said = False, True
+                        logger.info(
+                            "delayq: schedule %r skipped its point %s: its run %s is still in flight "
+                            "(overlap skip)",
+                            name,
+                            job.id,
+                            ", ".join(answer.running),
+                        )
+                    else:
+                        token = GATE_TOKEN  # overlap.lua handed the point to the slot's scripts
+                        if answer.waited:  # buffer_one: it runs now, however late, once
+                            publish_it = True
+                            nxt = next_point(
+                                rule, at_ms, now_ms, "once", 1, int(float(definition["grace"]) * 1000)
+                            )
+                        elif not publish_it:  # the missed-run policy skips it: no run holds the slot
+                            self._give_back(job.id, name)
+                        if answer.decision == "cancel" and publish_it:
+                            self._revoke(name, job.id, answer.running)
                 if not publish_it:
-                    logger.info("delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id)
+                    if not said:
+                        logger.info(
+                            "delayq: schedule %r skipped its point %s (missed-run policy)", name, job.id
+                        )
                 else:
                     if push_path.pushing:
                         push_path.leaves_push("schedule points")
@@ -219,6 +258,8 @@ class ScheduleFiring:
                     if outcome is Outcome.OUTAGE:
                         break
                     if outcome is Outcome.BURIED:
+                        if token:
+                            self._give_back(job.id, name)
                         # The point is in the dead letters; the schedule goes on from now.
                         try:
                             self.schedules.rearm(name)
@@ -240,15 +281,83 @@ class ScheduleFiring:
                         next_due = nxt
                     except Exception as exc:  # a definition that no longer builds: say so, stop it
                         logger.error("delayq: schedule %r cannot build its next point: %r", name, exc)
-            calls.append(FireCall(shard, job.id, name, at_ms, published, next_id, next_due, next_envelope))
+            calls.append(
+                FireCall(shard, job.id, name, at_ms, published, next_id, next_due, next_envelope, token)
+            )
         return calls
+
+    def _ask_overlap(self, shard: int, job: ClaimedJob, name: str, policy: str) -> OverlapAnswer | None:
+        """``lua/overlap.lua``'s answer for a due point of schedule ``name`` with overlap
+        ``policy``; None on a Redis error (logged: the point keeps this beat's lease and is
+        claimed again after it)."""
+        try:
+            return self.store.overlap(
+                self.token,
+                shard,
+                job.id,
+                overlap_key(name),
+                policy,
+                int(self.store.config.start_ttl * 1000),
+                OVERLAP_POLL_MS,
+            )
+        except REDIS_ERRORS as exc:
+            self.stats.redis_errors[redis_error_kind(exc)] += 1
+            logger.error(
+                "delayq: schedule %r: cannot look whether a run of it is in flight (%s); its point "
+                "%s is claimed again after its lease (%.0f s)",
+                name,
+                error_text(exc),
+                job.id,
+                self.store.config.reclaim_ttl,
+            )
+            return None
+
+    def _give_back(self, job_id: str, name: str) -> None:
+        """Give back the slot ``lua/overlap.lua`` took for point ``job_id``, which is not
+        published (skipped by the missed-run policy, or dead-lettered). Never raises: a slot
+        not given back expires after ``delayq_start_ttl``."""
+        try:
+            self.store.release(job_id, overlap_key(name), "failed", None)
+        except REDIS_ERRORS as exc:
+            logger.error(
+                "delayq: schedule %r: the slot of its unpublished point %s cannot be given back "
+                "(%s); its next runs wait up to delayq_start_ttl (%.0f s) for it to expire",
+                name,
+                job_id,
+                error_text(exc),
+                self.store.config.start_ttl,
+            )
+
+    def _revoke(self, name: str, job_id: str, running: tuple[str, ...]) -> None:
+        """Overlap ``cancel_previous``: revoke the runs in flight of schedule ``name`` (a worker
+        terminates a running one, with the prefork pool, and drops one it has not started) and
+        say so. Never raises: a revoke the broker cannot take is logged, and the new point runs
+        all the same."""
+        ids = [run for run in running if run != job_id]
+        if not ids:
+            return
+        logger.warning(
+            "delayq: schedule %r: its point %s revokes the run(s) still in flight: %s (overlap "
+            "cancel_previous)",
+            name,
+            job_id,
+            ", ".join(ids),
+        )
+        try:
+            self.app.control.revoke(ids, terminate=True)
+        except Exception as exc:
+            logger.error("delayq: schedule %r: cannot revoke %s: %r", name, ", ".join(ids), exc)
 
     def settle(self, calls: list[FireCall]) -> None:
         """Ack the published points and store the next ones (lua/fire.lua, one pipeline)."""
         if not calls:
             return
-        results = self.store.fire(self.token, [(call.shard, call.args()) for call in calls])
-        for call, result in zip(calls, results, strict=True):
+        own = [call for call in calls if not call.token]
+        handed = [call for call in calls if call.token]
+        results = self.store.fire(self.token, [(call.shard, call.args()) for call in own])
+        if handed:
+            results += self.store.fire(GATE_TOKEN, [(call.shard, call.args()) for call in handed])
+        for call, result in zip(own + handed, results, strict=True):
             if result is FireOutcome.STALE:
                 self.stats.stale_acks += 1
             elif result is FireOutcome.HISTORY_RESET:

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..due import ms_to_datetime
 from ..exceptions import CorruptData, InvalidSchedule, ScheduleExists, ScheduleNotFound, UnknownTask
+from ..flow.gate import GATE_HEADER
 from ..producer.build import build_envelope
 from ..producer.result import ScheduledResult
 from ..store.facade import Store, get_store
@@ -46,7 +47,7 @@ from ..store.jobs import EnqueueOutcome
 from ..store.keys import iso_ms as _iso_ms
 from ..store.keys import point_id
 from .rules import OnceRule, parse_rule, rule_from_json
-from .spec import UPDATABLE, Schedule, ScheduleSpec, check_name, read_definition, spec_of
+from .spec import UPDATABLE, Schedule, ScheduleSpec, check_name, overlap_key, read_definition, spec_of
 
 __all__ = ["Schedules", "point_id"]
 
@@ -85,6 +86,15 @@ class Schedules:
         """``(point id, envelope)`` of ``definition``'s point at ``at_ms``."""
         task = self.app.tasks.get(definition["task"]) or definition["task"]
         pid = point_id(definition["name"], at_ms)
+        options = definition["options"]
+        if definition.get("overlap", "allow") != "allow":
+            # its run holds the schedule's slot: the worker renews it and gives it back
+            # (flow/slots.py) as it does a capped job's
+            headers = {
+                **(options.get("headers") or {}),
+                GATE_HEADER: {"key": overlap_key(definition["name"])},
+            }
+            options = {**options, "headers": headers}
         envelope = build_envelope(
             self.app,
             task,
@@ -92,7 +102,7 @@ class Schedules:
             at_ms,
             definition["args"],
             definition["kwargs"],
-            definition["options"],
+            options,
             max_payload=self.store.config.max_payload,
             schedule=(definition["name"], at_ms),
         )

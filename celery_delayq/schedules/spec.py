@@ -24,10 +24,14 @@ from ..producer.options import short_repr
 from ..store.bounded import MAX_SMALL, load_json
 from .rules import CronRule, Rule, check_dst, parse_rule, rule_from_json, zone
 
-__all__ = ["MISSED_POLICIES", "Schedule", "ScheduleSpec"]
+__all__ = ["MISSED_POLICIES", "OVERLAP_POLICIES", "Schedule", "ScheduleSpec", "overlap_key"]
 
 #: The missed-run policies (see :mod:`.api`).
 MISSED_POLICIES = ("once", "skip", "all")
+#: What a point does when a run of its schedule is still in flight (docs/schedules.md,
+#: "Overlapping runs"): run anyway, be skipped, wait for it to end (one point waits at most:
+#: a schedule stores one point), or revoke it and run.
+OVERLAP_POLICIES = ("allow", "skip", "buffer_one", "cancel_previous")
 #: The version of the stored definition (its ``v``).
 DEFINITION_VERSION = 1
 
@@ -42,7 +46,20 @@ def can_plan(definition: dict[str, Any]) -> bool:
         int(float(definition["grace"]) * 1000)
     except (KeyError, TypeError, ValueError, OverflowError):  # (InvalidSchedule is a ValueError)
         return False
-    return definition.get("missed") in MISSED_POLICIES
+    return (
+        definition.get("missed") in MISSED_POLICIES and definition.get("overlap", "allow") in OVERLAP_POLICIES
+    )
+
+
+def overlap_key(name: str) -> str:
+    """The flow-control key whose one slot the runs of schedule ``name`` hold when it has an
+    overlap policy: the name itself, so the slot lives on the schedule's shard (its points'
+    ids carry the name's hash tag, ``{name}@...``), as a capped job's slot lives on its key's.
+
+    >>> overlap_key("nightly-report")
+    'nightly-report'
+    """
+    return name
 
 
 def _grace_ok(grace: Any) -> bool:
@@ -120,6 +137,8 @@ class ScheduleSpec:
     dst_gap: str | None = None
     #: a cron's rule for a wall time that exists twice: "first", "both", "last", "cron", or None
     dst_fold: str | None = None
+    #: what a point does while a run of the schedule is in flight: one of OVERLAP_POLICIES
+    overlap: str = "allow"
 
     def __post_init__(self) -> None:
         name = check_name(self.name)
@@ -142,6 +161,15 @@ class ScheduleSpec:
             raise InvalidSchedule(f"schedule {name!r}: kwargs must be a dict, got {kwargs!r}")
         if self.missed not in MISSED_POLICIES:
             raise InvalidSchedule(f"missed must be one of {MISSED_POLICIES}, got {self.missed!r}")
+        if self.overlap not in OVERLAP_POLICIES:
+            raise InvalidSchedule(
+                f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {short_repr(self.overlap)}"
+            )
+        if self.overlap != "allow" and "|" in name:
+            raise InvalidSchedule(
+                f"schedule {name!r}: overlap={self.overlap!r} needs a name without '|' (its runs hold "
+                "the slot of the flow-control key of its name)"
+            )
         max_missed = self.max_missed
         if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
             raise InvalidSchedule(f"max_missed must be a whole number >= 1, got {max_missed!r}")
@@ -204,6 +232,8 @@ class ScheduleSpec:
             "created": created,
             "updated": now_ms,
         }
+        if self.overlap != "allow":  # absent: "allow" (as stored before the choice existed)
+            definition["overlap"] = self.overlap
         # Normalised as JSON reads it back (tuples become lists), so it compares equal to it.
         stored: dict[str, Any] = json.loads(json.dumps(definition))
         return stored
@@ -218,7 +248,7 @@ POSITIONAL = ("name", "task", "rule", "args", "kwargs")
 #: The fields :meth:`.Schedules.update` changes (not the name, not the origin).
 UPDATABLE = (
     "task", "rule", "args", "kwargs", "tz", "options", "missed", "max_missed", "grace", "enabled",
-    "dst_gap", "dst_fold",
+    "dst_gap", "dst_fold", "overlap",
 )  # fmt: skip
 
 
@@ -268,6 +298,8 @@ class Schedule:
     #: the cron rule's DST choices (None: today's rule, "cron"; always None for other rules)
     dst_gap: str | None = None
     dst_fold: str | None = None
+    #: what a point does while a run is in flight (OVERLAP_POLICIES; "allow" when stored without)
+    overlap: str = "allow"
 
     @property
     def dst(self) -> str:
@@ -304,6 +336,7 @@ class Schedule:
             max_missed=int(data["max_missed"]),
             grace=float(data["grace"]),
             origin=data.get("origin", "api"),
+            overlap=data.get("overlap", "allow"),
             created=ms_to_datetime(data["created"]),
             updated=ms_to_datetime(data["updated"]),
             last_run=ms_to_datetime(run["last_run"]) if run.get("last_run") else None,
@@ -336,6 +369,7 @@ class Schedule:
             "dst_gap": self.dst_gap,
             "dst_fold": self.dst_fold,
             "dst": self.dst,
+            "overlap": self.overlap,
             "run_count": self.run_count,
             "last_task_id": self.last_task_id,
         }

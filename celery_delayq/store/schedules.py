@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from ..exceptions import StoreError
 from .base import _DONE, StoreBase, _decode, refused_when_full
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
@@ -20,6 +22,21 @@ class FireOutcome(enum.StrEnum):
     FIRED = "fired"  # acked, and the schedule moved to its next point
     STOPPED = "stopped"  # acked, not advanced: the schedule was deleted, paused or replaced
     HISTORY_RESET = "history-reset"  # fired, but the run state did not read and was reset
+
+
+@dataclass(frozen=True)
+class OverlapAnswer:
+    """What ``lua/overlap.lua`` said about a due point of a schedule with an overlap policy."""
+
+    #: "run" (a slot is taken: publish it), "skip" (a run is in flight: fire it unpublished),
+    #: "cancel" (a slot is taken: revoke ``running``, publish it), "wait" (it waits for the
+    #: run in flight to end: due again at ``until_ms``), "not-held" (this beat no longer holds it)
+    decision: str
+    #: ids of the runs in flight (their slots), for "skip", "cancel" and "wait"
+    running: tuple[str, ...] = ()
+    #: the point had waited for a run to end (buffer_one), for "run" and "cancel"
+    waited: bool = False
+    until_ms: int | None = None
 
 
 _FIRE = (FireOutcome.STALE, FireOutcome.FIRED, FireOutcome.STOPPED, FireOutcome.HISTORY_RESET)
@@ -120,3 +137,25 @@ class SchedulesPart(StoreBase):
             for shard, args in calls
         ]
         return [_decode("fire", _FIRE, result) for result in run_pipelined(self.client, script_calls)]
+
+    def overlap(
+        self, token: str, shard: int, job_id: str, key: str, policy: str, start_ttl_ms: int, poll_ms: int
+    ) -> OverlapAnswer:
+        """May due point ``job_id`` (held by ``token``) of a schedule with overlap ``policy`` run
+        now (``lua/overlap.lua``, one round trip)? ``key``: the schedule's slot key. Redis
+        errors (a full Redis among them: nothing written) are raised."""
+        args = [token, job_id, key, policy, int(start_ttl_ms), int(poll_ms), self.keys.wake_channel, shard]
+        reply = SCRIPTS["overlap"](self.client, self.keys.shard(shard).core, args)
+        code = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        rest = [item.decode() if isinstance(item, bytes) else str(item) for item in reply[1:]]
+        if code == "run":
+            return OverlapAnswer("run", waited=rest[0] == "1")
+        if code == "cancel":
+            return OverlapAnswer("cancel", tuple(rest[1:]), waited=rest[0] == "1")
+        if code == "skip":
+            return OverlapAnswer("skip", tuple(rest))
+        if code == "wait":
+            return OverlapAnswer("wait", tuple(rest[1:]), until_ms=int(rest[0]))
+        if code == "not-held":
+            return OverlapAnswer("not-held")
+        raise StoreError(f"delayq overlap: unexpected reply {code!r}")

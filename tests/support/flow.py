@@ -100,12 +100,13 @@ def overlap_at(intervals: Iterable[tuple[float, float]], since: float) -> int:
 
 
 def start_flow_stack(
-    procs: Procs, env: dict[str, str], workers: int = 2, beats: int = 2, concurrency: int = 4
+    procs: Procs, env: dict[str, str], workers: int = 2, beats: int = 2, concurrency: int = 4, pool: str = ""
 ) -> None:
     """``workers`` workers (``-P threads -c concurrency``: one process each, so a SIGKILL ends
-    its tasks too) and ``beats`` beats of ``flow_app``; returns once all are ready."""
+    its tasks too; or ``pool``, e.g. ``"prefork -c 2"``) and ``beats`` beats of ``flow_app``;
+    returns once all are ready."""
     for _ in range(workers):
-        procs.start("worker", env, app=FLOW_APP, pool=f"threads -c {concurrency}")
+        procs.start("worker", env, app=FLOW_APP, pool=pool or f"threads -c {concurrency}")
     for _ in range(beats):
         procs.start("beat", env, app=FLOW_APP)
     indexes = range(len(procs.procs))
