@@ -18,7 +18,7 @@ from ..exceptions import CorruptData
 from ..flow.gate import GATE_TOKEN
 from ..schedules.api import Schedules
 from ..schedules.rules import Rule, rule_from_json
-from ..schedules.spec import overlap_key
+from ..schedules.spec import OVERLAP_POLICIES, overlap_key
 from ..store.bounded import MAX_SMALL, load_json
 from ..store.connection import REDIS_ERRORS, error_text, redis_error_kind
 from ..store.delivery import ClaimedJob
@@ -200,6 +200,9 @@ class ScheduleFiring:
                 now_ms = int(self.server_now_ms())
                 try:
                     rule = rule_from_json(definition["rule"])
+                    overlap = definition.get("overlap", "allow")
+                    if overlap not in OVERLAP_POLICIES:
+                        raise ValueError(f"unknown overlap policy {overlap!r}")
                     publish_it, nxt = plan_point(
                         rule,
                         at_ms,
@@ -220,7 +223,6 @@ class ScheduleFiring:
                         envelope,
                     )
                     continue
-                overlap = definition.get("overlap", "allow")
                 said = False  # the skip is logged already
                 if overlap != "allow":
                     answer = self._ask_overlap(shard, job, name, overlap)

@@ -1,0 +1,330 @@
+"""Overlap policies of recurring schedules (issue 28, part 4): the spec's checks and stored form,
+and ``lua/overlap.lua`` through :meth:`Store.overlap` on a real server (each decision, a beat
+that died after it, a worker that died mid-run, a corrupt definition, bad input, a full Redis,
+a Redis Cluster). The policies end to end, with real workers and a beat: ``test_overlap_e2e.py``.
+
+A point goes as a beat takes it: stored due now, claimed with a beat's token, then asked about
+(:meth:`Store.overlap`); a run in flight is a slot in the schedule's ``gate:run:<name>``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_delayq import Schedules
+from celery_delayq.beat.firing import OVERLAP_POLL_MS
+from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.exceptions import InvalidSchedule
+from celery_delayq.flow.gate import GATE_HEADER
+from celery_delayq.schedules.spec import OVERLAP_POLICIES, ScheduleSpec, can_plan, overlap_key
+from celery_delayq.store.connection import is_oom
+from celery_delayq.store.facade import Store
+from celery_delayq.store.jobs import EnqueueOutcome
+from celery_delayq.store.schedules import OverlapAnswer
+from tests.support.cluster import cluster_url, redis_cluster
+from tests.support.server_kinds import redis_server
+from tests.support.store import expire_leases, expire_slots, make_store, server_ms, snapshot
+
+__all__ = ["cluster_url", "redis_cluster", "redis_server"]  # fixtures, used by name
+
+START_MS = 3_600_000
+NAME = "nightly"
+
+
+def point(n: int, name: str = NAME) -> str:
+    """A point id of schedule ``name`` (on its shard: the name is the hash tag)."""
+    return "{" + name + "}" + f"@p{n}"
+
+
+def claimed(store: Store, r: redis.Redis, job_id: str, token: str = "beat-a") -> int:
+    """Store ``job_id`` due a second ago and claim its shard with ``token``; its shard."""
+    if store.get(job_id) is None:
+        outcome = store.enqueue([(job_id, server_ms(r) - 1000, "env-" + job_id)])
+        assert [status for status, _ in outcome] == [EnqueueOutcome.NEW]
+    shard = store.keys.shard_of(job_id)
+    [result] = store.claim([shard], token)
+    assert job_id in {job.id for job in result.jobs}
+    return shard
+
+
+def ask(store: Store, job_id: str, policy: str, token: str = "beat-a", name: str = NAME) -> OverlapAnswer:
+    return store.overlap(
+        token, store.keys.shard_of(job_id), job_id, overlap_key(name), policy, START_MS, OVERLAP_POLL_MS
+    )
+
+
+def slots(store: Store, r: redis.Redis, name: str = NAME) -> dict[str, float]:
+    key = overlap_key(name)
+    return dict(r.zrange(store.keys.for_key(key).running(key), 0, -1, withscores=True))
+
+
+def lease(store: Store, r: redis.Redis, job_id: str) -> str | None:
+    value: str | None = r.hget(store.keys.for_job(job_id).leases, job_id)
+    return value
+
+
+def forget(store: Store, r: redis.Redis, job_id: str) -> None:
+    """What ``lua/fire.lua`` does to a published point: the point removed (its slot kept)."""
+    keys = store.keys.for_job(job_id)
+    r.zrem(keys.due, job_id)
+    r.hdel(keys.jobs, job_id)
+    r.hdel(keys.leases, job_id)
+
+
+def running(store: Store, r: redis.Redis, n: int) -> str:
+    """Point ``n`` asked about with a free key: it runs (its slot taken) and is fired."""
+    job_id = point(n)
+    claimed(store, r, job_id, "beat-run")
+    assert ask(store, job_id, "skip", "beat-run") == OverlapAnswer("run")
+    forget(store, r, job_id)
+    return job_id
+
+
+# -- the spec ----------------------------------------------------------------------------------
+
+
+def test_the_spec_checks_and_stores_the_policy() -> None:
+    assert OVERLAP_POLICIES == ("allow", "skip", "buffer_one", "cancel_previous")
+    allow = ScheduleSpec(name="a", task="t", rule=60)
+    assert allow.overlap == "allow" and "overlap" not in allow.to_stored("UTC", 1000)
+    for policy in OVERLAP_POLICIES[1:]:
+        spec = ScheduleSpec(name="a", task="t", rule=60, overlap=policy)
+        assert spec.to_stored("UTC", 1000)["overlap"] == policy
+    with pytest.raises(
+        InvalidSchedule, match="overlap must be one of allow, skip, buffer_one, cancel_previous, got 'later'"
+    ):
+        ScheduleSpec(name="a", task="t", rule=60, overlap="later")
+    with pytest.raises(InvalidSchedule, match=r"needs a name without '\|'"):
+        ScheduleSpec(name="a|b", task="t", rule=60, overlap="skip")
+    assert ScheduleSpec(name="a|b", task="t", rule=60).overlap == "allow"  # no key needed
+    assert overlap_key("nightly") == "nightly"
+    base = {
+        "rule": {"type": "interval", "every_ms": 1000, "anchor_ms": 0},
+        "missed": "once",
+        "max_missed": 1,
+        "grace": 1,
+    }
+    assert can_plan(base) and can_plan({**base, "overlap": "skip"})
+    assert not can_plan({**base, "overlap": "sometimes"})
+
+
+def test_schedules_store_read_and_update_the_policy(redis_url: str) -> None:
+    """``add``/``update`` store the policy; ``get`` reads it back (``allow`` when stored without
+    it); its points carry the gate header naming the schedule's key, so the worker renews and
+    gives back the run's slot."""
+    app = Celery(broker=redis_url, set_as_current=False)
+    app.conf.delayq_url = redis_url
+
+    @app.task(name="proj.task")
+    def task() -> None:
+        return None
+
+    schedules = Schedules(app)
+    try:
+        schedules.add("ov-a", "proj.task", 3600, overlap="buffer_one")
+        got = schedules.get("ov-a")
+        assert got is not None and got.overlap == "buffer_one" and got.to_json()["overlap"] == "buffer_one"
+        schedules.update("ov-a", overlap="allow")
+        got = schedules.get("ov-a")
+        assert got is not None and got.overlap == "allow"
+        schedules.update("ov-a", overlap="cancel_previous")
+        definition = json.loads(
+            schedules.store.client.hget(schedules.keys.for_job("{ov-a}").schedules, "ov-a")
+        )
+        assert definition["overlap"] == "cancel_previous"
+        _, envelope = schedules.envelope_for(definition, 1_767_225_600_000)
+        assert f'"{GATE_HEADER}":{{"key":"ov-a"}}' in envelope.replace(" ", "")
+        with pytest.raises(InvalidSchedule, match="overlap must be one of"):
+            schedules.update("ov-a", overlap="nope")
+        got = schedules.get("ov-a")
+        assert got is not None and got.overlap == "cancel_previous"  # nothing lost
+    finally:
+        schedules.delete("ov-a")
+
+
+# -- lua/overlap.lua -----------------------------------------------------------------------------
+
+
+def test_a_free_key_runs_the_point_and_hands_it_to_its_slot(store: Store, r: redis.Redis) -> None:
+    """No run in flight: a slot until now + start TTL; the lease entry gets token "gate" (due and
+    tries kept), so the worker's renewal and release leave the stored point to the fire."""
+    job_id = point(1)
+    claimed(store, r, job_id)
+    before = lease(store, r, job_id)
+    assert before is not None and before.endswith("|1|beat-a")
+    now = server_ms(r)
+    assert ask(store, job_id, "buffer_one") == OverlapAnswer("run")
+    [(slot_id, expiry)] = slots(store, r).items()
+    assert slot_id == job_id and now + START_MS - 1000 <= expiry <= server_ms(r) + START_MS
+    assert lease(store, r, job_id) == before.replace("|beat-a", "|gate")
+    due_score = r.zscore(store.keys.for_job(job_id).due, job_id)
+    assert store.renew_slots([(job_id, overlap_key(NAME))], 5000) == {job_id: True}
+    assert r.zscore(store.keys.for_job(job_id).due, job_id) == due_score  # the point is left
+    assert store.release(job_id, overlap_key(NAME), "succeeded").released
+    assert store.get(job_id) is not None and slots(store, r) == {}
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one", "cancel_previous"])
+def test_a_run_in_flight_decides_by_policy(store: Store, r: redis.Redis, policy: str) -> None:
+    """Point 1 runs (its slot held, the point fired); point 2 comes due: ``skip`` writes nothing
+    and names the run; ``cancel_previous`` takes a slot too and names the run to revoke;
+    ``buffer_one`` makes the point wait (due again within the poll, lease "gate", tries back)
+    and marks it as having waited."""
+    first = running(store, r, 1)
+    second = point(2)
+    claimed(store, r, second)
+    state = snapshot(store.config.url)
+    now = server_ms(r)
+    answer = ask(store, second, policy)
+    assert answer.running == (first,)
+    if policy == "skip":
+        assert answer == OverlapAnswer("skip", (first,))
+        assert snapshot(store.config.url) == state
+    elif policy == "cancel_previous":
+        assert answer == OverlapAnswer("cancel", (first,))
+        assert set(slots(store, r)) == {first, second}
+        assert (lease(store, r, second) or "").endswith("|1|gate")
+    else:
+        assert answer.decision == "wait" and answer.until_ms is not None
+        assert now < answer.until_ms <= server_ms(r) + OVERLAP_POLL_MS
+        assert r.zscore(store.keys.for_job(second).due, second) == answer.until_ms
+        assert (lease(store, r, second) or "").endswith("|0|gate")
+        assert set(slots(store, r)) == {first}
+        record = store.get(second)
+        assert record is not None and record.state == "gated"
+
+
+def test_a_buffered_point_runs_once_the_run_ends_and_says_it_waited(store: Store, r: redis.Redis) -> None:
+    first = running(store, r, 1)
+    second = point(2)
+    claimed(store, r, second)
+    assert ask(store, second, "buffer_one").decision == "wait"
+    # looked at again while the run is in flight: waits again
+    time.sleep(OVERLAP_POLL_MS / 1000 + 0.05)
+    claimed(store, r, second, "beat-b")
+    assert ask(store, second, "buffer_one", "beat-b").decision == "wait"
+    # the run ends (its worker gives the slot back): the next look runs it, once
+    assert store.release(first, overlap_key(NAME), "succeeded").released
+    time.sleep(OVERLAP_POLL_MS / 1000 + 0.05)
+    claimed(store, r, second, "beat-c")
+    assert ask(store, second, "buffer_one", "beat-c") == OverlapAnswer("run", waited=True)
+    assert set(slots(store, r)) == {second}
+    assert not r.exists(store.keys.for_job(second).due.removesuffix("due") + "gate:overlap")
+
+
+def test_not_held_writes_nothing(store: Store, r: redis.Redis) -> None:
+    running(store, r, 1)
+    second = point(2)
+    claimed(store, r, second)
+    state = snapshot(store.config.url)
+    for policy in ("skip", "buffer_one", "cancel_previous"):
+        assert ask(store, second, policy, "beat-other") == OverlapAnswer("not-held")
+    assert snapshot(store.config.url) == state
+
+
+def test_a_beat_that_died_after_the_answer_leaves_the_point_to_the_next(store: Store, r: redis.Redis) -> None:
+    """Beat A took the slot and died before publishing or firing: the point's lease runs out,
+    beat B claims it, and it runs on the slot it holds (one slot, not a skip of itself)."""
+    job_id = point(1)
+    claimed(store, r, job_id)
+    assert ask(store, job_id, "skip").decision == "run"
+    assert expire_leases(store, [job_id]) == [job_id]
+    claimed(store, r, job_id, "beat-b")
+    assert ask(store, job_id, "skip", "beat-b") == OverlapAnswer("run")
+    assert set(slots(store, r)) == {job_id}
+
+
+def test_a_worker_that_died_mid_run_frees_the_key_when_its_slot_expires(store: Store, r: redis.Redis) -> None:
+    """The run's worker died: nothing renews its slot. Until the slot expires the run counts as
+    in flight; then the next look removes it and the point runs."""
+    first = running(store, r, 1)
+    second = point(2)
+    claimed(store, r, second)
+    assert ask(store, second, "skip").decision == "skip"
+    assert expire_slots(store, overlap_key(NAME)) == [first]
+    assert ask(store, second, "skip") == OverlapAnswer("run")
+    assert set(slots(store, r)) == {second}
+
+
+def test_bad_input_is_refused_before_anything_is_written(store: Store, r: redis.Redis) -> None:
+    job_id = point(1)
+    shard = claimed(store, r, job_id)
+    state = snapshot(store.config.url)
+    for args in (
+        ("beat-a", shard, job_id, NAME, "sometimes", START_MS, 1000),
+        ("beat-a", shard, job_id, "a|b", "skip", START_MS, 1000),
+        ("beat-a", shard, job_id, NAME, "skip", 0, 1000),
+        ("beat-a", shard, job_id, NAME, "skip", START_MS, 0),
+        ("be|at", shard, job_id, NAME, "skip", START_MS, 1000),
+        ("beat-a", shard, "", NAME, "skip", START_MS, 1000),
+    ):
+        with pytest.raises(redis.ResponseError, match="delayq overlap"):
+            store.overlap(*args)  # type: ignore[arg-type]
+    assert snapshot(store.config.url) == state
+
+
+@pytest.fixture
+def full_server(server_binary: tuple[str, str]) -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(binary=server_binary[1], extra_args=["--maxmemory-policy", "noeviction"]) as srv:
+        yield srv
+
+
+def test_a_full_redis_refuses_the_answer_and_the_point_keeps_its_lease(full_server: EmbeddedRedis) -> None:
+    """Over maxmemory the script is refused at its first write that may grow memory (the slot,
+    or the waiting point's score): no slot taken, the point still the beat's (claimed again after
+    its lease). A skip, which writes nothing, is answered."""
+    store = make_store(full_server.url + "/0", reclaim_ttl=30.0)
+    r = redis.Redis.from_url(full_server.url, decode_responses=True)
+    try:
+        first = running(store, r, 1)
+        free, busy = point(2, "other"), point(3)
+        claimed(store, r, free)
+        claimed(store, r, busy)
+        r.config_set("maxmemory", int(r.info("memory")["used_memory"]) - 20_000)
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            r.set("probe", "x")
+        for job_id, name, policy in (
+            (free, "other", "skip"),
+            (busy, NAME, "buffer_one"),
+            (busy, NAME, "cancel_previous"),
+        ):
+            with pytest.raises(redis.ResponseError) as refused:
+                ask(store, job_id, policy, name=name)
+            assert is_oom(refused.value)
+            assert (lease(store, r, job_id) or "").endswith("|1|beat-a")
+        assert slots(store, r, "other") == {} and set(slots(store, r)) == {first}
+        assert ask(store, busy, "skip") == OverlapAnswer("skip", (first,))
+    finally:
+        r.config_set("maxmemory", 0)
+        r.close()
+        store.close()
+
+
+@pytest.mark.cluster
+def test_overlap_runs_on_a_redis_cluster(cluster_url: str) -> None:
+    """The point, its lease and its schedule's slot share the name's hash tag: on a cluster the
+    script runs on the node serving it, for schedules spread over the nodes."""
+    from redis.cluster import RedisCluster
+
+    store = make_store(cluster_url, cluster=True, reclaim_ttl=30.0)
+    r = RedisCluster.from_url(cluster_url, decode_responses=True)
+    try:
+        names = [f"sched-{i}" for i in range(6)]
+        assert len({r.get_node_from_key(store.keys.for_key(n).due).name for n in names}) > 1
+        for name in names:
+            first, second = point(1, name), point(2, name)
+            claimed(store, r, first)  # type: ignore[arg-type]
+            assert ask(store, first, "buffer_one", name=name) == OverlapAnswer("run")
+            claimed(store, r, second)  # type: ignore[arg-type]
+            assert ask(store, second, "buffer_one", name=name).decision == "wait"
+            assert ask(store, second, "skip", name=name).decision == "not-held"  # it is the gate's now
+            assert store.release(first, overlap_key(name), "succeeded").released
+    finally:
+        r.close()
+        store.close()
