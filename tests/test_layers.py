@@ -321,7 +321,7 @@ SUBPACKAGES = {
         may_import=_names(*BASE, "store"), imported_by=_names("celery_delayq", "beat")
     ),
     "celery_delayq.schedules": SubPackage(
-        may_import=_names(*BASE, "store", "producer"),
+        may_import=_names(*BASE, "store", "producer", "flow.gate"),
         imported_by=_names("celery_delayq", "beat", "admin", "cli", "web"),
     ),
     #: The beat: nothing but the package root (``Scheduler``) imports it.

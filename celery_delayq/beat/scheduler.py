@@ -11,10 +11,10 @@ number of beats may run at once. A ``beat_schedule`` entry may give its schedule
 as a cron string (``"30 2 * * *"``), which Celery's own entries cannot hold: it goes
 to Redis only.
 
-A bad ``delayq_*`` setting or a malformed cron string in ``beat_schedule`` stops the
-beat as it starts with one line, ``Error: delayq: ...`` (:class:`BeatConfigurationError`),
-naming the setting as the configuration spells it (``CELERY_DELAYQ_URL`` under
-Django's ``CELERY`` namespace).
+A bad ``delayq_*`` setting, or a malformed cron string, DST choice or overlap policy in
+``beat_schedule``, stops the beat as it starts with one line, ``Error: delayq: ...``
+(:class:`BeatConfigurationError`), naming the setting as the configuration spells it
+(``CELERY_DELAYQ_URL`` under Django's ``CELERY`` namespace).
 
 When Redis is unreachable the tick logs one line and backs off (0.5 s,
 doubling to 10 s) instead of crashing the beat; claimed jobs it could not ack
@@ -43,6 +43,7 @@ from ..config import DelayQConfig, setting_name
 from ..exceptions import ConfigurationError, InvalidSchedule, ScheduleError, StoreFull
 from ..schedules.api import Schedules
 from ..schedules.rules import CronRule, Rule, check_dst, parse_rule
+from ..schedules.spec import check_overlap
 from ..store.connection import REDIS_ERRORS, error_text, redis_error_kind
 from ..store.facade import get_store
 from .backoff import Backoff
@@ -86,14 +87,19 @@ class BeatConfigurationError(ConfigurationError, click.ClickException):
         click.ClickException.__init__(self, message)
 
 
+#: The keys of a ``beat_schedule`` entry that only delayq reads (Celery's ``ScheduleEntry``
+#: cannot hold them): the DST rule and the overlap policy.
+_DELAYQ_KEYS = ("dst_gap", "dst_fold", "overlap")
+
+
 def _rule_entries(entries: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The ``beat_schedule`` entries whose schedule is a cron string or a delayq rule, or that
-    choose a DST rule (``dst_gap``/``dst_fold``, which Celery's ``ScheduleEntry`` cannot hold)."""
+    choose a DST rule or an overlap policy (:data:`_DELAYQ_KEYS`)."""
     return {
         name: dict(entry)
         for name, entry in entries.items()
         if isinstance(entry, Mapping)
-        and (isinstance(entry.get("schedule"), str | Rule) or "dst_gap" in entry or "dst_fold" in entry)
+        and (isinstance(entry.get("schedule"), str | Rule) or any(key in entry for key in _DELAYQ_KEYS))
     }
 
 
@@ -125,6 +131,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 rule = parse_rule(entry["schedule"], app.conf.timezone or "UTC")
                 if "dst_gap" in entry or "dst_fold" in entry:
                     _check_dst_entry(rule, entry)
+                if "overlap" in entry:
+                    check_overlap(name, entry["overlap"])
             except ScheduleError as exc:
                 raise BeatConfigurationError(f"delayq: beat_schedule entry {name!r}: {exc}") from None
         self.dispatcher: Dispatcher | None = None

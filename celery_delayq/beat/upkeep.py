@@ -45,6 +45,7 @@ def sync_config(schedules: Schedules, entries: dict[str, Any]) -> dict[str, list
             origin="config",
             dst_gap=_field(entry, "dst_gap"),
             dst_fold=_field(entry, "dst_fold"),
+            overlap=_field(entry, "overlap", "allow"),
         )
         definition = schedules.definition_of(spec, check_task=False, anchor_ms=0)
         existing, _ = store.schedule(name)
@@ -77,9 +78,10 @@ def sync_config(schedules: Schedules, entries: dict[str, Any]) -> dict[str, list
     return report
 
 
-def _field(entry: Any, key: str) -> Any:
-    """``key`` of a ``beat_schedule`` entry: a dict or a ``celery.beat.ScheduleEntry``."""
-    return entry.get(key) if isinstance(entry, dict) else getattr(entry, key, None)
+def _field(entry: Any, key: str, default: Any = None) -> Any:
+    """``key`` of a ``beat_schedule`` entry: a dict or a ``celery.beat.ScheduleEntry``
+    (``default`` when it has none)."""
+    return entry.get(key, default) if isinstance(entry, dict) else getattr(entry, key, default)
 
 
 def _origin(existing: str, name: str) -> str:

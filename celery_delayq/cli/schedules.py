@@ -12,7 +12,7 @@ import click
 from ..admin.inputs import InputError, add_schedule, options_value, rule_of, update_schedule
 from ..admin.jobs import MISSING
 from ..admin.views import schedule_json
-from ..schedules.spec import Schedule
+from ..schedules.spec import OVERLAP_POLICIES, Schedule
 from .base import DelayqGroup, Session, json_option, json_value, report, session
 from .errors import CliError, usage
 from .render import iso, kv_table, listing, plain_row, relative
@@ -51,6 +51,7 @@ def _schedule_rows(s: Session, sch: Schedule) -> list[tuple[str, Any]]:
         ("kwargs", sch.kwargs),
         ("options", sch.options),
         ("missed", f"{sch.missed} (max {sch.max_missed}, grace {sch.grace:g} s)"),
+        ("overlap", sch.overlap),
         ("origin", sch.origin),
         ("created", s.when(sch.created.timestamp() * 1000)),
         ("updated", s.when(sch.updated.timestamp() * 1000)),
@@ -82,15 +83,21 @@ def schedules_ls(ctx: click.Context, task: str | None, paused: bool | None, as_j
         console.print("no schedules")
         return
     now = time.time() * 1000
+    # The OVERLAP column only when a listed schedule has a policy ("allow" shows as blank).
+    overlap = any(x.overlap != "allow" for x in found)
+    columns = ["NAME", "TASK", "RULE", "STATE", "NEXT RUN", "", "LAST RUN", "RUNS"]
+    if overlap:
+        columns.insert(4, "OVERLAP")
     table = listing()
-    for name in ("NAME", "TASK", "RULE", "STATE", "NEXT RUN", "", "LAST RUN", "RUNS"):
+    for name in columns:
         table.add_column(name, no_wrap=True, justify="right" if name == "RUNS" else "left")
     for x in found:
         nxt = x.next_run.timestamp() * 1000 if x.next_run else None
         last = x.last_run.timestamp() * 1000 if x.last_run else None
+        policy = ["" if x.overlap == "allow" else x.overlap] if overlap else []
         plain_row(
             table,
-            x.name, x.task, x.rule.describe(), "active" if x.enabled else "paused",
+            x.name, x.task, x.rule.describe(), "active" if x.enabled else "paused", *policy,
             s.when(nxt), relative(nxt, now) if nxt else "", s.when(last), f"{x.run_count:,}",
         )  # fmt: skip
     console.print(table)
@@ -139,6 +146,12 @@ def _schedule_options(f: F) -> F:
             type=click.Choice(["cron", "first", "both", "last"]),
             help="Cron: a wall time that happens twice runs the first, both or last time (default cron).",
         ),
+        click.option(
+            "--overlap",
+            type=click.Choice(OVERLAP_POLICIES),
+            help="While a run is in flight, a point runs anyway (allow, the default), is skipped, "
+            "waits for it (buffer_one) or revokes it and runs (cancel_previous).",
+        ),
     ]
     for decorator in reversed(decorators):
         f = decorator(f)
@@ -178,6 +191,7 @@ def schedules_add(
     grace: float | None,
     dst_gap: str | None,
     dst_fold: str | None,
+    overlap: str | None,
     paused: bool,
     no_check_task: bool,
     replace: bool,
@@ -195,16 +209,9 @@ def schedules_add(
         "options": options,
         "check_task": not no_check_task,
     }
-    if missed is not None:
-        settings["missed"] = missed
-    if max_missed is not None:
-        settings["max_missed"] = max_missed
-    if grace is not None:
-        settings["grace"] = grace
-    if dst_gap is not None:
-        settings["dst_gap"] = dst_gap
-    if dst_fold is not None:
-        settings["dst_fold"] = dst_fold
+    chosen = {"missed": missed, "max_missed": max_missed, "grace": grace, "dst_gap": dst_gap,
+              "dst_fold": dst_fold, "overlap": overlap}  # fmt: skip
+    settings.update((key, value) for key, value in chosen.items() if value is not None)
     try:  # the app's modules imported first (`imports`/`include`), as a worker does
         sch = add_schedule(s.schedules, name, task, rule, args, kwargs, replace, **settings)
     except InputError as exc:
@@ -234,6 +241,7 @@ def schedules_update(
     grace: float | None,
     dst_gap: str | None,
     dst_fold: str | None,
+    overlap: str | None,
     task: str | None,
     as_json: bool,
 ) -> None:
@@ -257,6 +265,7 @@ def schedules_update(
         ("grace", grace),
         ("dst_gap", dst_gap),
         ("dst_fold", dst_fold),
+        ("overlap", overlap),
     ):
         if value is not None:
             changes[key] = value

@@ -3,5 +3,6 @@
 (:class:`~celery_delayq.schedules.api.Schedules`: stored in Redis, managed at run time).
 Firing the points is the beat's (``beat.firing``).
 
-May import: the root modules, ``store`` and ``producer`` (a schedule builds its job's envelope).
+May import: the root modules, ``store``, ``producer`` (a schedule builds its job's envelope) and
+``flow.gate`` (the gate header a point of a schedule with an overlap policy carries).
 """

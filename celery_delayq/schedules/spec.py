@@ -62,6 +62,22 @@ def overlap_key(name: str) -> str:
     return name
 
 
+def check_overlap(name: str, policy: Any) -> str:
+    """``policy`` when schedule ``name`` may have it: one of :data:`OVERLAP_POLICIES`, and a
+    policy but "allow" only for a name without ``|`` (it names the slot's key);
+    :class:`InvalidSchedule` otherwise."""
+    if policy not in OVERLAP_POLICIES:
+        raise InvalidSchedule(
+            f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {short_repr(policy)}"
+        )
+    if policy != "allow" and "|" in name:
+        raise InvalidSchedule(
+            f"schedule {name!r}: overlap={policy!r} needs a name without '|' (its runs hold "
+            "the slot of the flow-control key of its name)"
+        )
+    return str(policy)
+
+
 def _grace_ok(grace: Any) -> bool:
     """Is ``grace`` a finite number of seconds >= 0 (at most the span to year 9999)?"""
     if isinstance(grace, bool) or not isinstance(grace, int | float):
@@ -161,15 +177,7 @@ class ScheduleSpec:
             raise InvalidSchedule(f"schedule {name!r}: kwargs must be a dict, got {kwargs!r}")
         if self.missed not in MISSED_POLICIES:
             raise InvalidSchedule(f"missed must be one of {MISSED_POLICIES}, got {self.missed!r}")
-        if self.overlap not in OVERLAP_POLICIES:
-            raise InvalidSchedule(
-                f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {short_repr(self.overlap)}"
-            )
-        if self.overlap != "allow" and "|" in name:
-            raise InvalidSchedule(
-                f"schedule {name!r}: overlap={self.overlap!r} needs a name without '|' (its runs hold "
-                "the slot of the flow-control key of its name)"
-            )
+        check_overlap(name, self.overlap)
         max_missed = self.max_missed
         if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
             raise InvalidSchedule(f"max_missed must be a whole number >= 1, got {max_missed!r}")

@@ -47,8 +47,8 @@ trip, and ``SCRIPT LOAD`` loads a script on every primary.
 
 >>> " ".join(sorted(SCRIPTS))  # doctest: +NORMALIZE_WHITESPACE
 'ack batch_cancel batch_delete batch_grow batch_open batch_seal bury cancel claim due_counts enqueue fire
-gate gate_admin get hold keyed push push_claimed release renew requeue reschedule sched_del sched_put
-shapes_sweep
+gate gate_admin get hold keyed overlap push push_claimed release renew requeue reschedule sched_del
+sched_put shapes_sweep
 slot_renew start stats'
 """
 

@@ -26,7 +26,7 @@ from ..admin.timeparse import is_relative, parse_when
 from ..admin.views import iso, schedule_json
 from ..exceptions import ScheduleError, ScheduleExists, ScheduleNotFound, UnknownTask
 from ..schedules.rules import DST_FOLD, DST_GAP
-from ..schedules.spec import MISSED_POLICIES, Schedule
+from ..schedules.spec import MISSED_POLICIES, OVERLAP_POLICIES, Schedule
 from ..store.keys import point_id
 from .context import action_response, dashboard, require_actions, wants_json
 from .forms import Fields, fields, refuse
@@ -37,7 +37,7 @@ bp = Blueprint("schedules", __name__)
 
 #: The text fields of the edit and new forms (``name`` and ``task`` too on the new one).
 FORM_FIELDS = ("cron", "every", "at", "tz", "args", "kwargs", "options", "queue", "missed", "max_missed",
-               "grace", "task", "dst_gap", "dst_fold")  # fmt: skip
+               "grace", "task", "dst_gap", "dst_fold", "overlap")  # fmt: skip
 RULE_FIELDS = ("cron", "every", "at")
 
 
@@ -167,6 +167,7 @@ def initial(sch: Schedule) -> dict[str, str]:
         "task": sch.task,
         "dst_gap": sch.dst_gap or "cron",
         "dst_fold": sch.dst_fold or "cron",
+        "overlap": sch.overlap,
     }
 
 
@@ -244,7 +245,7 @@ def read_schedule(given: Fields, current: Schedule | None) -> Reading:
                                          if k != "queue"})  # fmt: skip
     else:
         out.take("options", lambda: options_value(options_given, queue_text or None, base, "options"))
-    for name in ("tz", "missed", "task", "dst_gap", "dst_fold"):
+    for name in ("tz", "missed", "task", "dst_gap", "dst_fold", "overlap"):
         text = given.text(name)
         if text is not None:
             out.values[name] = text
@@ -298,7 +299,12 @@ def _same_json(text: str, before: str) -> bool:
 def _form_page(**args: Any) -> str:
     """The edit (``new`` False) or new form, with its ``values`` and ``errors``."""
     return render_template(
-        "schedule_edit.html", policies=MISSED_POLICIES, dst_gaps=DST_GAP, dst_folds=DST_FOLD, **args
+        "schedule_edit.html",
+        policies=MISSED_POLICIES,
+        dst_gaps=DST_GAP,
+        dst_folds=DST_FOLD,
+        overlaps=OVERLAP_POLICIES,
+        **args,
     )
 
 
@@ -380,7 +386,7 @@ def _add(given: Fields, template_args: dict[str, Any]) -> Any:
 
 
 NEW_DEFAULTS = {"args": "[]", "kwargs": "{}", "options": "{}", "missed": "once", "max_missed": "10",
-                "grace": "60", "dst_gap": "cron", "dst_fold": "cron"}  # fmt: skip
+                "grace": "60", "dst_gap": "cron", "dst_fold": "cron", "overlap": "allow"}  # fmt: skip
 
 
 @bp.route("/schedules/new", methods=["GET", "POST"])
