@@ -508,32 +508,33 @@ def test_push_lua_never_pushes_to_an_empty_queue_from_a_stored_template(
 
 
 @pytest.mark.parametrize(
-    "rule",
+    "change",
     [
-        {"type": "interval", "every_ms": 0, "anchor_ms": 0},
-        {"type": "interval", "every_ms": -5, "anchor_ms": 0},
-        {"type": "hourly", "at": 5},
-        {"type": "interval"},
-        "every day",
+        {"rule": {"type": "interval", "every_ms": 0, "anchor_ms": 0}},
+        {"rule": {"type": "interval", "every_ms": -5, "anchor_ms": 0}},
+        {"rule": {"type": "hourly", "at": 5}},
+        {"rule": {"type": "interval"}},
+        {"rule": "every day"},
+        {"overlap": "sometimes"},
     ],
-    ids=["every-0", "every-minus-5", "unknown-type", "no-every", "not-an-object"],
+    ids=["every-0", "every-minus-5", "unknown-type", "no-every", "not-an-object", "unknown-overlap"],
 )
 def test_a_rule_that_cannot_plan_a_point_stops_its_schedule_in_the_dead_letters(
     sched_app: Celery,
     r: redis.Redis,
     dispatchers: Callable[..., Dispatcher],
-    rule: Any,
+    change: dict[str, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A definition that reads (JSON, an object) but whose rule cannot produce a point: the due
-    point is dead-lettered as ``schedule stopped: <reason>``, not published once and then
+    """A definition that reads (JSON, an object) but whose rule (or overlap policy) cannot plan
+    a point: the due point is dead-lettered as ``schedule stopped: <reason>``, not published once and then
     stopped with one log line; later passes and the stall sweep publish nothing either."""
     schedules = Schedules(sched_app)
     store = get_store(sched_app)
     schedules.add("bad", "t.noop", rule_due_soon(schedules.store))
     keys = store.keys.for_job("{bad}")
     definition = json.loads(r.hget(keys.schedules, "bad") or "")
-    r.hset(keys.schedules, "bad", json.dumps({**definition, "rule": rule}))
+    r.hset(keys.schedules, "bad", json.dumps({**definition, **change}))
     dispatcher = dispatchers(sched_app)
     wait_for(lambda: dispatcher.run_once() is not None and store.count_dead() == 1, 5, 0.01)
     [(point, record)] = list(store.dead())
