@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -60,6 +61,11 @@ def stack(redis_url: str, r: redis.Redis, procs: Procs) -> Iterator[Callable[...
     yield start
     for producer in made:
         producer.close()
+
+
+def point_time(job_id: str) -> float:
+    """The time (epoch s) of a schedule point, from its id ``{name}@<ISO time>Z``."""
+    return datetime.fromisoformat(job_id.split("@", 1)[1].replace("Z", "+00:00")).timestamp()
 
 
 def _logs(procs: Procs) -> list[str]:
@@ -128,6 +134,10 @@ def test_buffer_one_runs_back_to_back(
     assert len(runs) >= 3, runs
     # the poll is 1 s (OVERLAP_POLL_MS); a loaded machine adds to it
     assert all(0 <= gap < 3 for gap in gaps), gaps
+    # the points that came due during a run were folded into the one that waited: each run's
+    # point came due after the previous run started (not a backlog of points caught up in turn)
+    points = [point_time(run.id) for run in runs]
+    assert all(b > a.start - 0.1 for a, b in zip(runs, points[1:], strict=False)), (points, runs)
     assert_alive(procs)
 
 

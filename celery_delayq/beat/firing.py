@@ -239,11 +239,9 @@ class ScheduleFiring:
                         )
                     else:
                         token = GATE_TOKEN  # overlap.lua handed the point to the slot's scripts
-                        if answer.waited:  # buffer_one: it runs now, however late, once
-                            publish_it = True
-                            nxt = next_point(
-                                rule, at_ms, now_ms, "once", 1, int(float(definition["grace"]) * 1000)
-                            )
+                        if answer.waited:  # buffer_one: it runs now, however late, once, and
+                            # the points that came due while it waited are folded into it
+                            publish_it, nxt = True, rule.next_after(now_ms)
                         elif not publish_it:  # the missed-run policy skips it: no run holds the slot
                             self._give_back(job.id, name)
                         if answer.decision == "cancel" and publish_it:
