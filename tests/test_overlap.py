@@ -27,11 +27,13 @@ from celery_delayq.store.connection import is_oom
 from celery_delayq.store.facade import Store
 from celery_delayq.store.jobs import EnqueueOutcome
 from celery_delayq.store.schedules import OverlapAnswer
+from tests.support.apps import app
 from tests.support.cluster import cluster_url, redis_cluster
+from tests.support.gate import message
 from tests.support.server_kinds import redis_server
 from tests.support.store import expire_leases, expire_slots, make_store, server_ms, snapshot
 
-__all__ = ["cluster_url", "redis_cluster", "redis_server"]  # fixtures, used by name
+__all__ = ["app", "cluster_url", "redis_cluster", "redis_server"]  # fixtures, used by name
 
 START_MS = 3_600_000
 NAME = "nightly"
@@ -328,3 +330,40 @@ def test_overlap_runs_on_a_redis_cluster(cluster_url: str) -> None:
     finally:
         r.close()
         store.close()
+
+
+def test_a_waiting_point_removed_leaves_no_mark_on_the_next(store: Store, r: redis.Redis) -> None:
+    """A point that waited is removed (the schedule paused or deleted meanwhile): the schedule's
+    one mark names it; the schedule's next point is not taken for one that waited, and its run
+    removes the mark."""
+    first = running(store, r, 1)
+    second = point(2)
+    claimed(store, r, second)
+    assert ask(store, second, "buffer_one").decision == "wait"
+    mark = store.keys.for_job(second).due.removesuffix("due") + "gate:overlap"
+    assert r.hgetall(mark) == {NAME: second}
+    forget(store, r, second)  # as a pause removes the schedule's point
+    assert store.release(first, overlap_key(NAME), "succeeded").released
+    third = point(3)
+    claimed(store, r, third)
+    assert ask(store, third, "buffer_one") == OverlapAnswer("run", waited=False)
+    assert not r.exists(mark)
+
+
+def test_a_retry_of_a_run_is_stored_outside_the_schedules_slot(app: Celery, r: redis.Redis) -> None:
+    """What ``self.retry(countdown=30)`` of a ``DelayedTask`` run of a schedule with an overlap
+    policy sends: the point's id, ``retries=1``, the request's headers (the gate's among them).
+    It is stored under ``<point id>:retry-1``, which its message does not carry, so it goes
+    without the gate header: its worker could not give back a slot taken under that id (the
+    schedule would wait for it until the slot's start TTL). Seen with a real worker and beat
+    before this: the retries' slots stayed taken and every later point was skipped."""
+    add = app.tasks["t.add"]
+    point_id = "{ov-retry}@2026-01-01T00:00:00.000Z"
+    headers = {GATE_HEADER: {"key": "ov-retry"}, "delayq_due": 1.0}
+    again = add.apply_async((1, 2), task_id=point_id, countdown=30, retries=1, headers=headers)
+    assert again.id == point_id
+    stored, _, _, _ = message(app, point_id + ":retry-1")
+    assert GATE_HEADER not in stored and stored["retries"] == 1 and stored["id"] == point_id
+    assert headers == {GATE_HEADER: {"key": "ov-retry"}, "delayq_due": 1.0}  # the caller's, untouched
+    # a retry of any other gated job keeps its gate (tests/test_flow_api.py)
+    assert r.llen("celery") == 0

@@ -380,6 +380,13 @@ class DelayQTaskMixin:
         options["replace"] = True
         options["task_id"] = task_id
         store_id = retry_store_id(task_id, options)
+        headers = options.get("headers")
+        if store_id is not None and isinstance(headers, Mapping) and GATE_HEADER in headers:
+            # A run of a schedule with an overlap policy held the schedule's slot (given back
+            # as "retry" when this run ends). Its retry is stored under an id its message does
+            # not carry, so its worker could not give back a slot taken under that id: it runs
+            # outside the slot (docs/schedules.md, "Overlapping runs").
+            options["headers"] = {name: value for name, value in headers.items() if name != GATE_HEADER}
         return self._delayq_schedule([(due_ms, args, kwargs)], options, base, store_id)[0]
 
     def _delayq_keyed_async(self, args: Any, kwargs: Any, task_id: Any, options: dict[str, Any]) -> Any:

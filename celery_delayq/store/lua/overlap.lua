@@ -14,7 +14,9 @@ KEYS[2] jobs: read by the purge of expired slots; KEYS[5] dead, KEYS[6] schedule
 KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>,
-gate:check, gate:overlap (hash point id -> "1": the point waited for a run to end).
+gate:check, gate:overlap (hash key -> the id of the key's point that waits for a run to end:
+one field a schedule at most, removed at its next run; a point removed while it waited, by a
+pause or a delete, leaves its field until then).
 
 ARGV[1] token: the caller's lease token (no "|")
 ARGV[2] the point's id, ARGV[3] its schedule's key (its name: the point id's hash tag)
@@ -31,14 +33,15 @@ the start TTL. Then the key's remaining slots are the runs in flight:
   the key has none -> {"run", waited}: a slot until now + start TTL is taken for the point,
   and its lease entry gets token "gate" (due and tries kept), so the worker's renewal and
   release of the slot leave the stored point alone and the beat fires it with that token;
-  waited: 1 when the point had waited (buffer_one), its gate:overlap entry removed.
+  waited: 1 when the point had waited (buffer_one: the key's gate:overlap field names it);
+  the key's field is removed.
 - "skip" -> {"skip", ids of the slots' runs}: nothing written; the beat fires the point
   unpublished.
 - "cancel_previous" -> {"cancel", waited, ids...}: the slot taken as for "run"; the beat
   revokes the runs named and publishes the point.
 - "buffer_one" -> {"wait", ms, ids...}: the point waits: its score becomes ms (the first
   slot's expiry, at most now + poll ms, at least now + 1), its lease entry (due, tries - 1,
-  "gate"), its gate:overlap entry "1", the wake marker lowered to ms. Any beat claims it
+  "gate"), the key's gate:overlap field its id, the wake marker lowered to ms. Any beat claims it
   again then, and asks again. So it runs within poll ms of the last run's end, or within
   delayq_slot_ttl (plus poll) of its worker's death.
 Memory: no allow-oom flag: a full Redis refuses the script at its first write that may grow
@@ -76,12 +79,16 @@ local due, tries = lease_read(entry)
 if due == nil then
   due, tries = now, 1
 end
-local waited = redis.call('HEXISTS', waiting, id)
+local marked = redis.call('HGET', waiting, key)
+local waited = 0
+if marked == id then
+  waited = 1
+end
 local function take()
   redis.call('ZADD', rkey, now + ttl, id)  -- the first write that may grow memory
   redis.call('HSET', KEYS[3], id, lease_entry(due, tries, GATE_TOKEN))
-  if waited == 1 then
-    redis.call('HDEL', waiting, id)
+  if marked then
+    redis.call('HDEL', waiting, key)
   end
 end
 if redis.call('ZSCORE', rkey, id) then
@@ -104,6 +111,6 @@ local first = tonumber(redis.call('ZRANGE', rkey, 0, 0, 'WITHSCORES')[2]) or (no
 local at = math.max(math.min(first, now + poll), now + 1)
 redis.call('ZADD', KEYS[1], at, id)  -- the first write that may grow memory
 redis.call('HSET', KEYS[3], id, lease_entry(due, math.max(tries - 1, 0), GATE_TOKEN))
-redis.call('HSET', waiting, id, '1')
+redis.call('HSET', waiting, key, id)
 wake(ARGV[7], shard, at)
 return {'wait', at, unpack(holders)}
