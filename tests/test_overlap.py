@@ -11,29 +11,43 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
 from celery_delayq import Schedules
+from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.firing import OVERLAP_POLL_MS
-from celery_delayq.devtools.embedded import EmbeddedRedis
+from celery_delayq.beat.scheduler import serve_metrics
+from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.exceptions import InvalidSchedule
 from celery_delayq.flow.gate import GATE_HEADER
 from celery_delayq.schedules.spec import OVERLAP_POLICIES, ScheduleSpec, can_plan, overlap_key
 from celery_delayq.store.connection import is_oom
-from celery_delayq.store.facade import Store
+from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.jobs import EnqueueOutcome
 from celery_delayq.store.schedules import OverlapAnswer
-from tests.support.apps import app
+from tests.support.apps import app, dispatchers
 from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.gate import message
+from tests.support.metrics import scrape, value
+from tests.support.polling import wait_for
 from tests.support.server_kinds import redis_server
-from tests.support.store import expire_leases, expire_slots, make_store, server_ms, snapshot
+from tests.support.store import (
+    broker_lists,
+    expire_leases,
+    expire_slots,
+    make_store,
+    published_ids,
+    rule_due_soon,
+    server_ms,
+    snapshot,
+)
 
-__all__ = ["app", "cluster_url", "redis_cluster", "redis_server"]  # fixtures, used by name
+__all__ = ["app", "cluster_url", "dispatchers", "redis_cluster", "redis_server"]  # fixtures, used by name
 
 START_MS = 3_600_000
 NAME = "nightly"
@@ -367,3 +381,57 @@ def test_a_retry_of_a_run_is_stored_outside_the_schedules_slot(app: Celery, r: r
     assert headers == {GATE_HEADER: {"key": "ov-retry"}, "delayq_due": 1.0}  # the caller's, untouched
     # a retry of any other gated job keeps its gate (tests/test_flow_api.py)
     assert r.llen("celery") == 0
+
+
+# -- the beat: firing a point by its policy ------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["skip", "cancel_previous"])
+def test_a_beat_fires_a_point_by_its_policy_and_counts_it(
+    app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher], policy: str
+) -> None:
+    """A real dispatcher (a beat's loop, one pass at a time) over a schedule whose run is in
+    flight (a slot held, its job fired): ``skip`` publishes nothing and moves the schedule to its
+    next point; ``cancel_previous`` revokes the run (a broadcast on the broker) and publishes the
+    point with the gate header. Once nothing is in flight, the next point runs. The decisions
+    are counted in ``delayq_schedule_overlap_total``."""
+    store = get_store(app)
+    schedules = Schedules(app)
+    schedules.add("ov-d", "t.noop", rule_due_soon(store), overlap=policy)
+    key = store.keys.for_key("ov-d").running("ov-d")
+    r.zadd(key, {"{ov-d}@old-run": server_ms(r) + 600_000})  # a run in flight
+    dispatcher = dispatchers(app)
+    first = Schedules(app).get("ov-d")
+    assert first is not None and first.next_run is not None
+
+    def passes_until(done: Callable[[], Any]) -> Any:
+        """The beat's loop: wait (reading wake messages), claim, publish, until ``done()``."""
+        return wait_for(
+            lambda: dispatcher.wait(0.05) or (dispatcher.run_once() is not None and done()), 10, 0.01
+        )
+
+    fired = passes_until(lambda: dispatcher.stats.overlap)
+    assert fired, dispatcher.stats
+    sent = published_ids(r)
+    if policy == "skip":
+        assert dispatcher.stats.overlap == {"skip": 1} and sent == []
+        assert set(r.zrange(key, 0, -1)) == {"{ov-d}@old-run"}
+    else:
+        assert dispatcher.stats.overlap == {"cancel": 1} and len(sent) == 1
+        assert set(r.zrange(key, 0, -1)) == {"{ov-d}@old-run", sent[0]}
+        assert GATE_HEADER in broker_lists(r)["celery"][0]["headers"]
+    after = schedules.get("ov-d")
+    assert after is not None and after.next_run is not None and after.next_run > first.next_run
+    r.delete(key)  # the runs ended
+    schedules.update("ov-d", rule=rule_due_soon(store))  # a point due soon again
+    ran = passes_until(lambda: dispatcher.stats.overlap.get("run"))
+    assert ran, dispatcher.stats
+    server = serve_metrics(dispatcher, free_port())
+    try:
+        page = scrape(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.stop()
+    assert value(page, "delayq_schedule_overlap", "delayq_schedule_overlap_total", decision="run") == 1
+    decided = "skip" if policy == "skip" else "cancel"
+    assert value(page, "delayq_schedule_overlap", "delayq_schedule_overlap_total", decision=decided) == 1
+    schedules.delete("ov-d")

@@ -291,7 +291,7 @@ class ScheduleFiring:
         ``policy``; None on a Redis error (logged: the point keeps this beat's lease and is
         claimed again after it)."""
         try:
-            return self.store.overlap(
+            answer = self.store.overlap(
                 self.token,
                 shard,
                 job.id,
@@ -302,6 +302,7 @@ class ScheduleFiring:
             )
         except REDIS_ERRORS as exc:
             self.stats.redis_errors[redis_error_kind(exc)] += 1
+            self.stats.overlap["error"] += 1
             logger.error(
                 "delayq: schedule %r: cannot look whether a run of it is in flight (%s); its point "
                 "%s is claimed again after its lease (%.0f s)",
@@ -311,6 +312,8 @@ class ScheduleFiring:
                 self.store.config.reclaim_ttl,
             )
             return None
+        self.stats.overlap[answer.decision] += 1
+        return answer
 
     def _give_back(self, job_id: str, name: str) -> None:
         """Give back the slot ``lua/overlap.lua`` took for point ``job_id``, which is not

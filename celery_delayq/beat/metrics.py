@@ -277,6 +277,14 @@ class DispatcherCollector(Collector):
             "decision",
             stats.gated,
         )
+        yield from _labelled(
+            "delayq_schedule_overlap",
+            "Due points of schedules with an overlap policy, by what this beat found: run (no run "
+            "in flight), skip, wait (buffer_one), cancel (cancel_previous revoked the run in "
+            "flight), not-held, error (Redis could not be asked).",
+            "decision",
+            stats.overlap,
+        )
         yield CounterMetricFamily(
             "delayq_gate_holds",
             "Released gated jobs this beat published and handed to their "

@@ -54,6 +54,9 @@ class DispatchStats:
     #: gated jobs by what the gate decided (lua/gate.lua): released, parked, deferred, not-held,
     #: held; and finished: the result backend says it ran already (results.Ran)
     gated: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: due points of schedules with an overlap policy by what lua/overlap.lua answered: run,
+    #: skip, wait, cancel, not-held
+    overlap: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: released gated jobs a beat published and then held for their worker (lua/hold.lua)
     held: int = 0
     #: released gated jobs whose hold found the job no longer leased to this beat (published;
