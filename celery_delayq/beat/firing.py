@@ -1,5 +1,7 @@
 """Firing schedule points: a claimed job that is a schedule's point is published per the
-schedule's missed-run policy, then ``lua/fire.lua`` acks it and stores the next point.
+schedule's missed-run policy (and, for a schedule with an overlap policy, per what
+``lua/overlap.lua`` says of the run in flight), then ``lua/fire.lua`` acks it and stores the
+next point.
 
 The beat's side of :mod:`..schedules.api`: :func:`plan_point` applies a schedule's missed-run
 policy to a point delivered late; :meth:`ScheduleFiring.publish` publishes the points of a
