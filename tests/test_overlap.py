@@ -216,6 +216,7 @@ def test_a_run_in_flight_decides_by_policy(store: Store, r: redis.Redis, policy:
         assert record is not None and record.state == "gated"
 
 
+@pytest.mark.slow
 def test_a_buffered_point_runs_once_the_run_ends_and_says_it_waited(store: Store, r: redis.Redis) -> None:
     first = running(store, r, 1)
     second = point(2)
@@ -386,6 +387,7 @@ def test_a_retry_of_a_run_is_stored_outside_the_schedules_slot(app: Celery, r: r
 # -- the beat: firing a point by its policy ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["skip", "cancel_previous"])
 def test_a_beat_fires_a_point_by_its_policy_and_counts_it(
     app: Celery, r: redis.Redis, dispatchers: Callable[..., Dispatcher], policy: str
