@@ -437,3 +437,51 @@ def test_a_beat_fires_a_point_by_its_policy_and_counts_it(
     decided = "skip" if policy == "skip" else "cancel"
     assert value(page, "delayq_schedule_overlap", "delayq_schedule_overlap_total", decision=decided) == 1
     schedules.delete("ov-d")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stall", ["past the fence", "past the lease"])
+def test_a_beat_stalled_before_publishing_a_handed_point_runs_it_once(
+    app_factory: Callable[..., Celery], r: redis.Redis, dispatchers: Callable[..., Dispatcher], stall: str
+) -> None:
+    """Beat A stalls (a GC pause, a stopped process) after its claim, before it publishes a point
+    whose overlap check hands it to the schedule's slot (lease token "gate"):
+
+    - past the fence's fraction of the lease, the lease still held: A's fence cannot renew a
+      lease it handed on, so A counts the point fenced and leaves it unpublished (its slot given
+      back); any beat runs it after its lease (``delayq_reclaim_ttl``): late by up to that, once;
+    - past the lease: beat B takes the point meanwhile and runs it; A's check says not held.
+    """
+    ttl = 0.6
+    conf = {"delayq_reclaim_ttl": ttl, "delayq_shards": 4}
+    app_a, app_b = app_factory(**conf), app_factory(**conf)
+    store = get_store(app_a)
+    Schedules(app_a).add("ov-f", "t.noop", rule_due_soon(store), overlap="skip")
+    a, b = dispatchers(app_a), dispatchers(app_b)
+
+    def stalled(step: str, detail: Any) -> None:
+        if step != "claimed" or not detail:
+            return
+        a.pause = None
+        time.sleep(ttl * 0.8 if stall == "past the fence" else ttl * 1.5)
+        if stall == "past the lease":
+            assert wait_for(lambda: b.run_once() is not None and published_ids(r), 5, 0.05)
+
+    a.pause = stalled
+    assert wait_for(lambda: a.wait(0.05) or (a.run_once() is not None and a.pause is None), 10, 0.01)
+    if stall == "past the fence":
+        assert (a.stats.overlap["run"], a.stats.fenced, published_ids(r)) == (1, 1, [])
+        held = set(slots(store, r, "ov-f"))  # the point keeps its own slot
+        assert len(held) == 1
+    else:
+        assert (a.stats.overlap["not-held"], b.stats.overlap["run"]) == (1, 1)
+    deadline = time.monotonic() + ttl * 4  # every lease of the stall expired: any beat may retry
+    while time.monotonic() < deadline:
+        a.run_once()
+        b.run_once()
+        time.sleep(0.05)
+    sent = published_ids(r)
+    assert len(sent) == 1 and sent[0].startswith("{ov-f}@"), sent
+    if stall == "past the fence":
+        assert held == set(sent)
+    assert Schedules(app_a).get("ov-f").run_count == 1  # type: ignore[union-attr]
