@@ -193,3 +193,4 @@ def test_buffer_one_after_a_worker_killed_mid_run(
     # slot TTL after the last renewal (every TTL / 3), the poll, a new worker's start
     assert waited < SLOT_TTL + 1 + 25, waited
     assert len(again) == 1, again
+    os.kill(again[0].pid, signal.SIGKILL)  # its 30 s run would hold the teardown's warm shutdown
