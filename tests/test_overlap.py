@@ -365,6 +365,18 @@ def test_a_waiting_point_removed_leaves_no_mark_on_the_next(store: Store, r: red
     assert not r.exists(mark)
 
 
+def test_deleting_a_schedule_removes_its_waiting_mark(app: Celery, r: redis.Redis) -> None:
+    """A schedule deleted while a point of it waits (``buffer_one``): its one field in the
+    shard's ``gate:overlap`` goes with it (the point will not run); another schedule's stays."""
+    store = get_store(app)
+    schedules = Schedules(app)
+    schedules.add("ov-del", "t.noop", 3600.0, overlap="buffer_one")
+    mark = store.keys.for_job("{ov-del}@p").due.removesuffix("due") + "gate:overlap"
+    r.hset(mark, mapping={"ov-del": "{ov-del}@p", "other": "{other}@q"})
+    assert schedules.delete("ov-del")
+    assert r.hgetall(mark) == {"other": "{other}@q"}
+
+
 def test_a_retry_of_a_run_is_stored_outside_the_schedules_slot(app: Celery, r: redis.Redis) -> None:
     """What ``self.retry(countdown=30)`` of a ``DelayedTask`` run of a schedule with an overlap
     policy sends: the point's id, ``retries=1``, the request's headers (the gate's among them).

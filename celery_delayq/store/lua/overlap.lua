@@ -15,8 +15,8 @@ KEYS[7] history: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
 Not in KEYS (built from KEYS[1], same hash tag: see includes/gate.lua): gate:run:<key>,
 gate:check, gate:overlap (hash key -> the id of the key's point that waits for a run to end:
-one field a schedule at most, removed at its next run; a point removed while it waited, by a
-pause or a delete, leaves its field until then).
+one field a schedule at most, removed at its next run or by its delete, lua/sched_del.lua; a
+point removed while it waited by a pause leaves its field until the next run).
 
 ARGV[1] token: the caller's lease token (no "|")
 ARGV[2] the point's id, ARGV[3] its schedule's key (its name: the point id's hash tag)
