@@ -78,6 +78,7 @@ def test_each_call_replaces_the_key_s_pending_job_and_moves_its_due_time(
     assert dq.count() == 2
 
 
+@pytest.mark.slow
 def test_max_wait_caps_the_due_time_from_the_first_call(app: Celery, digest: Any, r: redis.Redis) -> None:
     first = digest.apply_async((1, "a"), debounce=("user:1", 10, timedelta(seconds=10.5)))
     debounce, _, _ = records(app, "user:1")
@@ -104,6 +105,7 @@ def test_a_job_a_beat_holds_is_left_alone_and_the_call_opens_a_new_window(
     assert DelayQ(app).count() == 2
 
 
+@pytest.mark.slow
 def test_a_debounced_job_is_delivered_once_with_the_last_arguments(
     app: Celery, digest: Any, r: redis.Redis, dispatchers: Callable[..., Dispatcher]
 ) -> None:
@@ -123,6 +125,7 @@ def test_a_debounced_job_is_delivered_once_with_the_last_arguments(
 # -- throttle -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_throttle_stores_one_job_a_key_a_period_and_says_so(app: Celery, digest: Any, r: redis.Redis) -> None:
     first = digest.apply_at(LATER, (1, "a"), throttle=("user:1", 1.0))
     assert (first.outcome, first.created, first.due) == ("new", True, LATER)

@@ -117,6 +117,7 @@ def test_bad_calls_are_refused_at_the_call(app: Celery) -> None:
         OpenBatch("nope", app).seal()
 
 
+@pytest.mark.slow
 def test_a_batch_never_sealed_is_visible_then_expires_and_never_completes(
     app: Celery, r: redis.Redis, dashboard: Callable[..., Client]
 ) -> None:
@@ -182,6 +183,7 @@ print(" ".join(ids))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_adding_at_once_keep_the_counts_exact(app: Celery, redis_url: str) -> None:
     """Two processes add 40 calls of 5 members each, at once: 400 members, 400 distinct ids
     0..399, a total of 400; sealed, then all cancelled, it completes."""
