@@ -419,10 +419,15 @@ def test_a_full_store_that_is_also_the_broker_holds_its_jobs(
     cannot run on a full Redis broker); every job stays stored, the beat stays up. Once
     maxmemory is raised, a worker starts and every job runs exactly once."""
     store_url = server.url + "/0"
-    app, client, record, ids, limit, full_memory = start_full(server, redis_url, broker=store_url)
+    # Leases of 5 s, not 30: the jobs the beat claimed while the broker was full are reclaimed
+    # once maxmemory is raised (with the default TTL the test waited 30 s of them out).
+    conf = {"delayq_reclaim_ttl": 5}
+    app, client, record, ids, limit, full_memory = start_full(server, redis_url, store_url, **conf)
     try:
         store = get_store(app)
-        env = subprocess_env(store_url, store_url, DELAYQ_TEST_RECORD=redis_url)
+        env = subprocess_env(
+            store_url, store_url, DELAYQ_TEST_RECORD=redis_url, DELAYQ_TEST_CONF=json.dumps(conf)
+        )
         procs.start("beat", env)
         # kombu's declare of the queue (SADD) is refused first: the beat treats it as a broker
         # outage; were it declared, push_claimed.lua's push would be refused ("over its maxmemory").
