@@ -8,10 +8,12 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
+import celery_delayq.store
 from celery_delayq.store.keys import KeySpace
 from celery_delayq.store.lua_formats import (
     lease_entry,
@@ -276,3 +278,15 @@ def test_parse_key_entry_reads_as_key_read(r: redis.Redis) -> None:
         assert parse_key_entry(case) == (own, override or None, paused == 1), case
         assert parse_key_entry(written) == parse_key_entry(case), case
     assert parse_key_entry(None) == (None, None, False)
+
+
+def test_the_gate_key_names_lua_builds_are_those_python_names() -> None:
+    """``lua/includes/gate.lua`` builds the names of a shard's gate keys from ``GATE_BASE`` (not
+    passed in KEYS); each must be a name :class:`ShardKeys` gives, which the Python side reads
+    and writes (and the other way round)."""
+    text = (Path(celery_delayq.store.__file__).parent / "lua" / "includes" / "gate.lua").read_text()
+    built = set(re.findall(r"GATE_BASE \.\. '([^']+)'", text))
+    shard = KeySpace("probe", 1).shard(0)
+    named = [shard.gate_keys, shard.gate_rates, shard.gate_booked, shard.gate_check, shard.gate_overlap]
+    named += [shard.batches, shard.batch_expiry, shard.running(""), shard.waiting(""), shard.batch("")]
+    assert built == {name.removeprefix(shard.base) for name in named}

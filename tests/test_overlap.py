@@ -232,7 +232,7 @@ def test_a_buffered_point_runs_once_the_run_ends_and_says_it_waited(store: Store
     claimed(store, r, second, "beat-c")
     assert ask(store, second, "buffer_one", "beat-c") == OverlapAnswer("run", waited=True)
     assert set(slots(store, r)) == {second}
-    assert not r.exists(store.keys.for_job(second).due.removesuffix("due") + "gate:overlap")
+    assert not r.exists(store.keys.for_job(second).gate_overlap)
 
 
 def test_not_held_writes_nothing(store: Store, r: redis.Redis) -> None:
@@ -355,7 +355,7 @@ def test_a_waiting_point_removed_leaves_no_mark_on_the_next(store: Store, r: red
     second = point(2)
     claimed(store, r, second)
     assert ask(store, second, "buffer_one").decision == "wait"
-    mark = store.keys.for_job(second).due.removesuffix("due") + "gate:overlap"
+    mark = store.keys.for_job(second).gate_overlap
     assert r.hgetall(mark) == {NAME: second}
     forget(store, r, second)  # as a pause removes the schedule's point
     assert store.release(first, overlap_key(NAME), "succeeded").released
@@ -371,7 +371,7 @@ def test_deleting_a_schedule_removes_its_waiting_mark(app: Celery, r: redis.Redi
     store = get_store(app)
     schedules = Schedules(app)
     schedules.add("ov-del", "t.noop", 3600.0, overlap="buffer_one")
-    mark = store.keys.for_job("{ov-del}@p").due.removesuffix("due") + "gate:overlap"
+    mark = store.keys.for_job("{ov-del}@p").gate_overlap
     r.hset(mark, mapping={"ov-del": "{ov-del}@p", "other": "{other}@q"})
     assert schedules.delete("ov-del")
     assert r.hgetall(mark) == {"other": "{other}@q"}

@@ -217,6 +217,13 @@ class ShardKeys:
         check of its slot, not a redelivery (``lua/hold.lua``)."""
         return self._key("gate:check")
 
+    @property
+    def gate_overlap(self) -> str:
+        """Hash: a schedule's overlap key (its name) -> the id of its point that waits for its
+        run to end (overlap ``buffer_one``, ``lua/overlap.lua``; ``lua/sched_del.lua`` removes
+        the field with the schedule)."""
+        return self._key("gate:overlap")
+
     def running(self, key: str) -> str:
         """Sorted set: id of a released job of ``key`` whose task has not finished -> slot expiry ms."""
         return self._key("gate:run:" + key)

@@ -66,9 +66,9 @@ class SchedulesPart(StoreBase):
     def delete_schedule(self, name: str) -> bool:
         """Delete a schedule and its waiting point (``lua/sched_del.lua``); False when there
         was none."""
-        shard = self.keys.shard_of("{" + name + "}")
+        keys = self.keys.shard(self.keys.shard_of("{" + name + "}"))
         return self._write_outcome(
-            "sched_del", _DONE, self.keys.shard(shard).core, [name], f"schedule {name!r} not deleted"
+            "sched_del", _DONE, [*keys.core, keys.gate_overlap], [name], f"schedule {name!r} not deleted"
         )
 
     def schedule(self, name: str) -> tuple[str | None, str | None]:

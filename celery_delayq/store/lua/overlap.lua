@@ -71,7 +71,7 @@ local entry = redis.call('HGET', KEYS[3], id)
 if not (entry and lease_holds(entry, token)) then
   return {'not-held'}
 end
-local waiting = GATE_BASE .. 'gate:overlap'
+local waiting = G_OVERLAP
 local rkey = run_key(key)
 local now = server_now()
 purge(key, now)

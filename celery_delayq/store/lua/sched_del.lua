@@ -7,9 +7,8 @@ KEYS[6] schedules  the definition, read and removed
 KEYS[7] history    the run state, read and removed
 KEYS[4] wake, KEYS[5] dead: not used here
 (the shard's seven keys, with its hash tag, in the order every script takes them)
-Not in KEYS (built from KEYS[1], same hash tag, as includes/gate.lua builds it): gate:overlap,
-whose field for this schedule (its overlap key: the name) is removed: a point of it that
-waited for a run to end (overlap buffer_one) will not run.
+KEYS[8] gate:overlap  the field for this schedule (its overlap key: the name) is removed: a
+                   point of it that waited for a run to end (overlap buffer_one) will not run
 
 ARGV[1] schedule name
 
@@ -33,5 +32,5 @@ if raw then
 end
 redis.call('HDEL', KEYS[6], name)
 redis.call('HDEL', KEYS[7], name)
-redis.call('HDEL', string.sub(KEYS[1], 1, #KEYS[1] - 3) .. 'gate:overlap', name)
+redis.call('HDEL', KEYS[8], name)
 return 1

@@ -12,12 +12,14 @@ local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
 -- rate; G_CHECK hash job id -> "1" for a released job waiting for a worker whose next claim
 -- is a check of its slot (hold.lua), not a redelivery (see gate.lua); G_BATCHES set of the
 -- shard's batch ids; G_BATCH_EXPIRY zset finished batch id -> the time (ms) its record
--- expires (batch_check), read by the sweep (batch_delete.lua). The commands used on them are
+-- expires (batch_check), read by the sweep (batch_delete.lua); G_OVERLAP hash schedule (its
+-- overlap key) -> the id of its point that waits for a run to end (overlap.lua). The commands used on them are
 -- all in the ACL rule of docs/security.md (no SISMEMBER, ZPOPMIN, EXISTS or DEL).
 local G_KEYS = GATE_BASE .. 'gate:keys'
 local G_RATES = GATE_BASE .. 'gate:rates'
 local G_BOOKED = GATE_BASE .. 'gate:booked'
 local G_CHECK = GATE_BASE .. 'gate:check'
+local G_OVERLAP = GATE_BASE .. 'gate:overlap'
 local G_BATCHES = GATE_BASE .. 'batches'
 local G_BATCH_EXPIRY = GATE_BASE .. 'batches:expiry'
 -- run_key(key): zset job id -> slot expiry ms; wait_key(key): zset job id -> order score;
