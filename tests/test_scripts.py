@@ -875,6 +875,7 @@ OWN_KEYS = {
     "shapes_sweep": 8,
     "keyed": 10,  # the shard's core keys, its debounce hash and due set, its throttle set
     "due_counts": 1,  # Store.due_count_series: the shard's due set alone
+    "sched_del": 8,  # the shard's core keys and its gate:overlap hash
 }
 
 
