@@ -167,6 +167,7 @@ def push_one(
     return job.id, record.envelope, result
 
 
+@pytest.mark.slow
 @JOB_VALUES
 @settings(max_examples=150, deadline=None)
 @tricky_texts
