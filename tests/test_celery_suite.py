@@ -54,7 +54,7 @@ FILES = ["t/integration/test_inspect.py", "t/integration/test_tasks.py", "t/inte
 #: test_inspect's ``test_scheduled`` (a documented difference).
 SELECT = "eta or retr or countdown or delay or stamp or expire or revoke or chord_on_error or test_scheduled"
 
-#: The selection in two shards (``-k``) of about the same length (about 100 and 80 s, mostly
+#: The selection in two shards (``-k``) of about the same length (about 90 s each, mostly
 #: the suite's own waits), run at once in each mode, each on a Redis of its own; test_scheduled
 #: is in the first.
 SHARDS = [f"({SELECT}) and not (revoke or expire)", f"({SELECT}) and (revoke or expire)"]
@@ -172,13 +172,14 @@ def test_celery_integration_suite_differs_from_plain_celery_only_where_documente
         delayq = [redis_server, *(servers.enter_context(EmbeddedRedis()) for _ in SHARDS[1:])]
         stores = [redis.Redis.from_url(server.url + "/0") for server in delayq]
         servers.callback(lambda: [store.close() for store in stores])
-        for server in delayq:
-            procs.start("beat", suite_env(sdist, server, intercept=True), app="tests.celery_suite.beat_app")
+        delayq_envs = [suite_env(sdist, server, intercept=True) for server in delayq]
+        for env in delayq_envs:
+            procs.start("beat", env, app="tests.celery_suite.beat_app")
         assert wait_for(lambda: procs.logs().count("delayq: beat") >= len(SHARDS), 60, 0.1), procs.logs()
         runs: dict[str, subprocess.Popen[bytes]] = {}
         for n, select in enumerate(SHARDS):
-            delayq_env = suite_env(sdist, delayq[n], intercept=True)
-            for mode, env in (("plain", suite_env(sdist, plain[n], intercept=False)), ("delayq", delayq_env)):
+            plain_env = suite_env(sdist, plain[n], intercept=False)
+            for mode, env in (("plain", plain_env), ("delayq", delayq_envs[n])):
                 name = f"{mode}-{n}"
                 runs[name] = start_suite(
                     sdist, env, select, tmp_path / f"{name}.xml", tmp_path / f"{name}.log"

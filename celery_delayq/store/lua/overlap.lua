@@ -71,7 +71,6 @@ local entry = redis.call('HGET', KEYS[3], id)
 if not (entry and lease_holds(entry, token)) then
   return {'not-held'}
 end
-local waiting = G_OVERLAP
 local rkey = run_key(key)
 local now = server_now()
 purge(key, now)
@@ -79,7 +78,7 @@ local due, tries = lease_read(entry)
 if due == nil then
   due, tries = now, 1
 end
-local marked = redis.call('HGET', waiting, key)
+local marked = redis.call('HGET', G_OVERLAP, key)
 local waited = 0
 if marked == id then
   waited = 1
@@ -88,7 +87,7 @@ local function take()
   redis.call('ZADD', rkey, now + ttl, id)  -- the first write that may grow memory
   redis.call('HSET', KEYS[3], id, lease_entry(due, tries, GATE_TOKEN))
   if marked then
-    redis.call('HDEL', waiting, key)
+    redis.call('HDEL', G_OVERLAP, key)
   end
 end
 if redis.call('ZSCORE', rkey, id) then
@@ -111,6 +110,6 @@ local first = tonumber(redis.call('ZRANGE', rkey, 0, 0, 'WITHSCORES')[2]) or (no
 local at = math.max(math.min(first, now + poll), now + 1)
 redis.call('ZADD', KEYS[1], at, id)  -- the first write that may grow memory
 redis.call('HSET', KEYS[3], id, lease_entry(due, math.max(tries - 1, 0), GATE_TOKEN))
-redis.call('HSET', waiting, key, id)
+redis.call('HSET', G_OVERLAP, key, id)
 wake(ARGV[7], shard, at)
 return {'wait', at, unpack(holders)}

@@ -13,8 +13,9 @@ local GATE_BASE = string.sub(KEYS[1], 1, #KEYS[1] - 3)
 -- is a check of its slot (hold.lua), not a redelivery (see gate.lua); G_BATCHES set of the
 -- shard's batch ids; G_BATCH_EXPIRY zset finished batch id -> the time (ms) its record
 -- expires (batch_check), read by the sweep (batch_delete.lua); G_OVERLAP hash schedule (its
--- overlap key) -> the id of its point that waits for a run to end (overlap.lua). The commands used on them are
--- all in the ACL rule of docs/security.md (no SISMEMBER, ZPOPMIN, EXISTS or DEL).
+-- overlap key) -> the id of its point that waits for a run to end (overlap.lua). The
+-- commands used on them are all in the ACL rule of docs/security.md (no SISMEMBER, ZPOPMIN,
+-- EXISTS or DEL).
 local G_KEYS = GATE_BASE .. 'gate:keys'
 local G_RATES = GATE_BASE .. 'gate:rates'
 local G_BOOKED = GATE_BASE .. 'gate:booked'
