@@ -26,6 +26,10 @@ DEBOUNCE_KEYS = 1000
 PINGS = 2000
 
 
+#: EVALSHA calls of lua/enqueue.lua alone timed after each half of the ``apply_at`` row (the floor).
+FLOOR_CALLS = 2000
+
+
 #: ``BENCH_APPLY_AT_WITHOUT=direct,plans``: the apply_at row also times the call with the store's
 #: own connections for single writes (direct.DirectCalls) or plans.py's per-app plans turned
 #: off, in the same halves, and notes what each buys (the figures their comments give).
@@ -69,6 +73,39 @@ def ping_times(client: Any, n: int) -> list[float]:
     return out
 
 
+def enqueue_floor_times(p: Any, n: int, due_ms: int) -> list[float]:
+    """``n`` calls of ``lua/enqueue.lua`` alone, each timed on its own, in seconds: each stores one
+    real job under a new id with the keys and arguments ``Store.enqueue`` sends for it (its
+    envelope built before the clock starts), one ``EVALSHA`` through redis-py on one connection,
+    as :func:`ping_times` sends its PINGs. What an ``apply_at`` call costs at the least: it
+    builds the message, then makes this one call."""
+    from celery_delayq.producer.build import build_envelope
+    from celery_delayq.store.facade import get_store
+    from celery_delayq.store.jobs import _shaped
+    from celery_delayq.store.scripts import SCRIPTS
+    from celery_delayq.store.stored_forms import stored_form
+
+    store = get_store(p.app)
+    client = p.client
+    sha = SCRIPTS["enqueue"].sha_for(client)
+    calls: list[list[Any]] = []
+    for i, (args, kwargs) in enumerate(itertools.islice(_calls(REAL), n)):
+        job_id = uuid()
+        shard = store.keys.shard_of(job_id)
+        keys = store.keys.shard(shard).with_shapes
+        argv: list[Any] = ["keep", store.keys.wake_channel, shard, "at"]
+        envelope = build_envelope(p.app, p.task, job_id, due_ms + i, args, kwargs)
+        _shaped(argv, [(job_id, due_ms + i, stored_form(job_id, envelope))])
+        calls.append(["EVALSHA", sha, len(keys), *keys, *argv])
+    out: list[float] = []
+    clock = time.perf_counter
+    for call in calls:
+        t0 = clock()
+        client.execute_command(*call)
+        out.append(clock() - t0)
+    return out
+
+
 def _calls(shape: str) -> Iterator[Call]:
     """The arguments of job 0, 1, 2, ... of ``shape`` (:func:`bench.jobs.job_call`)."""
     return (job_call(i, shape) for i in itertools.count())
@@ -89,6 +126,7 @@ def row_apply_at(ctx: Context) -> RowResult:
             p.task.apply_async(args, kwargs, countdown=3600)
             p.client.ping()
         pings: list[float] = []
+        floor: list[float] = []
         ours: dict[str, list[float]] = {REAL: [], BARE: []}
         base: dict[str, list[float]] = {REAL: [], BARE: []}
         calls = {shape: (_calls(shape), _calls(shape)) for shape in (REAL, BARE)}
@@ -111,6 +149,7 @@ def row_apply_at(ctx: Context) -> RowResult:
                 ours[shape].append(timed_loop(apply_at, seconds / 2))
                 if shape == REAL:
                     pings.extend(ping_times(p.client, PINGS // 2))
+                    floor.extend(enqueue_floor_times(p, FLOOR_CALLS // 2, int(due * 1000)))
 
                     def debounce() -> None:
                         args, kwargs = next(debounce_calls)
@@ -152,6 +191,15 @@ def row_apply_at(ctx: Context) -> RowResult:
             target="<=1.5",
         )
     )
+    floor_us = statistics.median(floor) * 1e6
+    result.lines.append(
+        Line(
+            f"apply_at's floor: µs, lua/enqueue.lua alone (one EVALSHA, {REAL}), in PING round trips",
+            floor_us,
+            "µs",
+            baseline=rtt_us,
+        )
+    )
     result.lines.append(
         Line(f"apply_at: jobs/s, one call per job, {BARE}", bare_ours, "jobs/s", baseline=bare_base)
     )
@@ -180,6 +228,14 @@ def row_apply_at(ctx: Context) -> RowResult:
         f"{BARE}: apply_at {1e6 / bare_ours:.0f} µs, apply_async {1e6 / bare_base:.0f} µs; a PING round trip "
         f"here: {rtt_us:.0f} µs, the median of {len(pings):,} PINGs timed one by one through "
         f"redis-py on one connection, after each half of apply_at ({REAL})"
+    )
+    result.notes.append(
+        f"apply_at's floor: the median of {len(floor):,} EVALSHA calls of lua/enqueue.lua timed one by "
+        f"one after the PINGs, each storing one {REAL} under a new id with the keys and arguments "
+        f"Store.enqueue sends (the envelope built before the clock starts; bench/produce.py "
+        f"enqueue_floor_times): {floor_us:.0f} µs = {floor_us / rtt_us:.2f} PING RTT. An apply_at call "
+        f"is this call and the building of the message ({call_us - floor_us:.0f} µs here, the mean call "
+        "less this median)"
     )
     return result
 
