@@ -81,9 +81,7 @@ def enqueue_floor_times(p: Any, n: int, due_ms: int) -> list[float]:
     builds the message, then makes this one call."""
     from celery_delayq.producer.build import build_envelope
     from celery_delayq.store.facade import get_store
-    from celery_delayq.store.jobs import _shaped
     from celery_delayq.store.scripts import SCRIPTS
-    from celery_delayq.store.stored_forms import stored_form
 
     store = get_store(p.app)
     client = p.client
@@ -91,11 +89,8 @@ def enqueue_floor_times(p: Any, n: int, due_ms: int) -> list[float]:
     calls: list[list[Any]] = []
     for i, (args, kwargs) in enumerate(itertools.islice(_calls(REAL), n)):
         job_id = uuid()
-        shard = store.keys.shard_of(job_id)
-        keys = store.keys.shard(shard).with_shapes
-        argv: list[Any] = ["keep", store.keys.wake_channel, shard, "at"]
         envelope = build_envelope(p.app, p.task, job_id, due_ms + i, args, kwargs)
-        _shaped(argv, [(job_id, due_ms + i, stored_form(job_id, envelope))])
+        _, keys, argv = store.enqueue_call(job_id, due_ms + i, envelope)
         calls.append(["EVALSHA", sha, len(keys), *keys, *argv])
     out: list[float] = []
     clock = time.perf_counter

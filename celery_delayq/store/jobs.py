@@ -199,18 +199,11 @@ class JobsPart(StoreBase):
         unique = unique_ms is not None
         mode = f"unique:{int(unique_ms)}" if unique_ms is not None else "replace" if replace else "keep"
         clock = "in" if relative else "at"
-        channel = self.keys.wake_channel
         if len(jobs) == 1:  # one script call: no pipeline around it
             job_id, due_ms, envelope = jobs[0]
-            refuse_point_id(job_id)
-            shard = self.keys.shard_of(job_id)
-            keys = self.keys.shard(shard)
             due_ms = int(due_ms)
-            one: list[Any] = [mode, channel, shard, clock]
-            _shaped(one, [(job_id, due_ms, stored_form(job_id, envelope))])
-            now, status, due, *corrupt = self._write(
-                SCRIPTS["enqueue"], keys.with_unique if unique else keys.with_shapes, one, "", (job_id,)
-            )
+            shard, keys, one = self.enqueue_call(job_id, due_ms, envelope, mode, clock)
+            now, status, due, *corrupt = self._write(SCRIPTS["enqueue"], keys, one, "", (job_id,))
             if corrupt and int(corrupt[0]):
                 self._warn_unique_replaced(shard)
             now = int(now)
@@ -230,7 +223,7 @@ class JobsPart(StoreBase):
             by_shard[shard].append(position)
 
         def enqueue_args(shard: int, chunk: Sequence[int]) -> list[Any]:
-            args: list[Any] = [mode, channel, shard, clock]
+            args: list[Any] = [mode, self.keys.wake_channel, shard, clock]
             triples: list[tuple[str, int, str]] = []
             for p in chunk:
                 job_id, due_ms, envelope = jobs[p]
@@ -239,8 +232,7 @@ class JobsPart(StoreBase):
             return args
 
         def enqueue_keys(shard: int) -> Sequence[str]:
-            keys = self.keys.shard(shard)
-            return keys.with_unique if unique else keys.with_shapes
+            return self._enqueue_keys(shard, mode)
 
         replies = self._per_shard(
             "enqueue",
@@ -268,6 +260,23 @@ class JobsPart(StoreBase):
             if not relative:
                 self._check_past(now, [(job_id, int(due_ms)) for job_id, due_ms, _ in jobs])
         return out
+
+    def enqueue_call(
+        self, job_id: str, due_ms: int, envelope: str, mode: str = "keep", clock: str = "at"
+    ) -> tuple[int, Sequence[str], list[Any]]:
+        """The shard, keys and arguments of ``lua/enqueue.lua`` storing one job, as
+        :meth:`enqueue` sends them (``mode``: ``keep``, ``replace`` or ``unique:<ms>``; ``clock``:
+        ``at`` or ``in``). Raises :class:`ReservedTaskId` for an execution point's id."""
+        refuse_point_id(job_id)
+        shard = self.keys.shard_of(job_id)
+        args: list[Any] = [mode, self.keys.wake_channel, shard, clock]
+        _shaped(args, [(job_id, due_ms, stored_form(job_id, envelope))])
+        return shard, self._enqueue_keys(shard, mode), args
+
+    def _enqueue_keys(self, shard: int, mode: str) -> Sequence[str]:
+        """``lua/enqueue.lua``'s keys for ``shard``: with the uniqueness record in ``unique`` mode."""
+        keys = self.keys.shard(shard)
+        return keys.with_unique if mode.startswith("unique:") else keys.with_shapes
 
     def enqueue_keyed(
         self,
