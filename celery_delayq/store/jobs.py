@@ -152,25 +152,6 @@ def _raise_store_full(
     raise StoreFull([jobs[p][0] for p in stored], [jobs[p][0] for p in not_stored], not_stored) from first
 
 
-def _shaped(args: list[Any], triples: list[tuple[str, int, str]]) -> None:
-    """Append ``lua/enqueue.lua``'s arguments for ``(id, due ms, stored envelope)`` jobs of one
-    shard to ``args``: the count of shapes, each shape's id and text once, then the triples, each
-    envelope with its shape's id in place of its shape where it has one
-    (:func:`~.stored_forms.shared_form`)."""
-    shapes: dict[str, str] = {}
-    out: list[Any] = []
-    for job_id, due_ms, stored in triples:
-        shared = shared_form(stored, _KEEP_WHOLE)
-        if shared is not None:
-            shape_id, shape, stored = shared
-            shapes[shape_id] = shape
-        out.extend((job_id, due_ms, stored))
-    args.append(len(shapes))
-    for item in shapes.items():
-        args.extend(item)
-    args.extend(out)
-
-
 class JobsPart(StoreBase):
     """The store's jobs by id (a part of :class:`~celery_delayq.store.facade.Store`)."""
 
@@ -223,13 +204,11 @@ class JobsPart(StoreBase):
             by_shard[shard].append(position)
 
         def enqueue_args(shard: int, chunk: Sequence[int]) -> list[Any]:
-            args: list[Any] = [mode, self.keys.wake_channel, shard, clock]
             triples: list[tuple[str, int, str]] = []
             for p in chunk:
                 job_id, due_ms, envelope = jobs[p]
                 triples.append((job_id, int(due_ms), stored_form(job_id, envelope)))
-            _shaped(args, triples)
-            return args
+            return self._enqueue_args(shard, mode, clock, triples)
 
         def enqueue_keys(shard: int) -> Sequence[str]:
             return self._enqueue_keys(shard, mode)
@@ -269,9 +248,29 @@ class JobsPart(StoreBase):
         ``at`` or ``in``). Raises :class:`ReservedTaskId` for an execution point's id."""
         refuse_point_id(job_id)
         shard = self.keys.shard_of(job_id)
-        args: list[Any] = [mode, self.keys.wake_channel, shard, clock]
-        _shaped(args, [(job_id, due_ms, stored_form(job_id, envelope))])
+        args = self._enqueue_args(shard, mode, clock, [(job_id, due_ms, stored_form(job_id, envelope))])
         return shard, self._enqueue_keys(shard, mode), args
+
+    def _enqueue_args(
+        self, shard: int, mode: str, clock: str, triples: list[tuple[str, int, str]]
+    ) -> list[Any]:
+        """``lua/enqueue.lua``'s arguments for ``(id, due ms, stored envelope)`` jobs of ``shard``:
+        mode, wake channel, shard and clock, then the count of shapes, each shape's id and text
+        once, then the triples, each envelope with its shape's id in place of its shape where it
+        has one (:func:`~.stored_forms.shared_form`)."""
+        shapes: dict[str, str] = {}
+        out: list[Any] = []
+        for job_id, due_ms, stored in triples:
+            shared = shared_form(stored, _KEEP_WHOLE)
+            if shared is not None:
+                shape_id, shape, stored = shared
+                shapes[shape_id] = shape
+            out.extend((job_id, due_ms, stored))
+        args: list[Any] = [mode, self.keys.wake_channel, shard, clock, len(shapes)]
+        for item in shapes.items():
+            args.extend(item)
+        args.extend(out)
+        return args
 
     def _enqueue_keys(self, shard: int, mode: str) -> Sequence[str]:
         """``lua/enqueue.lua``'s keys for ``shard``: with the uniqueness record in ``unique`` mode."""
