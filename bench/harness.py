@@ -59,6 +59,7 @@ class Sizes:
     dispatch_jobs: int  # row 3: jobs due at once
     rabbit_jobs: int  # row 4
     steady_seconds: float  # row 5: seconds at 1,000 jobs/s
+    steady_grace: float  # row 5: seconds Celery ETA's runs get past the last due time
     burst_jobs: int  # row 6: delayq jobs due in one second
     eta_jobs: int  # rows 6, 9, 10: Celery ETA tasks (the slow baseline)
     idle_seconds: float  # row 7
@@ -81,6 +82,7 @@ DEFAULT = Sizes(
     dispatch_jobs=300_000,
     rabbit_jobs=50_000,
     steady_seconds=60.0,
+    steady_grace=30.0,
     burst_jobs=100_000,
     eta_jobs=20_000,
     idle_seconds=60.0,
@@ -102,6 +104,7 @@ QUICK = Sizes(
     dispatch_jobs=20_000,
     rabbit_jobs=5_000,
     steady_seconds=5.0,
+    steady_grace=30.0,
     burst_jobs=10_000,
     eta_jobs=1_000,
     idle_seconds=8.0,
@@ -125,6 +128,7 @@ SMOKE = Sizes(
     dispatch_jobs=3_000,
     rabbit_jobs=1_000,
     steady_seconds=2.0,
+    steady_grace=5.0,
     burst_jobs=2_000,
     eta_jobs=300,
     idle_seconds=5.0,
@@ -147,6 +151,7 @@ FULL = Sizes(
     dispatch_jobs=1_000_000,
     rabbit_jobs=100_000,
     steady_seconds=60.0,
+    steady_grace=30.0,
     burst_jobs=1_000_000,
     eta_jobs=100_000,
     idle_seconds=60.0,

@@ -153,7 +153,7 @@ def row_lateness_steady(ctx: Context) -> RowResult:
                 time.sleep(wait)
             leads.append(due - time.time())
             p.task.apply_async(*job_call(i), eta=datetime.fromtimestamp(due, UTC))
-        deadline = t0 + seconds + 30.0
+        deadline = t0 + seconds + ctx.sizes.steady_grace
         with contextlib.suppress(BenchError):  # what has not run by then is counted below
             watch(
                 lambda: int(p.client.llen(STARTS_KEY)),
