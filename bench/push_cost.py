@@ -41,19 +41,25 @@ def _usec(client: redis.Redis) -> tuple[int, int, int]:
     return int(script.get("usec", 0)), int(script.get("calls", 0)), inner
 
 
+def store_due(p: Producer, n: int) -> None:
+    """Store ``n`` real jobs due now, after one of their shape that a beat has delivered the
+    beat's way (which stores the shape's template), its message taken out of the queue."""
+    now = time.time() - 1
+    fill(p, 1, lambda i: now, float("inf"), REAL)
+    warm = Dispatcher(p.app)
+    for _ in range(10):
+        warm.run_once()
+    warm.close()
+    p.client.delete(QUEUE)
+    fill(p, n, lambda i: now, float("inf"), REAL)
+
+
 def push_cost(p: Producer, n: int) -> tuple[float, float, int]:
     """Drain ``n`` due real jobs through a beat's push path; (evalsha usec per job, usec per job
     of the commands the script called, evalsha calls)."""
     client = p.client
     client.flushall()
-    now = time.time() - 1
-    fill(p, 1, lambda i: now, float("inf"), REAL)  # the first of its shape: stores the template
-    warm = Dispatcher(p.app)
-    for _ in range(10):
-        warm.run_once()
-    warm.close()
-    client.delete(QUEUE)
-    fill(p, n, lambda i: now, float("inf"), REAL)
+    store_due(p, n)
     dispatcher = Dispatcher(p.app)  # a new beat claims every shard at its first pass
     try:
         client.config_resetstat()

@@ -7,6 +7,7 @@ the figures depend on the machine and on the work in progress.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,23 @@ def test_the_start_check_and_held_check_scripts_run() -> None:
     lines = held.stdout.splitlines()
     assert sum("'held': 40" in line for line in lines if line.startswith("with a result backend")) == 2, lines
     assert sum(line.startswith("without (redelivered)") for line in lines) == 2, lines
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind (Debian's valgrind package)")
+def test_the_server_instruction_count_runs() -> None:
+    """``python -m bench.server_instructions`` drains its jobs under callgrind and prints the
+    server's instructions a job, with each part's share of them."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.server_instructions", "300"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    lines = proc.stdout.splitlines()
+    assert "300 real jobs pushed on claim" in lines[0] and "server instructions a job" in lines[0], lines
+    shares = [float(line.rsplit("(", 1)[1].rstrip("%)")) for line in lines[1:]]
+    assert len(shares) == 10 and shares[0] > 90 and all(0 < share <= 100 for share in shares), lines
