@@ -42,15 +42,17 @@ local function due_jobs(now, batch)
 end
 -- hand_over(out, jobs, gone, token, expiry): remove the members in gone with their lease entries;
 -- lease each job of jobs to token until expiry (its score; its entry: its due time, tries + 1 and
--- the token) and append its id, envelope, due ms and tries to out; then rearm the wake marker
--- (includes/wake.lua) and set out[2] to the next score. Returns out.
+-- the token; the entries in one HSET, the scores in one ZADD) and append its id, envelope, due ms
+-- and tries to out; then rearm the wake marker (includes/wake.lua) and set out[2] to the next
+-- score. Returns out.
 local function hand_over(out, jobs, gone, token, expiry)
   call_sliced('ZREM', KEYS[1], gone, 1)
   call_sliced('HDEL', KEYS[3], gone, 1)
-  local zargs = {}
+  local zargs, entries = {}, {}
   for _, job in ipairs(jobs) do
     local tries = job.tries + 1
-    redis.call('HSET', KEYS[3], job.id, lease_entry(job.due, tries, token))
+    entries[#entries + 1] = job.id
+    entries[#entries + 1] = lease_entry(job.due, tries, token)
     zargs[#zargs + 1] = expiry
     zargs[#zargs + 1] = job.id
     out[#out + 1] = job.id
@@ -58,6 +60,7 @@ local function hand_over(out, jobs, gone, token, expiry)
     out[#out + 1] = tonumber(job.due)
     out[#out + 1] = tries
   end
+  call_sliced('HSET', KEYS[3], entries, 2)
   call_sliced('ZADD', KEYS[1], zargs, 2)
   out[2] = rearm()
   return out
