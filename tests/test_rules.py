@@ -470,17 +470,17 @@ CLOCK_SKEW_MS = 50
 
 
 @pytest.mark.slow
-def test_ten_thousand_random_schedules_match_the_reference(
+def test_four_thousand_random_schedules_match_the_reference(
     app: Celery, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``Schedules.add`` from the real now, in random zones, against the reference."""
     rng = random.Random(20261121)
     zones = sorted(zoneinfo.available_timezones())
     schedules = Schedules(app)
-    n = 10_000
+    n = 4_000
     cases = [(f"r{i}", random_cron(rng), rng.choice(zones)) for i in range(n)]
-    assert len({expr for _, expr, _ in cases}) > 9000  # really random
-    assert sum(len(expr.split()) == 6 for _, expr, _ in cases) > 3000
+    assert len({expr for _, expr, _ in cases}) > 3600  # really random
+    assert sum(len(expr.split()) == 6 for _, expr, _ in cases) > 1200
     compared = window = never = 0
     started = time.monotonic()
     for start in range(0, n, 1000):
@@ -525,7 +525,7 @@ def test_ten_thousand_random_schedules_match_the_reference(
                 window += 1
     elapsed = time.monotonic() - started
     assert schedules.count() == n - never
-    assert compared > 9000
+    assert compared > 3600
     with capsys.disabled():
         print(
             f"\n[test_rules] random cron schedules: {n} generated, {compared} compared exactly with "
