@@ -94,7 +94,6 @@ def test_the_dispatch_profile_runs(path: str, flags: list[str], called: str) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_the_start_check_and_held_check_scripts_run() -> None:
