@@ -73,19 +73,26 @@ def ping_times(client: Any, n: int) -> list[float]:
     return out
 
 
-def enqueue_floor_times(p: Any, n: int, due_ms: int) -> list[float]:
+#: A script that does nothing: sent with enqueue.lua's keys and arguments, what any one script
+#: call carrying them costs (the floor of the floor).
+_EMPTY_SCRIPT = "return 1"
+
+
+def enqueue_floor_times(p: Any, n: int, due_ms: int, empty: bool = False) -> list[float]:
     """``n`` calls of ``lua/enqueue.lua`` alone, each timed on its own, in seconds: each stores one
     real job under a new id with the keys and arguments ``Store.enqueue`` sends for it (its
     envelope built before the clock starts), one ``EVALSHA`` through redis-py on one connection,
     as :func:`ping_times` sends its PINGs. What an ``apply_at`` call costs at the least: it
-    builds the message, then makes this one call."""
+    builds the message, then makes this one call. With ``empty``, the same calls of a script
+    that only returns 1 (:data:`_EMPTY_SCRIPT`): the cost of sending these keys and arguments
+    to a script and reading its reply, whatever the script does."""
     from celery_delayq.producer.build import build_envelope
     from celery_delayq.store.facade import get_store
     from celery_delayq.store.scripts import SCRIPTS
 
     store = get_store(p.app)
     client = p.client
-    sha = SCRIPTS["enqueue"].sha_for(client)
+    sha = client.script_load(_EMPTY_SCRIPT) if empty else SCRIPTS["enqueue"].sha_for(client)
     calls: list[list[Any]] = []
     for i, (args, kwargs) in enumerate(itertools.islice(_calls(REAL), n)):
         job_id = uuid()
@@ -122,6 +129,7 @@ def row_apply_at(ctx: Context) -> RowResult:
             p.client.ping()
         pings: list[float] = []
         floor: list[float] = []
+        empty: list[float] = []
         ours: dict[str, list[float]] = {REAL: [], BARE: []}
         base: dict[str, list[float]] = {REAL: [], BARE: []}
         calls = {shape: (_calls(shape), _calls(shape)) for shape in (REAL, BARE)}
@@ -145,6 +153,7 @@ def row_apply_at(ctx: Context) -> RowResult:
                 if shape == REAL:
                     pings.extend(ping_times(p.client, PINGS // 2))
                     floor.extend(enqueue_floor_times(p, FLOOR_CALLS // 2, int(due * 1000)))
+                    empty.extend(enqueue_floor_times(p, FLOOR_CALLS // 2, int(due * 1000), empty=True))
 
                     def debounce() -> None:
                         args, kwargs = next(debounce_calls)
@@ -195,6 +204,15 @@ def row_apply_at(ctx: Context) -> RowResult:
             baseline=rtt_us,
         )
     )
+    empty_us = statistics.median(empty) * 1e6
+    result.lines.append(
+        Line(
+            f"one EVALSHA of `{_EMPTY_SCRIPT}` with enqueue.lua's keys and arguments, in PING round trips",
+            empty_us,
+            "µs",
+            baseline=rtt_us,
+        )
+    )
     result.lines.append(
         Line(f"apply_at: jobs/s, one call per job, {BARE}", bare_ours, "jobs/s", baseline=bare_base)
     )
@@ -231,6 +249,12 @@ def row_apply_at(ctx: Context) -> RowResult:
         f"enqueue_floor_times): {floor_us:.0f} µs = {floor_us / rtt_us:.2f} PING RTT. An apply_at call "
         f"is this call and the building of the message ({call_us - floor_us:.0f} µs here, the mean call "
         "less this median)"
+    )
+    result.notes.append(
+        f"the same {len(empty):,} calls' keys and arguments sent to a script that only returns 1 "
+        f"(`{_EMPTY_SCRIPT}`), timed the same way: {empty_us:.0f} µs = {empty_us / rtt_us:.2f} PING RTT, "
+        f"what one script call carrying them costs here whatever the script does (enqueue.lua's own "
+        f"work: {floor_us - empty_us:.0f} µs)"
     )
     return result
 
