@@ -251,10 +251,10 @@ def row_apply_at(ctx: Context) -> RowResult:
         "less this median)"
     )
     result.notes.append(
-        f"the same {len(empty):,} calls' keys and arguments sent to a script that only returns 1 "
-        f"(`{_EMPTY_SCRIPT}`), timed the same way: {empty_us:.0f} µs = {empty_us / rtt_us:.2f} PING RTT, "
-        f"what one script call carrying them costs here whatever the script does (enqueue.lua's own "
-        f"work: {floor_us - empty_us:.0f} µs)"
+        f"{len(empty):,} calls built as the floor's (the same jobs, new ids) sent to a script that only "
+        f"returns 1 (`{_EMPTY_SCRIPT}`), timed the same way: {empty_us:.0f} µs = "
+        f"{empty_us / rtt_us:.2f} PING RTT, what one script call carrying them costs here whatever the "
+        f"script does (enqueue.lua's own work: {floor_us - empty_us:.0f} µs)"
     )
     return result
 
