@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from celery_delayq import DelayQ
+from celery_delayq import DelayQ, Schedules
 from celery_delayq.config import DEFAULTS
 from tests.support.apps import make_app
 from tests.support.polling import wait_for
@@ -62,7 +62,9 @@ def _section(text: str, heading: str) -> str:
 @pytest.mark.e2e
 def test_the_quickstart_runs_as_written(tmp_path: Path, redis_url: str) -> None:
     """proj.py as a file, the shell block in a fresh interpreter next to it, then the page's
-    own worker and beat commands: the job runs and the store is empty."""
+    own worker and beat commands: the job runs and leaves the store. The store already holds a
+    schedule's point, as an app with a schedule does: the page's checks must hold there too (a
+    ``count() == 2`` did not)."""
     text = QUICKSTART.read_text()
 
     def local(code: str) -> str:
@@ -79,6 +81,11 @@ def test_the_quickstart_runs_as_written(tmp_path: Path, redis_url: str) -> None:
         namespace: dict[str, Any] = {"__name__": f"quickstart_{i}"}
         exec(compile(local(block), f"quickstart.md:configure{i}", "exec"), namespace)
         namespace["app"].close()
+    other = make_app(redis_url)
+    try:
+        Schedules(other).add("yearly", "proj.yearly", "0 0 1 1 *", check_task=False)
+    finally:
+        other.close()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     ran = subprocess.run(
         [sys.executable, "-c", local(shell[0])],
@@ -93,7 +100,7 @@ def test_the_quickstart_runs_as_written(tmp_path: Path, redis_url: str) -> None:
     job_id, due = ran.stdout.split()[:2]
     app = make_app(redis_url)
     try:
-        assert DelayQ(app).count() == 1  # the cancelled one is gone
+        assert DelayQ(app).count() == 2  # the job and the schedule's point; the cancelled one is gone
         commands = re.findall(r"```sh\n(.*?)```", _section(text, "Run a worker and a beat"), flags=re.S)
         lines = [line for line in commands[0].splitlines() if line.startswith("celery ")]
         assert [line.split()[3] for line in lines] == ["worker", "beat"]
@@ -111,7 +118,8 @@ def test_the_quickstart_runs_as_written(tmp_path: Path, redis_url: str) -> None:
             ), worker_log.read_text(errors="replace")[-3000:] + (tmp_path / "1.log").read_text(
                 errors="replace"
             )
-            assert wait_for(lambda: DelayQ(app).count() == 0, 10)
+            assert wait_for(lambda: DelayQ(app).get(job_id) is None, 10)
+            assert DelayQ(app).count() == 1  # the schedule's point, due next 1 January
             assert job_id in worker_log.read_text(errors="replace")
             assert due.startswith(str(time.gmtime().tm_year))
         finally:
