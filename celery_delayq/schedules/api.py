@@ -176,9 +176,10 @@ class Schedules:
 
         Takes a :class:`ScheduleSpec`, or its fields: ``add(name, task, rule, args=None,
         kwargs=None, *, tz=None, enabled=True, missed="once", max_missed=10, grace=60.0,
-        options=None, origin="api")``. ``rule``: a cron string (5 fields, or 6 with seconds
-        last), ``crontab()``, ``schedule(timedelta)``, a ``timedelta`` or seconds (interval),
-        or a datetime (one-shot). ``tz`` is an IANA timezone for cron rules (default: the
+        options=None, origin="api", dst_gap=None, dst_fold=None, overlap="allow")``.
+        ``rule``: a cron string (5 fields, or 6 with seconds last), ``crontab()``,
+        ``schedule(timedelta)``, a ``timedelta`` or seconds (interval), or a datetime
+        (one-shot). ``tz`` is an IANA timezone for cron rules (default: the
         app's ``timezone``, else UTC). ``options`` are ``apply_async``'s. With
         ``check_task``, the task must be registered in the app. Everything is validated,
         and the first message built, before anything is stored.
