@@ -144,6 +144,11 @@ def test_bad_input_is_refused_before_anything_is_written(redis_url: str, r: redi
     for claim, ttl in (("", TTL_MS), ("1|a", 0), ("1|a", -5)):
         with pytest.raises(redis.ResponseError, match="delayq start"):
             store.start("job-1", 1000, 7, claim, ttl)
+    shard = store.keys.for_job("job-1")
+    keys = [shard.started("job-1", 1000, 7), shard.dropped]
+    for part, field, mark in ((-1, "f", "m"), ("x", "f", "m"), (0, "", "m"), (0, "f", "")):
+        with pytest.raises(redis.ResponseError, match="delayq start"):
+            SCRIPTS["start"](store.client, keys, ["1|a", TTL_MS, part, field, mark])
     assert r.dbsize() == 0
 
 
