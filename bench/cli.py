@@ -26,6 +26,7 @@ from .produce import row_apply_at, row_apply_at_many
 from .report import RowResult, notes, table
 from .resources import IdleBeat, row_idle_beat, row_redis_memory, row_worker_rss
 from .spark import row_spark
+from .start_records import row_start_records
 from .web import row_web
 
 
@@ -52,6 +53,11 @@ ROWS: list[Row] = [
         "cluster_dispatch",
         "jobs/s from a 3-primary Redis Cluster by 1 and 4 beats (kombu path)",
         row_cluster_dispatch,
+    ),
+    Row(
+        "start_records",
+        "500 jobs/s for 60 s on the kombu path: Redis bytes per started job vs one key a job",
+        row_start_records,
     ),
     Row("flow", "10,000 capped jobs (100 keys, limit 2) vs uncapped; release → next start", row_flow),
     Row("web", "the dashboard with 1M pending: page p50/p99, Redis commands/s per open page", row_web),

@@ -241,6 +241,25 @@ def test_shards_spread_over_every_primary(store: Store, r: RedisCluster) -> None
     assert sum(len(v) for v in by_node.values()) == store.config.shards
 
 
+def test_start_records_live_on_each_job_s_node(store: Store, r: RedisCluster) -> None:
+    """lua/start.lua builds its bucket hashes' names from the shard's dropped key: they share its
+    slot, so the script runs on the shard's node, for jobs of every shard (every primary); the
+    first claim wins there, a record of the one-key form is read there too."""
+    ids = [job_id for shard in range(store.config.shards) for job_id in ids_on_shard(store.keys, shard, 2)]
+    assert all(store.start(job_id, 1000, 7, "1|beat-a", 60_000) for job_id in ids)
+    assert all(store.start(job_id, 1000, 7, "1|beat-a", 60_000) for job_id in ids)
+    assert not any(store.start(job_id, 1000, 7, "1|beat-b", 60_000) for job_id in ids)
+    for shard in store.keys.all_shards():
+        slot = int(r.cluster_keyslot(shard.dropped))
+        with node_client(node_of(r, shard.dropped)) as client:
+            records = list(client.scan_iter(match=f"delayq:{shard.tag}:starts:*:*:*"))
+            assert len(records) >= 1 and sum(client.hlen(key) for key in records) == 2
+        assert {int(r.cluster_keyslot(key)) for key in records} == {slot}
+    old = store.keys.for_job(ids[0]).started(ids[0], 1000, 8)
+    r.set(old, "1|beat-a", px=60_000)
+    assert not store.start(ids[0], 1000, 8, "1|beat-b", 60_000)
+
+
 def test_pipelines_name_each_calls_node_without_asking_the_server(store: Store, r: RedisCluster) -> None:
     """redis-py's cluster pipeline would send COMMAND GETKEYS for every EVALSHA (movable keys):
     run_pipelined routes each call by its first key's slot instead."""

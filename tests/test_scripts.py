@@ -870,7 +870,7 @@ def test_every_include_is_used_by_some_script() -> None:
 
 #: Scripts whose caller passes keys of their own, not a shard's ``core``: how many.
 OWN_KEYS = {
-    "start": 2,  # Store.start: the job instance's start record, the shard's dropped count
+    "start": 2,  # Store.start: the job instance's start record of the one-key form, the dropped count
     "enqueue": 9,  # the shard's core keys, its shapes hash and (mode unique) its unique record
     "shapes_sweep": 8,
     "keyed": 10,  # the shard's core keys, its debounce hash and due set, its throttle set

@@ -27,17 +27,25 @@ from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.store.envelope import CLAIM_HEADER
 from celery_delayq.store.facade import get_store
+from celery_delayq.store.keys import start_record
+from celery_delayq.store.scripts import SCRIPTS
 from celery_delayq.worker.starts import CHECK_TIMEOUT, RETRY_AFTER, StartCheck, read_claim
 from tests.support.apps import make_app
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
 from tests.support.processes import Procs
 from tests.support.stack import Producer, env_for, log_of, producers, runs, start_stack, starts, warm_up
-from tests.support.store import broker_lists, make_store
+from tests.support.store import broker_lists, make_store, server_ms
 
 __all__ = ["producers"]  # a fixture, used by name
 
 TTL_MS = 60_000
+
+
+def _records(r: redis.Redis) -> dict[str, int]:
+    """The bucketed start-record hashes of ``r`` and how many records each holds (their
+    fields are bytes: ``r`` decodes replies)."""
+    return {key: r.hlen(key) for key in r.scan_iter("*:starts:*:*:*")}
 
 
 def test_the_first_claim_to_start_wins_and_may_start_again(redis_url: str, r: redis.Redis) -> None:
@@ -47,16 +55,88 @@ def test_the_first_claim_to_start_wins_and_may_start_again(redis_url: str, r: re
     assert not store.start("job-1", 1000, 7, "1|beat-b", TTL_MS)  # another beat's copy
     assert not store.start("job-1", 1000, 7, "2|beat-a", TTL_MS)  # a later claim of the same beat
     assert r.get(store.keys.for_job("job-1").dropped) == "2"
-    record = store.keys.for_job("job-1").started("job-1", 1000, 7)
-    assert r.get(record) == "1|beat-a"
-    assert 0 < r.pttl(record) <= TTL_MS
     # The same id stored again later (another envelope, or requeued at another due): new instances.
     assert store.start("job-1", 1000, 8, "1|beat-b", TTL_MS)
     assert store.start("job-1", 2000, 7, "1|beat-b", TTL_MS)
-    # Every key of a call is on the job's shard (its hash tag): the script runs on a cluster.
-    shard = store.keys.for_job("{x}@2026-01-01T00:00:00.000Z")
-    assert shard.started("{x}@2026-01-01T00:00:00.000Z", 1, 2).startswith(shard.base)
     assert store.overview(0).dropped == 2
+
+
+def test_a_start_record_is_a_field_of_its_shards_bucket_hash(redis_url: str) -> None:
+    """No key a job (the form before issue 52): a field (8 bytes) holding a mark of the claim (4
+    bytes) in the hash of the job's shard, time bucket and part, which expires as a whole at
+    least delayq_start_ttl after its bucket ends; its name has the shard's hash tag (one slot)."""
+    raw = redis.Redis.from_url(redis_url)
+    store = make_store(redis_url)
+    assert store.start("job-1", 1000, 7, "1|beat-a", TTL_MS)
+    part, field, mark = start_record("job-1", 1000, 7, "1|beat-a")
+    shard = store.keys.for_job("job-1")
+    [key] = [k.decode() for k in raw.scan_iter("*:starts:*:*:*")]
+    bucket = server_ms(raw) // 8000  # buckets of 8 s: the least 2^k s with TTL_MS <= 8 of them
+    assert key in {shard.start_records(8, b, part) for b in (bucket - 1, bucket)}, key
+    assert raw.hgetall(key) == {field: mark}
+    assert TTL_MS < raw.pttl(key) <= TTL_MS + 8000
+    assert sorted(k.decode() for k in raw.keys("*")) == [key]  # nothing else, no per-job key
+    assert key.startswith(shard.base)
+    # Every job is found again in its bucket; the jobs of a shard share its hashes.
+    ids = [f"j{i}" for i in range(300)]
+    assert all(store.start(i, 1, 2, "1|a", TTL_MS) for i in ids)
+    assert not any(store.start(i, 1, 2, "1|b", TTL_MS) for i in ids)
+    fields = sum(_records(raw).values())
+    assert fields == 301 and len(_records(raw)) <= 256 * 16
+
+
+def test_a_record_of_the_one_key_form_is_still_recognised(redis_url: str, r: redis.Redis) -> None:
+    """A rolling upgrade: a job a worker of an earlier version started has its record in a key of
+    its own (ShardKeys.started); its other claims are dropped, its own starts again, and
+    nothing new is written for it."""
+    store = make_store(redis_url)
+    old = store.keys.for_job("job-1").started("job-1", 1000, 7)
+    r.set(old, "1|beat-a", px=TTL_MS)
+    assert not store.start("job-1", 1000, 7, "1|beat-b", TTL_MS)
+    assert store.start("job-1", 1000, 7, "1|beat-a", TTL_MS)
+    assert _records(r) == {}
+    assert r.get(store.keys.for_job("job-1").dropped) == "1"
+
+
+@pytest.mark.slow
+def test_a_record_is_kept_its_ttl_across_buckets_and_then_goes_with_its_bucket(redis_url: str) -> None:
+    """TTL 1.5 s: buckets of 1 s. A record written in one bucket is found from the next ones
+    until its TTL has passed; then its bucket's hash has expired and another claim starts."""
+    store = make_store(redis_url)
+    raw = redis.Redis.from_url(redis_url)
+    assert store.start("job-1", 1000, 7, "1|beat-a", 1500)
+    written = server_ms(raw)
+    wait_for(lambda: server_ms(raw) // 1000 > written // 1000, 3, 0.01)  # the next bucket
+    assert server_ms(raw) < written + 1500
+    assert not store.start("job-1", 1000, 7, "1|beat-b", 1500)
+    assert store.start("job-1", 1000, 7, "1|beat-a", 1500)
+    assert wait_for(lambda: not list(raw.scan_iter("*:starts:*:*:*")), 5, 0.05)
+    assert server_ms(raw) >= written + 1500
+    assert store.start("job-1", 1000, 7, "1|beat-b", 1500)
+
+
+@pytest.mark.slow
+def test_a_start_record_costs_at_most_64_bytes(redis_url: str, r: redis.Redis) -> None:
+    """30,000 starts at the default TTL (what 60 s at 500 starts a second leaves, the bench's
+    start_records row): Redis's used_memory grows by at most 64 B a started job (one key a job:
+    about 210 B)."""
+    store = make_store(redis_url)
+    store.start("warm-up", 1, 2, "1|host:1:0123456789abcdef", 3_600_000)
+    before = int(r.info("memory")["used_memory"])
+    pipe = store.client.pipeline(transaction=False)
+    n = 30_000
+    for i in range(n):
+        job_id = f"{uuid.UUID(int=i)}"
+        claim = "1|host:1:0123456789abcdef"
+        shard = store.keys.for_job(job_id)
+        part, field, mark = start_record(job_id, 1_765_000_000_000, 1_764_000_000_000, claim)
+        keys = [shard.started(job_id, 1_765_000_000_000, 1_764_000_000_000), shard.dropped]
+        SCRIPTS["start"](pipe, keys, [claim, 3_600_000, part, field, mark])
+        if i % 2000 == 1999:
+            assert all(pipe.execute())
+    per_job = (int(r.info("memory")["used_memory"]) - before) / n
+    print(f"\nSTART RECORDS: {per_job:.1f} B of used_memory a started job ({n:,} starts, default TTL)")
+    assert per_job <= 64
 
 
 def test_bad_input_is_refused_before_anything_is_written(redis_url: str, r: redis.Redis) -> None:
@@ -64,6 +144,11 @@ def test_bad_input_is_refused_before_anything_is_written(redis_url: str, r: redi
     for claim, ttl in (("", TTL_MS), ("1|a", 0), ("1|a", -5)):
         with pytest.raises(redis.ResponseError, match="delayq start"):
             store.start("job-1", 1000, 7, claim, ttl)
+    shard = store.keys.for_job("job-1")
+    keys = [shard.started("job-1", 1000, 7), shard.dropped]
+    for part, field, mark in ((-1, "f", "m"), ("x", "f", "m"), (0, "", "m"), (0, "f", "")):
+        with pytest.raises(redis.ResponseError, match="delayq start"):
+            SCRIPTS["start"](store.client, keys, ["1|a", TTL_MS, part, field, mark])
     assert r.dbsize() == 0
 
 
@@ -326,11 +411,11 @@ def test_a_killed_worker_and_a_retried_task_run_again_under_the_check(
     assert again, f"{runs(r)}\n{procs.logs()}"
     retries = sorted((s["id"], s["retries"]) for s in starts(r) if s["id"] in {res.id for res in flaky})
     assert retries == sorted((res.id, n) for res in flaky for n in (0, 1))
-    records = [k for k in r.scan_iter("*:start:*")]
-    assert len(records) >= len(late) + len(flaky)  # each was checked (and the warm-up job)
+    records = sum(_records(r).values())
+    assert records >= len(late) + len(flaky)  # each was checked (and the warm-up job)
     for i in (0, 2):
         assert "dropped a stale copy" not in log_of(procs, i)
     print(
         f"\nSTART CHECK: 3 acks_late tasks ran again after a worker SIGKILL, 2 retries ran; "
-        f"{len(records)} start record(s)"
+        f"{records} start record(s)"
     )

@@ -18,6 +18,7 @@ from ..exceptions import InvalidInput, StoreError
 from ..flow.gate import Gate
 from .base import StoreBase, _int_or
 from .connection import is_oom
+from .keys import start_record
 from .lua_formats import parse_key_entry
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
@@ -154,10 +155,14 @@ class FlowPart(StoreBase):
         created ``created_ms``) published under ``claim`` (``"<tries>|<beat token>"``): whether
         it may (``lua/start.lua``, one round trip): True for the first claim of this job
         instance to start (its record kept ``ttl_ms``) and for that claim again; False for a copy
-        of another claim (counted in the shard's dropped count)."""
+        of another claim (counted in the shard's dropped count). The record is a field of the
+        shard's hash for the time bucket (:func:`.keys.start_record`, about 20 bytes); a record
+        of the one-key-a-job form of earlier versions (:meth:`.ShardKeys.started`) is still
+        recognised."""
         shard = self.keys.for_job(job_id)
         keys = [shard.started(job_id, due_ms, created_ms), shard.dropped]
-        return bool(SCRIPTS["start"](self.client, keys, [claim, int(ttl_ms)]))
+        part, field, mark = start_record(job_id, due_ms, created_ms, claim)
+        return bool(SCRIPTS["start"](self.client, keys, [claim, int(ttl_ms), part, field, mark]))
 
     def renew_slots(self, jobs: Sequence[tuple[str, str]], slot_ttl_ms: int) -> dict[str, bool]:
         """Extend to now + ``slot_ttl_ms`` the slots of running gated jobs ``(id, key)``

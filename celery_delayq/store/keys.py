@@ -14,13 +14,26 @@ the shards spread over its nodes. A job's shard is a stable hash of its id
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 
-__all__ = ["KeySpace", "ShardKeys", "is_point_id", "iso_ms", "point_id", "shard_of"]
+__all__ = [
+    "START_PARTS",
+    "KeySpace",
+    "ShardKeys",
+    "is_point_id",
+    "iso_ms",
+    "point_id",
+    "shard_of",
+    "start_record",
+]
+
+#: How many start-record hashes a shard has per time bucket (:meth:`ShardKeys.start_records`).
+START_PARTS = 256
 
 #: The form of a recurring schedule's execution point id (:func:`point_id`).
 _POINT_ID = re.compile(r"\{[^{}]+\}@\d{4,}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -79,6 +92,26 @@ def shard_of(job_id: str, shards: int) -> int:
         if end > start + 1:
             job_id = job_id[start + 1 : end]
     return zlib.crc32(job_id.encode("utf-8")) % shards
+
+
+def start_record(job_id: str, due_ms: int, created_ms: int, claim: str) -> tuple[int, bytes, bytes]:
+    """The start record of a delivery (``lua/start.lua``): ``(part, field, mark)``: the part
+    (0 to :data:`START_PARTS` - 1) and the hash field (8 bytes) of the job instance (``job_id``
+    stored with due ``due_ms``, its envelope created at ``created_ms``), and the value that
+    tells its claim (``"<tries>|<beat token>"``) from another (4 bytes). BLAKE2b digests: 72
+    bits tell one instance from another within its shard (a mix-up would drop a job: at 500
+    starts a second, about once in a million years), 32 bits one claim from another (a mix-up
+    would run a stale copy, itself rare: once in 4 x 10^9 stale copies).
+
+    >>> part, field, mark = start_record("job-1", 1000, 7, "1|beat-a")
+    >>> part, len(field), len(mark)
+    (226, 8, 4)
+    >>> start_record("job-1", 1000, 7, "1|beat-b")[2] != mark
+    True
+    """
+    digest = hashlib.blake2b(f"{due_ms}|{created_ms}|{job_id}".encode(), digest_size=9).digest()
+    mark = hashlib.blake2b(claim.encode(), digest_size=4).digest()
+    return digest[0] % START_PARTS, digest[1:], mark
 
 
 @dataclass(frozen=True)
@@ -176,9 +209,24 @@ class ShardKeys:
 
     # -- the start check (lua/start.lua, celery_delayq/worker/starts.py) --
 
+    def start_records(self, width_s: int, bucket: int, part: int) -> str:
+        """Hash: the start records written in time bucket ``bucket`` (server time // ``width_s``
+        seconds) whose job instance falls in part ``part`` (of :data:`START_PARTS`): 8-byte
+        instance digest -> 4-byte claim digest (:func:`start_record`); the whole hash expires
+        ``delayq_start_ttl`` after its bucket ends. ``lua/start.lua`` builds these names from
+        :attr:`dropped` (the same form).
+
+        >>> KeySpace("delayq", 16).shard(6).start_records(512, 3456789, 17)
+        'delayq:{delayq:6}:starts:512:3456789:17'
+        """
+        return self._key(f"starts:{width_s}:{bucket}:{part}")
+
     def started(self, job_id: str, due_ms: int, created_ms: int) -> str:
         """String: the claim that started this instance of job ``job_id`` (stored with due
-        ``due_ms``, its envelope created at ``created_ms``), for ``delayq_start_ttl``."""
+        ``due_ms``, its envelope created at ``created_ms``): a start record of the form before
+        the bucketed one (:meth:`start_records`), one key a started job. No longer written;
+        ``lua/start.lua`` still reads it, so that a job started by a worker of an earlier version
+        is recognised until its record expires (``delayq_start_ttl`` after it was written)."""
         return self._key(f"start:{due_ms}:{created_ms}:{job_id}")
 
     @property
