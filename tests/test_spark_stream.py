@@ -190,6 +190,30 @@ def test_a_stream_takes_the_due_column_as_an_argument_too(
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_a_bad_row_fails_the_query_naming_it_and_a_restart_after_the_fix_loses_nothing(
+    spark: Any, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """docs/spark.md, "When errors are raised": a row whose due time is null fails the query with
+    the row named (not a bare KeyError); with the data fixed, the query restarted from its
+    checkpoint writes the failed micro-batch again, and every event is stored once."""
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    total = write_events(events, 2, 50)
+    second = events / "part-0001.json"
+    good = second.read_text().splitlines()
+    bad = [*good[:7], json.dumps({"user_id": 57, "text": "reminder 57", "due": None}), *good[8:]]
+    second.write_text("\n".join(bad) + "\n")
+    with pytest.raises(Exception, match=r"row 7: due column 'due' is null") as failed:
+        _stream(spark, events, checkpoint, redis_url, args="user_id,due")
+    assert "KeyError" not in str(failed.value)
+    assert len(pending(r)) == 50  # the first micro-batch, committed
+    second.write_text("\n".join(good) + "\n")
+    query = _stream(spark, events, checkpoint, redis_url, args="user_id,due")
+    assert query.exception() is None
+    assert len(pending(r)) == total
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_corrupt_commit_record_is_reported_and_the_batch_written_again_once(
     spark: Any, redis_url: str, r: redis.Redis, tmp_path: Path
 ) -> None:
