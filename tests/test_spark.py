@@ -131,6 +131,19 @@ def test_schema_check_names_the_missing_or_unusable_column() -> None:
     opts = WriteOptions.parse({"url": "redis://127.0.0.1:1/0", "task": "t", "kwargsColumn": "kw"})
     with pytest.raises(ConfigurationError, match="struct, a map or a JSON string"):
         opts.check_schema({"due": "double", "kw": "array<int>"})
+    opts = WriteOptions.parse({"url": "redis://127.0.0.1:1/0", "task": "t", "args": "due,wait"})
+    opts.check_schema({"due": "timestamp", "wait": "bigint"})  # the due column as an argument too
+    with pytest.raises(
+        ConfigurationError, match=r"column 'wait' is interval day to second, which .* \(json\)"
+    ):
+        opts.check_schema({"due": "timestamp", "wait": "interval day to second"})
+    pickled = {
+        "url": "redis://127.0.0.1:1/0",
+        "task": "t",
+        "args": "wait",
+        "options": '{"serializer": "pickle"}',
+    }
+    WriteOptions.parse(pickled).check_schema({"due": "timestamp", "wait": "interval day to second"})
 
 
 # -- writing, without Spark ----------------------------------------------------------------------

@@ -384,6 +384,25 @@ class WriteOptions:
                 f"kwargsColumn {self.kwargs_column!r} is {types[self.kwargs_column]}: it must be a "
                 "struct, a map or a JSON string"
             )
+        self._check_serializable(types)
+
+    def _check_serializable(self, types: Mapping[str, str]) -> None:
+        """Refuse an argument column of a type the task's serializer cannot carry: JSON has no
+        interval (Python's ``timedelta``), so every row would fail in the executor."""
+        app = self.store.celery_app()
+        task = self.task_of(app)
+        call = dict(self.call_options)
+        serializer = call.get("serializer") or getattr(task, "serializer", None) or app.conf.task_serializer
+        if serializer != "json":
+            return
+        columns = [*self.args, *self.kwargs, *(c for c in (self.args_column, self.kwargs_column) if c)]
+        for name in dict.fromkeys(columns):
+            if "interval" in types[name]:
+                raise ConfigurationError(
+                    f"delayq write: argument column {name!r} is {types[name]}, which the task's "
+                    "serializer (json) cannot carry (a timedelta): pass it as a number of seconds "
+                    "or as a string"
+                )
 
     def job_id(self, row: Mapping[str, Any]) -> str | None:
         """The job id of ``row`` (None: a random one, as apply_at makes)."""
