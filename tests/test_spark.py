@@ -383,6 +383,11 @@ def test_an_arrow_batch_names_the_row_a_value_cannot_work_for(redis_url: str, r:
             writer.add_batch(batch)
     with pytest.raises(InvalidOptions, match=r"^row 0: idTemplate"):
         write_rows(base | {"idTemplate": "u{uid[0]}"}, [{"due": 1.0, "uid": 1}])
+    with pytest.raises(
+        InvalidOptions, match=r"^row 1 \(id 'a\\nb'\): task_id 'a\\nb' of 't.f' holds a control"
+    ):
+        rows = [{"id": "ok", "due": 1.0}, {"id": "a\nb", "due": 1.0}]
+        write_rows({"url": redis_url, "task": "t.f", "idColumn": "id"}, rows)
     assert pending_ids(r) == {}
 
 
