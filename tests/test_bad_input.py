@@ -420,6 +420,12 @@ def test_kwargs_keys_that_are_not_strings_are_refused_at_the_call(app_factory: C
             message = str(info.value)
             assert "of 't.add': kwargs keys must be strings (argument names), got " in message, entry
             assert "\n" not in message
+    for typing in (True, False):  # a later job of many (built the fast way), with and without typing
+        app.tasks["t.add"].typing = typing
+        with pytest.raises(
+            InvalidArguments, match=r"kwargs keys must be strings \(argument names\), got int: 1"
+        ):
+            app.tasks["t.add"].apply_at_many([(ETA, (1,), {"y": 2}), (ETA, (1,), {1: 2})])
     assert DelayQ(app).count() == 0
     app.tasks["t.add"].apply_at(ETA, (1,), {"y": 2})  # string keys, as ever
     assert DelayQ(app).count() == 1
