@@ -12,6 +12,7 @@ still does, so a change in Celery shows here.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from celery_delayq import DelayQ, DelayQError, Schedules
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.exceptions import (
     InvalidArguments,
+    InvalidBatch,
     InvalidDueTime,
     InvalidOptions,
     InvalidSchedule,
@@ -390,3 +392,76 @@ def test_operator_inputs_and_a_gone_batch_raise_delayq_errors(app: Celery) -> No
     assert isinstance(gone.value, DelayQError) and isinstance(gone.value, LookupError)
     with pytest.raises(InvalidArguments, match="take a Celery signature"):
         celery_delayq.apply_in(60, "not a signature")  # type: ignore[arg-type]
+
+
+# -- small bad inputs (issue 52): kwargs keys, an empty id, an id with a control character ---------
+
+
+def _entry_points(app: Celery) -> dict[str, Callable[..., Any]]:
+    """Every call that takes one job's kwargs and task_id: ``call(kwargs, **options)``."""
+    add = app.tasks["t.add"]
+    return {
+        "apply_at": lambda kw, **o: add.apply_at(ETA, (1,), kw, **o),
+        "apply_in": lambda kw, **o: add.apply_in(3600, (1,), kw, **o),
+        "apply_at_many": lambda kw, **o: add.apply_at_many([(ETA, (1,), kw, o.get("task_id"))]),
+        "celery_delayq.apply_at": lambda kw, **o: celery_delayq.apply_at(add.signature((1,), kw), ETA, **o),
+        "intercepted apply_async": lambda kw, **o: add.apply_async((1,), kw, countdown=3600, **o),
+    }
+
+
+def test_kwargs_keys_that_are_not_strings_are_refused_at_the_call(app_factory: Callable[..., Celery]) -> None:
+    """``kwargs={1: 2}``: one InvalidArguments line naming the key (was: a bare TypeError,
+    ``keywords must be strings``, or with ``typing=False`` the key stored as ``"1"``)."""
+    app = app_factory(delayq_intercept_eta=True)
+    for entry, call in _entry_points(app).items():
+        for kwargs in ({1: 2}, {"y": 2, (1, 2): 3}):
+            with pytest.raises(InvalidArguments) as info:
+                call(kwargs)
+            message = str(info.value)
+            assert "of 't.add': kwargs keys must be strings (argument names), got " in message, entry
+            assert "\n" not in message
+    for typing in (True, False):  # a later job of many (built the fast way), with and without typing
+        app.tasks["t.add"].typing = typing
+        with pytest.raises(
+            InvalidArguments, match=r"kwargs keys must be strings \(argument names\), got int: 1"
+        ):
+            app.tasks["t.add"].apply_at_many([(ETA, (1,), {"y": 2}), (ETA, (1,), {1: 2})])
+    assert DelayQ(app).count() == 0
+    app.tasks["t.add"].apply_at(ETA, (1,), {"y": 2})  # string keys, as ever
+    assert DelayQ(app).count() == 1
+
+
+def test_an_empty_or_control_character_task_id_is_refused_at_the_call(
+    app_factory: Callable[..., Celery],
+) -> None:
+    """``task_id=""`` was replaced by a generated id in silence (as Celery's apply_async does);
+    an id with a newline or a tab was stored and printed raw. Both are InvalidTaskId now, at
+    every call that takes an id, with a one-line message; a batch refuses them as its own ids."""
+    app = app_factory(delayq_intercept_eta=True)
+    add = app.tasks["t.add"]
+    queue = DelayQ(app)
+    for entry, call in _entry_points(app).items():
+        with pytest.raises(InvalidTaskId, match=r"task_id of 't\.add' must not be empty \(leave task_id out"):
+            call(None, task_id="")
+        for bad, char in (("a\nb", r"'\\n' at position 1"), ("tab\there", r"'\\t' at position 3"),
+                          ("nul\x00", r"'\\x00' at position 3"), ("del\x7f", r"'\\x7f'")):  # fmt: skip
+            with pytest.raises(InvalidTaskId) as info:
+                call(None, task_id=bad)
+            message = str(info.value)
+            assert re.search(rf"task_id '.*' of 't\.add' holds a control character \({char}", message), (
+                entry,
+                message,
+            )
+            assert "\n" not in message and "\t" not in message
+    with pytest.raises(InvalidBatch, match=r"sets task_id=''"):
+        queue.batch([add.s(1).set(task_id="")], ETA)
+    with pytest.raises(InvalidBatch, match=r"^batch member 0 sets task_id='a\\nb': "):
+        queue.batch([add.s(1).set(task_id="a\nb")], ETA)
+    for batch_id in ("", "a\nb"):
+        with pytest.raises(InvalidBatch, match="or a control character"):
+            queue.batch([add.s(1)], ETA, batch_id=batch_id)
+        with pytest.raises(InvalidBatch, match="or a control character"):
+            queue.open_batch(batch_id=batch_id)
+    assert queue.count() == 0
+    for fine in ("tâche-1", "a b", "ü\u00a0x"):  # not ASCII, a space, a no-break space: kept
+        assert add.apply_at(ETA, (1,), task_id=fine).id == fine

@@ -409,6 +409,30 @@ def test_ls_pages_with_offset_and_cursor(app: Celery, r: redis.Redis, run: Run) 
     assert run("ls", "--limit", "0").exit_code == 2  # click's own usage error
 
 
+def test_an_id_with_a_control_character_is_shown_escaped(app: Celery, r: redis.Redis, run: Run) -> None:
+    """An id with a newline or a tab (refused at the call now, InvalidTaskId; stored by an older
+    version or written straight to the store) is printed as its repr by ``ls``, ``show`` and the
+    per-id reports: one line, not two ids (was: printed raw). ``--json`` keeps the id as it is."""
+    from celery_delayq.producer.build import build_envelopes
+
+    due = server_ms(r) + 3_600_000
+    store = store_of(app)
+    for old_id in ("old\nid", "tab\tid"):
+        [envelope] = build_envelopes(app, app.tasks["t.add"], [("placeholder", due, (1, 2), None)], {})
+        store.enqueue([(old_id, due, envelope.replace('"placeholder"', json.dumps(old_id)))])
+    listed = run("ls").stdout
+    assert re.search(r"^'old\\nid'\s+waiting\s", listed, flags=re.M), listed
+    assert re.search(r"^'tab\\tid'\s+waiting\s", listed, flags=re.M), listed
+    assert "\t" not in listed and not re.search(r"^id\s", listed, flags=re.M)
+    shown = run("show", "old\nid").stdout
+    assert shown.splitlines()[0] == "job 'old\\nid'"
+    assert re.search(r"^id\s+'old\\nid'$", shown, flags=re.M)
+    assert as_json(run("ls", "--json"))["jobs"][0]["id"] in ("old\nid", "tab\tid")
+    cancelled = run("cancel", "old\nid", "tab\tid")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert cancelled.stdout.splitlines() == ["'old\\nid': cancelled", "'tab\\tid': cancelled"]
+
+
 def test_show_a_job(app: Celery, r: redis.Redis, run: Run) -> None:
     due = server_ms(r) + 3_600_000
     job_id = add_at(app, due, 3, 4, task_id="show-me", queue="q1", priority=5, headers={"tenant": "acme"})

@@ -21,7 +21,7 @@ from celery import Celery
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.config import reconfigure
-from celery_delayq.exceptions import ConfigurationError, InvalidDueTime
+from celery_delayq.exceptions import ConfigurationError, InvalidDueTime, InvalidOptions
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.keys import KeySpace
@@ -131,6 +131,19 @@ def test_schema_check_names_the_missing_or_unusable_column() -> None:
     opts = WriteOptions.parse({"url": "redis://127.0.0.1:1/0", "task": "t", "kwargsColumn": "kw"})
     with pytest.raises(ConfigurationError, match="struct, a map or a JSON string"):
         opts.check_schema({"due": "double", "kw": "array<int>"})
+    opts = WriteOptions.parse({"url": "redis://127.0.0.1:1/0", "task": "t", "args": "due,wait"})
+    opts.check_schema({"due": "timestamp", "wait": "bigint"})  # the due column as an argument too
+    with pytest.raises(
+        ConfigurationError, match=r"column 'wait' is interval day to second, which .* \(json\)"
+    ):
+        opts.check_schema({"due": "timestamp", "wait": "interval day to second"})
+    pickled = {
+        "url": "redis://127.0.0.1:1/0",
+        "task": "t",
+        "args": "wait",
+        "options": '{"serializer": "pickle"}',
+    }
+    WriteOptions.parse(pickled).check_schema({"due": "timestamp", "wait": "interval day to second"})
 
 
 # -- writing, without Spark ----------------------------------------------------------------------
@@ -313,6 +326,71 @@ def test_an_arrow_batch_with_a_null_due_names_the_row(redis_url: str, r: redis.R
     assert pending_ids(r) == {}
 
 
+def test_the_due_column_may_also_be_an_argument_and_an_id_field(
+    app: Celery, redis_url: str, r: redis.Redis
+) -> None:
+    """A reminder that receives its own due time: the due column also in ``args``, ``kwargs``
+    and ``idTemplate``. The task gets the value as the row has it (a timestamp as a datetime,
+    as every timestamp column): the job is what ``apply_at(due, (due,), {"due": due})`` stores,
+    from mappings and from Arrow batches (before: ``KeyError: 'due'`` in add_batch)."""
+    from kombu.utils.json import loads
+
+    @app.task(base=DelayedTask, name="t.remind", shared=False)
+    def remind(at: datetime, due: datetime | None = None, user_id: int = 0) -> None:
+        return None
+
+    remind.apply_at(BASE, (BASE,), {"due": BASE, "user_id": 7}, task_id="direct")
+    options = {"url": redis_url, "task": "t.remind", "args": "due", "kwargs": "due,user_id",
+               "idTemplate": "r:{user_id}:{due:%Y%m%d}"}  # fmt: skip
+    write_rows(options, [{"user_id": 7, "due": BASE}])
+    assert comparable(stored(r, "r:7:20310504")) == comparable(stored(r, "direct"))
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "due": pa.array([int(BASE.timestamp() * 1_000_000)], pa.timestamp("us", tz="UTC")),
+            "user_id": pa.array([8], pa.int64()),
+        }
+    )
+    with JobWriter(WriteOptions.parse(options)) as writer:
+        writer.add_batch(batch)
+    assert pending_ids(r)["r:8:20310504"] == BASE.timestamp() * 1000
+    args, kwargs = loads(stored(r, "r:8:20310504")["j"] + "]")[:2]
+    assert args == [BASE] and kwargs == {"due": BASE, "user_id": 8}
+    seconds = pa.RecordBatch.from_pydict({"due": pa.array([BASE.timestamp()]), "user_id": pa.array([9])})
+    with JobWriter(WriteOptions.parse(options | {"idTemplate": "r:{user_id}"})) as writer:
+        writer.add_batch(seconds)  # epoch seconds: the task gets the number, as the row has it
+    seconds_args = [[BASE.timestamp()], {"due": BASE.timestamp(), "user_id": 9}]
+    assert loads(stored(r, "r:9")["j"] + "]")[:2] == seconds_args
+
+
+def test_an_arrow_batch_names_the_row_a_value_cannot_work_for(redis_url: str, r: redis.Redis) -> None:
+    """Per-row problems of an Arrow batch name the row, never a bare KeyError or JSON error."""
+    batch = pa.RecordBatch.from_pydict(
+        {"due": pa.array([1.0, 2.0, 3.0]), "uid": pa.array([1, 2, 3]), "a": pa.array(["[1]", "[2]", "[3"])}
+    )
+    base = {"url": redis_url, "task": "t.f", "idTemplate": "u{uid}"}
+    cases: list[tuple[dict[str, str], type[Exception], str]] = [
+        ({"argsColumn": "a"}, ValueError, r"^row 2: .*char"),  # a JSON array cut short
+        (
+            {"idTemplate": "u{uid:%Y}"},
+            InvalidOptions,
+            r"^row 0: idTemplate 'u\{uid:%Y\}' cannot format uid=1:",
+        ),
+        ({"idTemplate": "u{uid.name}"}, InvalidOptions, r"^row 0: idTemplate .* AttributeError"),
+        ({"args": "nope"}, ConfigurationError, r"no column 'nope' in the batch \(its columns: due, uid, a\)"),
+    ]
+    for extra, error, message in cases:
+        with pytest.raises(error, match=message), JobWriter(WriteOptions.parse(base | extra)) as writer:
+            writer.add_batch(batch)
+    with pytest.raises(InvalidOptions, match=r"^row 0: idTemplate"):
+        write_rows(base | {"idTemplate": "u{uid[0]}"}, [{"due": 1.0, "uid": 1}])
+    with pytest.raises(
+        InvalidOptions, match=r"^row 1 \(id 'a\\nb'\): task_id 'a\\nb' of 't.f' holds a control"
+    ):
+        rows = [{"id": "ok", "due": 1.0}, {"id": "a\nb", "due": 1.0}]
+        write_rows({"url": redis_url, "task": "t.f", "idColumn": "id"}, rows)
+    assert pending_ids(r) == {}
+
+
 # -- reading, without Spark -----------------------------------------------------------------------
 
 
@@ -447,6 +525,23 @@ def test_spark_write_refuses_overwrite_a_missing_column_and_a_bad_url(spark: Any
     with pytest.raises(errors, match=r"Connection refused|ConnectionError"):
         _writer(df, "redis://127.0.0.1:1/0").save()
     assert pending_ids(r) == {}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_write_takes_the_due_column_as_an_argument_too(spark: Any, redis_url: str,
+                                                             r: redis.Redis) -> None:  # fmt: skip
+    """``dueColumn`` also in ``args`` and ``idTemplate`` (a reminder that receives its own due
+    time): every row is stored, the task gets the row's timestamp as a datetime (before: the
+    executor failed with ``KeyError: 'due'``)."""
+    from kombu.utils.json import loads
+
+    df = _users(spark, 200).repartition(2)
+    _writer(df, redis_url, args="due", kwargs="user_id", idTemplate="r:{user_id}:{due:%H%M%S}").save()
+    jobs = pending_ids(r)
+    assert len(jobs) == 200
+    assert jobs["r:5:120005"] == (BASE.timestamp() + 5) * 1000
+    assert loads(stored(r, "r:5:120005")["j"] + "]")[:2] == [[BASE + timedelta(seconds=5)], {"user_id": 5}]
 
 
 @pytest.mark.spark

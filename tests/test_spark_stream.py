@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from tests.support.polling import wait_for
 from tests.support.processes import ROOT, Procs, subprocess_env
 from tests.support.spark import spark
 from tests.support.store import make_store
+from tests.test_spark import stored
 
 __all__ = ["cluster_url", "redis_cluster", "spark"]  # fixtures, used by name
 
@@ -162,6 +164,52 @@ def test_a_replayed_micro_batch_stores_nothing_twice(
     assert set(after) == set(first) - set(batch_2[:50])
     assert r.get(f"delayq:stream:{query.id}") == "2"
     assert 0 < r.pttl(f"delayq:stream:{query.id}") <= STREAM_UNIQUE_FOR * 1000
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_stream_takes_the_due_column_as_an_argument_too(
+    spark: Any, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """``dueColumn`` also in ``args`` (a reminder that receives its own due time): the query runs
+    to its end with every event stored once, the task getting the due timestamp as a datetime
+    (before: the executor's ``KeyError: 'due'`` killed the query)."""
+    from kombu.utils.json import loads
+
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    total = write_events(events, 2, 50)
+    query = _stream(spark, events, checkpoint, redis_url, args="user_id,due")
+    assert query.exception() is None
+    jobs = pending(r)
+    assert len(jobs) == total
+    assert set(jobs.values()) == {datetime(2030, 1, 1, tzinfo=UTC).timestamp() * 1000}
+    first = f"stream:{query.id}:0:0:0"
+    assert loads(stored(r, first)["j"] + "]")[0] == [0, datetime(2030, 1, 1, tzinfo=UTC)]
+    assert r.get(f"delayq:stream:{query.id}") == "1"  # both micro-batches committed
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_bad_row_fails_the_query_naming_it_and_a_restart_after_the_fix_loses_nothing(
+    spark: Any, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """docs/spark.md, "When errors are raised": a row whose due time is null fails the query with
+    the row named (not a bare KeyError); with the data fixed, the query restarted from its
+    checkpoint writes the failed micro-batch again, and every event is stored once."""
+    events, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    total = write_events(events, 2, 50)
+    second = events / "part-0001.json"
+    good = second.read_text().splitlines()
+    bad = [*good[:7], json.dumps({"user_id": 57, "text": "reminder 57", "due": None}), *good[8:]]
+    second.write_text("\n".join(bad) + "\n")
+    with pytest.raises(Exception, match=r"row 7: due column 'due' is null") as failed:
+        _stream(spark, events, checkpoint, redis_url, args="user_id,due")
+    assert "KeyError" not in str(failed.value)
+    assert len(pending(r)) == 50  # the first micro-batch, committed
+    second.write_text("\n".join(good) + "\n")
+    query = _stream(spark, events, checkpoint, redis_url, args="user_id,due")
+    assert query.exception() is None
+    assert len(pending(r)) == total
 
 
 @pytest.mark.spark

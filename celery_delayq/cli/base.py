@@ -21,7 +21,7 @@ from ..exceptions import ConfigurationError
 from ..schedules.api import Schedules
 from ..store.facade import Store, get_store
 from .errors import EXIT_NOT_DONE, StoreProblem, cli_error, rule_for, usage
-from .render import emit_json, make_console
+from .render import emit_json, make_console, shown
 from .timeparse import is_relative, parse_when
 
 __all__ = [
@@ -141,7 +141,7 @@ def report(s: Session, results: list[dict[str, Any]], ok: set[str], as_json: boo
     else:
         for r in results:
             if r["outcome"] in ok:
-                click.echo(f"{r[key]}: {r['message']}")
+                click.echo(f"{shown(str(r[key]))}: {r['message']}")
     for r in failed:
         click.echo(f"Error: {r['message']}", err=True)
     if failed:

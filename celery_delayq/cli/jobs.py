@@ -16,7 +16,7 @@ from ..admin.listing import JobFilter, jobs_page
 from ..admin.views import JOB_STATES, cancel_result, job_detail, job_view, move_result
 from .base import Session, json_option, report, session
 from .errors import CliError, usage
-from .render import call_text, kv_table, listing, plain_row, relative
+from .render import call_text, kv_table, listing, plain_row, relative, shown
 
 __all__ = [
     "cancel_jobs",
@@ -112,7 +112,7 @@ def print_job(s: Session, view: dict[str, Any]) -> None:
         return f"{s.when(ms)} ({relative(ms, now)})"
 
     rows: list[tuple[str, Any]] = [
-        ("id", view["id"]),
+        ("id", shown(view["id"])),
         ("state", view["state"]),
         *([("waits for", view["gated_reason"])] if view.get("gated_reason") else []),
         *([tuple(view["keyed"].split(":", 1))] if view.get("keyed") else []),  # debounce/throttle: key
@@ -142,7 +142,7 @@ def print_job(s: Session, view: dict[str, Any]) -> None:
     ]
     if view["envelope_error"]:
         rows.append(("envelope error", view["envelope_error"]))
-    s.console().print(kv_table(f"job {view['id']}", rows))
+    s.console().print(kv_table(f"job {shown(view['id'])}", rows))
 
 
 @click.command("show", short_help="Everything about one job.")

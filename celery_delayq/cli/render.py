@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import unicodedata
 from collections.abc import Sequence
 from typing import IO, Any, cast
 
@@ -34,6 +35,7 @@ __all__ = [
     "plain_row",
     "relative",
     "short",
+    "shown",
 ]
 
 
@@ -58,6 +60,19 @@ def relative(ms: float, now_ms: float) -> str:
     if abs(ms - now_ms) < 1000:
         return "now"
     return f"in {ago(ms - now_ms)}" if ms >= now_ms else f"{ago(now_ms - ms)} ago"
+
+
+def shown(text: str) -> str:
+    """``text`` as it is, or its ``repr`` when it holds a control character: a job id stored by
+    an older version (or any text from the store) with a newline or a tab would break the line
+    it is printed on, and look like another id.
+
+    >>> print(shown("invoice-42"), shown("a\\nb"))
+    invoice-42 'a\\nb'
+    """
+    if text.isprintable() or not any(unicodedata.category(c) == "Cc" for c in text):
+        return text
+    return repr(text)
 
 
 def short(value: Any, width: int = 48) -> str:
@@ -135,8 +150,9 @@ def listing() -> Table:
 
 
 def plain_row(table: Table, *cells: str, style: str | None = None) -> None:
-    """A row of plain text (ids, task names and arguments are never read as rich markup)."""
-    table.add_row(*(Text(cell) for cell in cells), style=style)
+    """A row of plain text (ids, task names and arguments are never read as rich markup; a cell
+    with a control character is shown escaped, :func:`shown`)."""
+    table.add_row(*(Text(shown(cell)) for cell in cells), style=style)
 
 
 def kv_table(title: str, rows: Sequence[tuple[str, Any]]) -> Table:

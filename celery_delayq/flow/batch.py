@@ -18,6 +18,7 @@ each member only adds its id and arguments (:func:`~..producer.build.build_envel
 from __future__ import annotations
 
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -231,13 +232,19 @@ def open_batch(
 
 def check_batch_id(batch_id: Any) -> str:
     """``batch_id`` when a batch can be stored under it: a non-empty string without ``{``,
-    ``}`` or ``|``, short enough for its key ``batch:<id>`` to be a gate key."""
+    ``}``, ``|`` or a control character (it is part of its jobs' ids), short enough for its key
+    ``batch:<id>`` to be a gate key."""
     most = MAX_KEY_LENGTH - len(BATCH_PREFIX)
-    if isinstance(batch_id, str) and 0 < len(batch_id) <= most and not any(c in batch_id for c in "{}|"):
+    if (
+        isinstance(batch_id, str)
+        and 0 < len(batch_id) <= most
+        and not any(c in batch_id for c in "{}|")
+        and (batch_id.isprintable() or not any(unicodedata.category(c) == "Cc" for c in batch_id))
+    ):
         return batch_id
     raise InvalidBatch(
         f"batch_id={short_repr(batch_id)}: a batch id is a non-empty string of at most {most} "
-        "characters without '{', '}' or '|' (or leave it out and one is made)"
+        "characters without '{', '}', '|' or a control character (or leave it out and one is made)"
     )
 
 

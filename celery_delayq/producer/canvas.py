@@ -44,7 +44,7 @@ from ..exceptions import InvalidArguments, InvalidOptions, UnknownTask
 from ..flow.gate import GATE_OPTIONS
 from ..store.facade import get_store
 from .build import build_envelopes, new_task_ids
-from .options import TRANSPORT_OPTIONS, clean_options
+from .options import TRANSPORT_OPTIONS, check_task_id, clean_options
 from .plans import app_state
 from .result import ScheduledResult
 from .task import scheduled_results
@@ -128,8 +128,9 @@ class _Jobs:
         for name in TRANSPORT_OPTIONS:  # Celery's canvas passes its producer to each member
             options.pop(name, None)
         options.pop("replace", None)
-        job_id = task_id or options.pop("task_id", None) or new_task_ids(1)[0]
+        given = options.pop("task_id", None) if task_id is None else task_id
         options.pop("task_id", None)
+        job_id = new_task_ids(1)[0] if given is None else check_task_id(given, task.name)
         envelope = build_envelopes(
             self.app, task, [(job_id, self.due_ms, args, kwargs)], options,
             max_payload=self.max_payload, state=self.state,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import unicodedata
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -26,6 +27,7 @@ from ..store.envelope import CLAIM_HEADER, DUE_HEADER
 __all__ = [
     "MAX_TASK_ID_LENGTH",
     "TRANSPORT_OPTIONS",
+    "check_kwargs_keys",
     "check_options",
     "check_signature",
     "check_task_id",
@@ -86,8 +88,9 @@ def clean_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def short_repr(value: Any) -> str:
-    """``repr(value)``, cut to a length an error message can carry."""
-    text: str = saferepr(value, 60)
+    """``repr(value)``, cut to a length an error message can carry, on one line (a string's
+    control characters escaped, as ``repr`` does and Celery's ``saferepr`` does not)."""
+    text: str = repr(value[:100]) if isinstance(value, str) else saferepr(value, 60)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -204,12 +207,22 @@ def check_task_id(task_id: Any, name: str) -> str:
             f"task_id of {name!r} must be a string, got {type(task_id).__name__}: {short_repr(task_id)}"
         )
     if not task_id:
-        raise InvalidTaskId(f"task_id of {name!r} must not be empty")
+        raise InvalidTaskId(
+            f"task_id of {name!r} must not be empty (leave task_id out, or None, for a generated one)"
+        )
     if len(task_id) > MAX_TASK_ID_LENGTH:
         raise InvalidTaskId(
             f"task_id {short_repr(task_id)} of {name!r} is {len(task_id)} characters, over the limit "
             f"of {MAX_TASK_ID_LENGTH} (celery_delayq.producer.options.MAX_TASK_ID_LENGTH)"
         )
+    if not task_id.isprintable():
+        control = next((c for c in task_id if unicodedata.category(c) == "Cc"), None)
+        if control is not None:
+            raise InvalidTaskId(
+                f"task_id {short_repr(task_id)} of {name!r} holds a control character ({control!r} "
+                f"at position {task_id.index(control)}): ids are shown and typed in terminals, logs "
+                "and URLs"
+            )
     if not task_id.isascii():
         try:
             task_id.encode("utf-8")
@@ -241,9 +254,12 @@ def job_args(args: Any, task_id: Any, name: str) -> tuple[Any, ...]:
 
 
 def job_kwargs(kwargs: Any, task_id: Any, name: str) -> dict[str, Any]:
-    """A job's ``kwargs`` as a dict; as in Celery, anything false is none, else a mapping."""
+    """A job's ``kwargs`` as a dict; as in Celery, anything false is none, else a mapping whose
+    keys are strings (:func:`check_kwargs_keys`)."""
     if type(kwargs) is dict or isinstance(kwargs, Mapping):  # (a dict without the ABC check)
-        return dict(kwargs)
+        out: dict[str, Any] = dict(kwargs)
+        check_kwargs_keys(out, task_id, name)
+        return out
     try:
         empty = kwargs is None or not kwargs
     except Exception:  # (as above)
@@ -254,6 +270,26 @@ def job_kwargs(kwargs: Any, task_id: Any, name: str) -> dict[str, Any]:
         f"{job_label(task_id, name)}: kwargs must be a mapping (a dict), got {type(kwargs).__name__}: "
         f"{short_repr(kwargs)}"
     )
+
+
+def check_kwargs_keys(kwargs: dict[Any, Any], task_id: Any, name: str) -> None:
+    """Refuse, with :class:`InvalidArguments`, ``kwargs`` with a key that is not a string (a
+    keyword argument's name): Python's ``f(**kwargs)`` would fail at the worker, and JSON
+    would store the key as text.
+
+    >>> check_kwargs_keys({1: 2}, "invoice-42", "proj.remind")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celery_delayq.exceptions.InvalidArguments: job 'invoice-42' of 'proj.remind': kwargs keys must be ...
+    """
+    try:
+        "".join(kwargs)  # (one C call over the keys: fails at the first that is not a string)
+    except TypeError:
+        bad = next(key for key in kwargs if not isinstance(key, str))
+        raise InvalidArguments(
+            f"{job_label(task_id, name)}: kwargs keys must be strings (argument names), got "
+            f"{type(bad).__name__}: {short_repr(bad)}"
+        ) from None
 
 
 def _time_limit_ok(value: Any) -> bool:

@@ -280,6 +280,8 @@ class DelayQTaskMixin:
             options = dict(options)
             replace = bool(options.pop("replace", False))
             given_id = options.pop("task_id", None)
+            if given_id is not None:  # ("" too: refused, where Celery would make one in silence)
+                check_task_id(given_id, self.name)
             unique_for = options.pop("unique_for", None)
             unique_ms = None
             if unique_for is not None:
@@ -299,8 +301,7 @@ class DelayQTaskMixin:
         max_payload = store.config.max_payload
         if gate is not None:
             add_gate_header(gate, options)
-        # (a falsy task_id is generated, as Celery's apply_async does)
-        ids = job_ids([given_id or None] * len(items) if given_ids is None else given_ids, gate)
+        ids = job_ids([given_id] * len(items) if given_ids is None else given_ids, gate)
         shift = base or 0
         if len(items) == 1:  # one job (apply_at, apply_in): the same steps, without the lists
             ((due_ms, args, kwargs),) = items

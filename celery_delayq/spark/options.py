@@ -327,7 +327,12 @@ class WriteOptions:
 
     def columns_used(self) -> list[str]:
         """Every input column the write reads."""
-        names = [self.due, *self.args, *self.kwargs]
+        return list(dict.fromkeys([self.due, *self.row_columns()]))
+
+    def row_columns(self) -> list[str]:
+        """The columns read for a job's arguments and id (the due column among them when it is
+        also an argument or an id field: the task gets its value as the row has it)."""
+        names = [*self.args, *self.kwargs]
         names += [c for c in (self.args_column, self.kwargs_column, self.id_column) if c]
         names += self.id_fields
         return list(dict.fromkeys(names))
@@ -379,6 +384,25 @@ class WriteOptions:
                 f"kwargsColumn {self.kwargs_column!r} is {types[self.kwargs_column]}: it must be a "
                 "struct, a map or a JSON string"
             )
+        self._check_serializable(types)
+
+    def _check_serializable(self, types: Mapping[str, str]) -> None:
+        """Refuse an argument column of a type the task's serializer cannot carry: JSON has no
+        interval (Python's ``timedelta``), so every row would fail in the executor."""
+        app = self.store.celery_app()
+        task = self.task_of(app)
+        call = dict(self.call_options)
+        serializer = call.get("serializer") or getattr(task, "serializer", None) or app.conf.task_serializer
+        if serializer != "json":
+            return
+        columns = [*self.args, *self.kwargs, *(c for c in (self.args_column, self.kwargs_column) if c)]
+        for name in dict.fromkeys(columns):
+            if "interval" in types[name]:
+                raise ConfigurationError(
+                    f"delayq write: argument column {name!r} is {types[name]}, which the task's "
+                    "serializer (json) cannot carry (a timedelta): pass it as a number of seconds "
+                    "or as a string"
+                )
 
     def job_id(self, row: Mapping[str, Any]) -> str | None:
         """The job id of ``row`` (None: a random one, as apply_at makes)."""
@@ -388,8 +412,20 @@ class WriteOptions:
                 raise InvalidOptions(f"id column {self.id_column!r} is null")
             return str(value)
         if self.id_template is not None:
-            return self.id_template.format_map({name: row[name] for name in self.id_fields})
+            return self.template_id({name: row[name] for name in self.id_fields})
         return None
+
+    def template_id(self, values: Mapping[str, Any]) -> str:
+        """``idTemplate`` filled with one row's ``values``; a value the template cannot format
+        (``{due:%Y%m%d}`` of a number, ``{user.name}`` of a string) raises InvalidOptions."""
+        assert self.id_template is not None
+        try:
+            return self.id_template.format_map(values)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            given = ", ".join(f"{name}={values[name]!r}" for name in self.id_fields)
+            raise InvalidOptions(
+                f"idTemplate {self.id_template!r} cannot format {given}: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 def _template_fields(template: str) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ so running the same write twice leaves the same set of pending jobs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
@@ -142,28 +142,30 @@ class JobWriter:
         n = batch.num_rows
         if n == 0:
             return
-        schema = batch.schema
-        due_col = batch.column(schema.get_field_index(o.due))
+        start = self._built + len(self._ids)
+        due_col = _column(batch, o.due)
         if pa.types.is_timestamp(due_col.type) and due_col.type.tz is not None:
             micros = pc.cast(due_col, pa.int64()).to_pylist()
-            due = [None if us is None else _micros_to_ms(us) for us in micros]
+            due = _each(micros, lambda us: None if us is None else _micros_to_ms(us), start)
         else:  # numbers, strings, timestamps without a zone (read in the app's timezone)
-            due = [None if v is None else _due_ms(v, self.app) for v in due_col.to_pylist()]
-        needed = [name for name in o.columns_used() if name != o.due]
-        cols = {name: batch.column(schema.get_field_index(name)).to_pylist() for name in needed}
-        start = self._built + len(self._ids)
+            due = _each(due_col.to_pylist(), lambda v: None if v is None else _due_ms(v, self.app), start)
+        # The due column is read again here when it is also an argument or an id field: the task
+        # gets its value as the row has it (a timestamp as a datetime, as any timestamp column).
+        cols = {name: _column(batch, name).to_pylist() for name in o.row_columns()}
         if None in due:
             raise InvalidDueTime(f"row {start + due.index(None)}: due column {o.due!r} is null")
         args_list: list[Any]
         kwargs_list: list[Any]
         if o.args_column is not None:
-            args_list = [_as_args(v, o.args_column) for v in cols[o.args_column]]
+            args_column = o.args_column
+            args_list = _each(cols[args_column], lambda v: _as_args(v, args_column), start)
         elif o.args:
             args_list = [list(t) for t in zip(*(cols[c] for c in o.args), strict=True)]
         else:
             args_list = [None] * n
         if o.kwargs_column is not None:
-            kwargs_list = [_as_kwargs(v, o.kwargs_column) for v in cols[o.kwargs_column]]
+            kwargs_column = o.kwargs_column
+            kwargs_list = _each(cols[kwargs_column], lambda v: _as_kwargs(v, kwargs_column), start)
         elif o.kwargs:
             names = o.kwargs
             rows = zip(*(cols[c] for c in names), strict=True)
@@ -176,13 +178,13 @@ class JobWriter:
                 raise InvalidOptions(f"row {start + raw.index(None)}: id column {o.id_column!r} is null")
             ids: list[str | None] = [v if type(v) is str else str(v) for v in raw]
         elif o.id_template is not None:
-            fmt, fields = o.id_template.format_map, o.id_fields
-            values = zip(*(cols[f] for f in fields), strict=True)
-            ids = [fmt(dict(zip(fields, t, strict=True))) for t in values]
+            fields = o.id_fields
+            values = [dict(zip(fields, t, strict=True)) for t in zip(*(cols[f] for f in fields), strict=True)]
+            ids = _each(values, o.template_id, start)
         else:
             ids = [None] * n
         for i in range(n):
-            self._append(ids[i], due[i], args_list[i], kwargs_list[i])  # type: ignore[arg-type]
+            self._append(ids[i], due[i], args_list[i], kwargs_list[i])
 
     def _append(self, job_id: str | None, due_ms: int, args: Any, kwargs: Any) -> None:
         self._ids.append(job_id)
@@ -285,6 +287,31 @@ def _at_row(exc: Exception, where: str) -> Exception:
     if isinstance(exc, DelayQError):
         return type(exc)(f"{where}: {exc}")
     return (TypeError if isinstance(exc, TypeError) else ValueError)(f"{where}: {exc}")
+
+
+def _column(batch: Any, name: str) -> Any:
+    """The column ``name`` of an Arrow batch (Spark's schema was checked on the driver; a batch
+    handed to :meth:`JobWriter.add_batch` by hand is checked here)."""
+    index = batch.schema.get_field_index(name)
+    if index < 0:
+        raise ConfigurationError(
+            f"delayq write: no column {name!r} in the batch (its columns: {', '.join(batch.schema.names)})"
+        )
+    return batch.column(index)
+
+
+def _each(values: list[Any], convert: Callable[[Any], Any], start: int) -> list[Any]:
+    """``convert`` of every value; a value it refuses raises its error naming the row
+    (``start`` is the first value's row number)."""
+    try:
+        return [convert(v) for v in values]
+    except (ValueError, TypeError):
+        for position, value in enumerate(values):
+            try:
+                convert(value)
+            except (ValueError, TypeError) as exc:
+                raise _at_row(exc, f"row {start + position}") from exc
+        raise
 
 
 def _micros_to_ms(us: int) -> int:
