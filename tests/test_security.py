@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,13 +25,22 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads as kombu_loads
 
 from celery_delayq import DelayedTask, DelayQ, Schedules
+from celery_delayq.admin.listing import id_search, jobs_page
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.metrics import DispatcherCollector
 from celery_delayq.beat.upkeep import sync_config
 from celery_delayq.devtools.embedded import EmbeddedRedis, free_port
 from celery_delayq.store.connection import make_client
 from celery_delayq.store.facade import get_store
-from tests.support.acl import SECURITY, STORE_PASSWORD, documented_rule, server_kind
+from celery_delayq.worker.starts import StartCheck
+from tests.support.acl import (
+    SECURITY,
+    STORE_PASSWORD,
+    documented_rule,
+    push_path_words,
+    script_commands,
+    server_kind,
+)
 from tests.support.apps import AppFactory
 from tests.support.cluster import LocalCluster, cluster_url, redis_cluster
 from tests.support.polling import wait_for
@@ -40,6 +50,7 @@ from tests.support.wire import body_of
 __all__ = ["cluster_url", "redis_cluster"]  # fixtures, used by name
 
 HOUR = 3600.0
+START_TTL_MS = 60_000
 ADMIN = ("admin", "admin-pw")
 
 
@@ -63,6 +74,21 @@ def set_user(admin: redis.Redis, rule: list[str]) -> None:
 def denied(admin: redis.Redis) -> list[tuple[str, str]]:
     """``(reason, object)`` of every ``ACL LOG`` entry (reason: command, key or channel)."""
     return [(str(e["reason"]), str(e["object"])) for e in admin.acl_log()]
+
+
+def run_as(user: redis.Redis, admin: redis.Redis, command: str) -> str | None:
+    """Run ``command`` as ``user`` with the fewest arguments it takes (its arity, from ``COMMAND
+    INFO``), each ``delayq:wake`` (a key under the prefix, and the wake channel): the refusal's
+    text when the ACL refuses it, else None. An error of the arguments (a wrong type, not a
+    number) is no refusal: the server checks the ACL after the arity, before the command runs."""
+    arity = int(admin.execute_command("COMMAND", "INFO", command)[command]["arity"])
+    try:
+        user.execute_command(command, *["delayq:wake"] * (abs(arity) - 1))
+    except redis.exceptions.NoPermissionError as exc:
+        return str(exc)
+    except redis.ResponseError:
+        pass
+    return None
 
 
 def used_commands(admin: redis.Redis) -> set[str]:
@@ -217,8 +243,10 @@ def test_the_documented_acl_user_runs_everything_the_store_does(
     finally:
         db1.close()
 
-    # Every command of the rule was used, and no other (Redis 6.2 names no subcommands here).
-    assert top_level(used_commands(admin)) - {"config"} == top_level(rule_commands(server_rule(admin)))
+    # Every command of the rule was used (but those of the less-used paths: LESS_USED), and no
+    # other (Redis 6.2 names no subcommands here).
+    rule = top_level(rule_commands(server_rule(admin)))
+    assert top_level(used_commands(admin)) - {"config"} == rule - LESS_USED
     # Refused: CONFIG GET only (check_server skips it); redis-py's CLIENT SETINFO is allowed.
     assert top_level({obj for _, obj in denied(admin)}) == {"config"}
 
@@ -264,6 +292,100 @@ def test_the_dashboards_kept_chart_counts_under_the_documented_rule(
     store.forget_counts(["hour", "day"])
     assert store.kept_counts(["hour"]) == [None]
     assert denied(admin) == []
+
+
+def test_every_command_the_scripts_call_is_allowed_by_the_documented_rule(
+    admin: redis.Redis, acl_server: EmbeddedRedis
+) -> None:
+    """Every command named in the Lua scripts (``redis.call('X'``, ``redis.pcall('X'``,
+    ``call_sliced('X'``: lua/ and lua/includes/) is in the documented rule, or, for the push
+    path's ``LPUSH`` into the broker's lists, in what the docs add for it; and the server takes
+    each one from the user so made (an ACL applies inside scripts too: a command refused there
+    fails the script, e.g. the start check's INCR when it drops a stale copy)."""
+    rule = server_rule(admin)
+    push = push_path_words()
+    called = script_commands()
+    allowed = rule_commands(rule) | rule_commands(push)
+    missing = {c: sorted(set(files)) for c, files in called.items() if c not in allowed}
+    assert missing == {}, f"called by the scripts, not in docs/security.md's rule: {missing}"
+    user = make_client(acl_url(acl_server))
+    set_user(admin, [*rule, *push])
+    try:
+        for command in sorted(called):
+            refused = run_as(user, admin, command)
+            assert refused is None, f"{command} ({', '.join(sorted(set(called[command])))}): {refused}"
+    finally:
+        user.close()
+    assert denied(admin) == []
+
+
+def test_the_start_check_drops_a_stale_copy_under_the_documented_rule(
+    admin: redis.Redis, acl_server: EmbeddedRedis, redis_url: str, app_factory: AppFactory
+) -> None:
+    """The worker's start check (lua/start.lua) as the documented user: the first claim of a
+    job instance starts, and so does that claim again; a copy of another claim is dropped and
+    counted (``INCR`` of the shard's ``starts:dropped``), nothing is refused. Refused, the drop
+    failed the script: the check counted as not answered, and the stale copy ran."""
+    app = app_factory(redis_url, delayq_url=acl_url(acl_server, db=1))
+    check = StartCheck(SimpleNamespace(app=app))
+    check.store = get_store(app)
+    headers = {"id": "j1", "task": "t.add"}
+    assert check.may_start(app, headers, "1|beat-a|1000|7|j1", START_TTL_MS)
+    assert check.may_start(app, headers, "1|beat-a|1000|7|j1", START_TTL_MS)  # a redelivery
+    assert not check.may_start(app, headers, "1|beat-b|1000|7|j1", START_TTL_MS)  # stale: dropped
+    assert not check.failing
+    assert check.store.overview(0).dropped == 1
+    assert denied(admin) == []
+
+
+#: The rule's commands that only less-used paths send (debounce, throttle, uniqueness, a record of
+#: the wrong type replaced, a stale copy dropped at start, an id search, a listing's next page,
+#: delayq_wait_replicas): test_the_less_used_paths_run_under_the_documented_rule uses them, the
+#: rule's other commands test_the_documented_acl_user_runs_everything_the_store_does.
+LESS_USED = {"type", "del", "zrangebyscore", "zremrangebyscore", "incr", "zscan", "zrank", "wait"}
+
+
+@pytest.mark.slow
+def test_the_less_used_paths_run_under_the_documented_rule(
+    admin: redis.Redis,
+    acl_server: EmbeddedRedis,
+    redis_url: str,
+    app_factory: AppFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Debounce and throttle (lua/keyed.lua), a uniqueness window over a record of the wrong type
+    (lua/enqueue.lua replaces it), a stale copy dropped at start (lua/start.lua), an id search
+    (``ZSCAN``), a listing's next page (``ZRANK``) and ``delayq_wait_replicas`` (``WAIT``, with
+    no replica: it waits its second) as the documented user: nothing is refused, and each of
+    these commands of the rule is used."""
+    url = acl_url(acl_server, db=1)
+    app = app_factory(redis_url, delayq_url=url)
+    add = app.tasks["t.add"]
+    store = get_store(app)
+    assert add.apply_async((1,), debounce=("user:1", 60)).outcome == "new"
+    assert add.apply_async((2,), debounce=("user:1", 60)).outcome == "debounced"
+    assert add.apply_async((3,), throttle=("user:1", 60)).outcome == "new"
+    assert add.apply_async((4,), throttle=("user:1", 60)).outcome == "throttled"
+    unique = store.keys.shard(store.keys.shard_of("invoice-1")).unique
+    db1 = redis.Redis(host="127.0.0.1", port=acl_server.port, db=1, username=ADMIN[0], password=ADMIN[1])
+    try:
+        db1.set(unique, "not a sorted set")
+        assert add.apply_in(HOUR, (5,), task_id="invoice-1", unique_for=60).outcome == "new"
+        assert db1.type(unique) == b"zset"
+    finally:
+        db1.close()
+    assert store.start("invoice-1", 1000, 7, "1|beat-a", START_TTL_MS)
+    assert not store.start("invoice-1", 1000, 7, "1|beat-b", START_TTL_MS)
+    assert [j["id"] for j in id_search(store, "celery", "invoice")["jobs"]] == ["invoice-1"]
+    first = jobs_page(store, "celery", limit=1)
+    assert first["next_cursor"] is not None
+    assert jobs_page(store, "celery", limit=1, cursor=first["next_cursor"])["count"] == 1
+    replicated = app_factory(redis_url, delayq_url=url, delayq_wait_replicas=1)
+    with caplog.at_level(logging.WARNING, logger="celery_delayq"):
+        replicated.tasks["t.add"].apply_in(HOUR, (6,))
+    assert "reached 0 of the 1 replica(s) asked" in caplog.text  # none here; WAIT was allowed
+    assert denied(admin) == []
+    assert top_level(used_commands(admin)) >= LESS_USED
 
 
 def cluster_words() -> list[str]:
@@ -312,6 +434,13 @@ def test_the_documented_rule_with_its_cluster_words_runs_a_beat_on_a_cluster(
         for node in nodes:
             node.execute_command("ACL", "DELUSER", "delayq")
             node.close()
+
+
+def test_the_summary_counts_the_commands_of_the_rule() -> None:
+    """docs/security.md's summary says how many commands the rule allows (CLIENT SETINFO aside)."""
+    found = re.search(r"the (\d+) commands it uses and redis-py's `CLIENT SETINFO`", SECURITY.read_text())
+    assert found, "docs/security.md's summary does not count the rule's commands"
+    assert int(found.group(1)) == len(rule_commands(documented_rule()) - {"client|setinfo"})
 
 
 def test_the_documented_rule_as_written_on_each_server(admin: redis.Redis) -> None:

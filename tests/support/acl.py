@@ -1,5 +1,7 @@
 """The Redis ACL rule docs/security.md documents for the store's user: :func:`documented_rule`,
-changed for the server it runs on (:func:`server_kind`)."""
+changed for the server it runs on (:func:`server_kind`); the commands the store's Lua scripts
+call (:func:`script_commands`) and the words docs/security.md adds for the push path
+(:func:`push_path_words`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from pathlib import Path
 
 import redis
 
-SECURITY = Path(__file__).resolve().parent.parent.parent / "docs" / "security.md"
+ROOT = Path(__file__).resolve().parent.parent.parent
+SECURITY = ROOT / "docs" / "security.md"
+LUA = ROOT / "celery_delayq" / "store" / "lua"
 STORE_PASSWORD = "store-pw"
 
 
@@ -42,3 +46,36 @@ def server_kind(client: redis.Redis) -> str:
         return ""
     version = str(info["redis_version"])
     return next((f"Redis {v}" for v in ("7.0", "6.2") if version.startswith(v + ".")), "")
+
+
+#: A command named in a script: ``redis.call('X'``, ``redis.pcall("X"`` or ``call_sliced('X'``
+#: (includes/sliced.lua: ``redis.call(command, ...)`` with the name its caller gives).
+NAMED_CALL = re.compile(r"""\b(?:redis\.p?call|call_sliced)\(\s*(['"])([A-Za-z|]+)\1""")
+ANY_CALL = re.compile(r"\bredis\.p?call\b")
+
+
+def script_commands() -> dict[str, list[str]]:
+    """Every command the Lua scripts under celery_delayq/store/lua (includes/ too) call, lower
+    case, with the files that call it. A ``redis.call`` or ``redis.pcall`` whose command is not
+    a literal fails the parse (its command cannot be read from the text), except the one of
+    ``call_sliced`` in includes/sliced.lua, whose callers name theirs."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(LUA.rglob("*.lua")):
+        name = str(path.relative_to(LUA))
+        text = re.sub(r"--\[(=*)\[.*?\]\1\]", "", path.read_text(), flags=re.S)  # block comments
+        code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+        named = [m.start() for m in NAMED_CALL.finditer(code)]
+        unnamed = [m.start() for m in ANY_CALL.finditer(code) if m.start() not in named]
+        allowed = 1 if name == "includes/sliced.lua" else 0
+        assert len(unnamed) == allowed, f"{name}: a redis.call whose command is not a literal"
+        for match in NAMED_CALL.finditer(code):
+            found.setdefault(match.group(2).lower(), []).append(name)
+    return found
+
+
+def push_path_words() -> list[str]:
+    """What docs/security.md says a store user needs besides the rule when the beat pushes into
+    the broker's lists itself (section "When the broker is the store's server and database")."""
+    found = re.search(r"that is at least\s+`(\+lpush[^`]*)`", SECURITY.read_text())
+    assert found, "docs/security.md does not say what the push path adds to the rule"
+    return found.group(1).split()
