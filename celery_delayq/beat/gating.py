@@ -49,6 +49,9 @@ class GatePass:
     envelopes: dict[str, Envelope] = field(default_factory=dict)
     #: ids of the completion jobs among ``envelopes``
     completions: set[str] = field(default_factory=set)
+    #: completion jobs: id -> when flow control let it go (its batch finished, ms, the server's
+    #: clock): its publish lateness counts from then, and its message's due time is that
+    let_go: dict[str, int] = field(default_factory=dict)
 
 
 class Gating:
@@ -254,6 +257,8 @@ class Gating:
             self.publishing.bury(job, f"completion job of batch {batch_id}: {exc}", envelope)
             return
         out.completions.add(job.id)
+        if state is not None and state.finished_ms is not None and state.finished_ms > job.due_ms:
+            out.let_go[job.id] = state.finished_ms
 
 
 def completion_envelope(envelope: Envelope, batch_id: str, counts: dict[str, int] | None) -> Envelope:

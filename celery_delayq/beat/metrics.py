@@ -221,9 +221,24 @@ class DispatcherCollector(Collector):
         )
         yield _histogram(
             "delayq_publish_lateness_seconds",
-            "Due time -> publish of the jobs this beat published (since it started); released "
+            "Due time -> publish of the jobs this beat published (since it started); a batch's "
+            "completion job counts from when its batch finished (flow control let it go); released "
             "gated jobs are in delayq_slot_wait_seconds instead.",
             d.lateness_seen.snapshot(),
+        )
+        yield _histogram(
+            "delayq_gated_seconds",
+            "How long the jobs this beat published were held back by flow control (gated): due "
+            "time -> let go of the batches' completion jobs (their batch finished), due time -> "
+            "publish of the released gated jobs (parked for a slot, paused, deferred by a rate).",
+            d.gated_seen.snapshot(),
+        )
+        yield GaugeMetricFamily(
+            "delayq_behind_seconds",
+            "How long the latest job or schedule point of this beat's last pass waited to be "
+            "published (0: it published nothing): over delayq_behind_warning, the beat logs that "
+            "it is behind; another beat on the same store shares the load.",
+            value=d.behind_seconds,
         )
         yield from self._gate_families()
         state = self.store_state()
