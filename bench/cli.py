@@ -25,6 +25,7 @@ from .lateness import row_lateness_burst, row_lateness_steady, row_wakeup
 from .produce import row_apply_at, row_apply_at_many
 from .report import RowResult, notes, table
 from .resources import IdleBeat, row_idle_beat, row_redis_memory, row_worker_rss
+from .schedules import row_schedules_throughput
 from .spark import row_spark
 from .web import row_web
 
@@ -52,6 +53,11 @@ ROWS: list[Row] = [
         "cluster_dispatch",
         "jobs/s from a 3-primary Redis Cluster by 1 and 4 beats (kombu path)",
         row_cluster_dispatch,
+    ),
+    Row(
+        "schedules_throughput",
+        "10,000 schedules due every second: points/s published by 1 and 2 beats, and kept up?",
+        row_schedules_throughput,
     ),
     Row("flow", "10,000 capped jobs (100 keys, limit 2) vs uncapped; release → next start", row_flow),
     Row("web", "the dashboard with 1M pending: page p50/p99, Redis commands/s per open page", row_web),
