@@ -19,7 +19,7 @@ from celery import Celery
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, member_id
+from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, gated_id, member_id
 from celery_delayq.store import lateness
 from celery_delayq.store.facade import get_store
 from tests.support.cli import invoke
@@ -78,33 +78,72 @@ def test_a_completion_job_counts_from_when_its_batch_finished(
     assert message["headers"]["delayq_due"] == finished.finished_ms
 
     publish = dispatcher.lateness_seen.snapshot()
-    assert publish.count == 1  # the completion job (the released members are gated)
+    assert publish.count == 3  # the members (released at once: never held back) and the completion job
     assert publish.quantile(1.0) is not None and publish.quantile(1.0) < BATCH_AGE_MS  # type: ignore[operator]
     gated = dispatcher.gated_seen.snapshot()
-    assert gated.count == 3  # the two members (due -> publish) and the completion job
+    assert gated.count == 1  # the completion job
     assert gated.quantile(1.0) == 60_000  # held back 45 s: the bucket up to 60 s
 
     dispatcher.chores(force=True)  # flushed to Redis: what status and the dashboard read
     in_redis = lateness.read(store, store.config.prefix, "publish")
-    assert in_redis.count == 1 and in_redis.buckets[-3:] == (0, 0, 0)  # none over 30 s
+    assert in_redis.count == 3 and in_redis.buckets[-3:] == (0, 0, 0)  # none over 30 s
     assert lateness.read(store, store.config.prefix, "gated").quantile(1.0) == 60_000
     printed = invoke(app, "status", "--window", "0")
     assert printed.exit_code == 0, printed.output
     held_line = next(line for line in printed.output.splitlines() if "held back" in line)
-    assert "p99 ≤ 60 s" in held_line and "(3 jobs)" in held_line
+    assert "p99 ≤ 60 s" in held_line and "(1 jobs)" in held_line
 
     page = scraped(dispatcher)
-    assert value(page, "delayq_gated_seconds", "delayq_gated_seconds_count") == 3
-    assert value(page, "delayq_gated_seconds", "delayq_gated_seconds_bucket", le="30") == 2
+    assert value(page, "delayq_gated_seconds", "delayq_gated_seconds_count") == 1
+    assert value(page, "delayq_gated_seconds", "delayq_gated_seconds_bucket", le="30") == 0
     family = "delayq_publish_lateness_seconds"
-    assert value(page, family, f"{family}_bucket", le="30") == 1
+    assert value(page, family, f"{family}_bucket", le="30") == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
+def test_a_parked_capped_job_counts_from_its_release(
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, push: bool
+) -> None:
+    app = app_factory(delayq_push=push)
+    store = get_store(app)
+    gate = Gate("tenant:late", limit=1, priority=7)
+    add = app.tasks["t.add"]
+    first, second = (
+        add.apply_at(
+            time.time() - 1, (i, i), task_id=gated_id(gate.key, None), headers={GATE_HEADER: gate.header()}
+        ).id
+        for i in range(2)
+    )
+    dispatcher = dispatchers(app)
+    dispatcher.run_once()  # the first takes the key's one slot, the second is parked
+    assert published_ids(r) == [first] and store.get(second).state == "gated"  # type: ignore[union-attr]
+    # made BATCH_AGE_MS old while parked: its lease entry (<due ms>|<tries>|gate) says so
+    leases = store.keys.for_job(second).leases
+    tries = str(r.hget(leases, second)).split("|")[1]
+    due = server_ms(r) - BATCH_AGE_MS
+    r.hset(leases, second, f"{due}|{tries}|gate")
+    store.release(first, gate.key, "succeeded", "")  # its worker ended: the second is promoted
+    released = server_ms(r)
+    dispatcher.wait(5)
+    dispatcher.run_once()
+    assert published_ids(r) == [first, second]
+    message = broker_lists(r)["celery"][-1]
+    assert message["headers"]["delayq_due"] == due  # its message keeps its due time
+
+    publish = dispatcher.lateness_seen.snapshot()
+    assert publish.count == 2  # the first (never held back) and the second, from its release
+    assert publish.quantile(1.0) is not None and publish.quantile(1.0) < BATCH_AGE_MS  # type: ignore[operator]
+    gated = dispatcher.gated_seen.snapshot()
+    assert gated.count == 1 and gated.quantile(1.0) == 60_000  # held back 45 s
+    assert BATCH_AGE_MS <= gated.sum_ms <= released - due  # due -> release, its priority added back
 
 
 @pytest.mark.slow
 def test_a_beat_given_more_due_work_than_it_publishes_in_time_says_it_is_behind(
     app_factory: AppFactory, dispatchers: Dispatchers, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = app_factory(delayq_behind_warning=0.5, delayq_batch_size=5)
+    app = app_factory(delayq_behind_warning=0.5, delayq_batch_size=5, delayq_shards=1)
     add = app.tasks["t.add"]
     # due work older than the threshold: a beat that could not publish it in time (paused,
     # or given more than it publishes a second)
@@ -112,7 +151,7 @@ def test_a_beat_given_more_due_work_than_it_publishes_in_time_says_it_is_behind(
         add.apply_at(time.time() - 2, (i, i))
     dispatcher = dispatchers(app)
     with caplog.at_level(logging.INFO, logger="celery_delayq.beat.behind"):
-        for _ in range(3):  # three full passes: one streak, one warning
+        for _ in range(3):  # three passes of one shard, 5, 5 and 2 jobs: one streak, one warning
             dispatcher.run_once()
         assert dispatcher.behind_seconds > 0.5
         behind = [rec for rec in caplog.records if rec.levelno == logging.WARNING]

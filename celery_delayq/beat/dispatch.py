@@ -428,18 +428,20 @@ class Dispatcher:
 
     def _count_pass(self, state: PassState) -> None:
         """After a pass's publish: the broker's state, the published count, the slot wait of the
-        released gated jobs and the publish lateness of the others."""
+        released gated jobs, the time flow control held jobs back, and the publish lateness (a
+        job held back counts from when it was let go)."""
         self._broker_state(state.outage, bool(state.sent or state.acks or state.released))
         now = self.server_now_ms()
         self.stats.published += len(state.sent) + len(state.released)
-        for due in state.released:  # not in the publish lateness: the gate held them back
+        for due in state.released:  # original due -> publish
             self.stats.slot_wait.observe(now - due)
-        if state.released or state.gated_ms:
-            self.publish_lateness.record_gated([*(now - due for due in state.released), *state.gated_ms])
-        if state.sent:
+        if state.gated_ms:
+            self.publish_lateness.record_gated(state.gated_ms)
+        counted = [*state.sent, *state.let_go]  # from due, or from when flow control let it go
+        if counted:
             # bucketed once per job here; one pipeline per LATENESS_FLUSH_EVERY s (chores)
-            self.publish_lateness.record(now - due for due in state.sent)
-            self._pass_late_ms = max(self._pass_late_ms, now - min(state.sent))
+            self.publish_lateness.record(now - due for due in counted)
+            self._pass_late_ms = max(self._pass_late_ms, now - min(counted))
         if self._keep_lateness:
             room = self._keep_lateness - len(self.stats.lateness_ms)
             self.stats.lateness_ms.extend(now - due for due in state.sent[: max(0, room)])

@@ -149,7 +149,10 @@ class PassState:
     sent: list[int] = field(default_factory=list)
     #: original due times of the released gated jobs published (then held): the slot wait
     released: list[int] = field(default_factory=list)
-    #: how long (ms) each published completion job was held back: due time -> let go
+    #: the released gated jobs published, each as its publish lateness counts from it: when flow
+    #: control let it go (it was held back), else its due time
+    let_go: list[int] = field(default_factory=list)
+    #: how long (ms) each published job flow control held back was held: due time -> let go
     gated_ms: list[int] = field(default_factory=list)
     #: the broker was unreachable: the pass stopped publishing
     outage: bool = False
@@ -162,7 +165,7 @@ class PassState:
     def discard(self) -> None:
         """The pass's publishes did not reach the broker: nothing to ack, hold or fire."""
         self.acks, self.holds = defaultdict(list), defaultdict(list)
-        self.fires, self.sent, self.released, self.gated_ms = [], [], [], []
+        self.fires, self.sent, self.released, self.gated_ms, self.let_go = [], [], [], [], []
 
     def result(self) -> PassResult:
         return PassResult(dict(self.acks), dict(self.holds), list(self.fires))

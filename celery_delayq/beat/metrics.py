@@ -221,16 +221,16 @@ class DispatcherCollector(Collector):
         )
         yield _histogram(
             "delayq_publish_lateness_seconds",
-            "Due time -> publish of the jobs this beat published (since it started); a batch's "
-            "completion job counts from when its batch finished (flow control let it go); released "
-            "gated jobs are in delayq_slot_wait_seconds instead.",
+            "Due time -> publish of the jobs this beat published (since it started); a job flow "
+            "control held back (a batch's completion job, a parked, paused or deferred gated job) "
+            "counts from when it was let go: the time held back is in delayq_gated_seconds.",
             d.lateness_seen.snapshot(),
         )
         yield _histogram(
             "delayq_gated_seconds",
-            "How long the jobs this beat published were held back by flow control (gated): due "
-            "time -> let go of the batches' completion jobs (their batch finished), due time -> "
-            "publish of the released gated jobs (parked for a slot, paused, deferred by a rate).",
+            "How long the jobs this beat published were held back by flow control (gated), due "
+            "time -> let go: a batch's completion job until its batch finished, a gated job parked "
+            "for a slot, paused or deferred by a rate until it was released.",
             d.gated_seen.snapshot(),
         )
         yield GaugeMetricFamily(

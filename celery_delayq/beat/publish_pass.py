@@ -181,6 +181,12 @@ class PassPublisher:
         if action is Disposition.RELEASE:
             state.holds[shard].append((job.id, gated.released[job.id]))
             state.released.append(job.due_ms)
+            released_at = gated.let_go.get(job.id)
+            if released_at is not None and released_at > job.due_ms:  # held back before
+                state.gated_ms.append(released_at - job.due_ms)
+                state.let_go.append(released_at)
+            else:  # never held back: its lateness counts from its due time
+                state.let_go.append(job.due_ms)
         else:
             state.acks[shard].append(job.id)
             state.sent.append(job.due_ms)

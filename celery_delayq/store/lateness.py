@@ -4,12 +4,13 @@ Three histograms per key prefix, each one Redis hash (a single key, no shard tag
 
 - ``<prefix>:lateness:publish``: due time -> the beat published the message (every beat); a
   job flow control held back counts from when flow control let it go (a batch's completion
-  job: from when its batch finished), so the figure is what the beats control;
+  job: from when its batch finished; a parked or deferred gated job: from its release), so the
+  figure is what the beats control;
 - ``<prefix>:lateness:start``: due time -> a worker started the task (workers with
   ``delayq_record_lateness`` on; the due time travels in the message's ``delayq_due`` header);
-- ``<prefix>:lateness:gated``: how long jobs were held back by flow control (gated): due time
-  -> let go, of a batch's completion job (its batch finished), and due time -> publish of a
-  released gated job (parked for a slot, paused or deferred by a rate; every beat).
+- ``<prefix>:lateness:gated``: how long jobs were held back by flow control (gated), due time
+  -> let go: a batch's completion job until its batch finished, a gated job parked for a slot,
+  paused or deferred by a rate until it was released (every beat).
 
 Fields: ``le:<bound ms>`` for each bound of :data:`BOUNDS` and ``le:inf``, each the number
 of observations at most that bound and above the previous one (not cumulative), plus
