@@ -19,7 +19,7 @@ from celery import Celery
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
-from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, gated_id, member_id
+from celery_delayq.flow.gate import GATE_HEADER, Gate, batch_key, gated_id, member_id, parse_rate
 from celery_delayq.store import lateness
 from celery_delayq.store.facade import get_store
 from tests.support.cli import invoke
@@ -101,13 +101,20 @@ def test_a_completion_job_counts_from_when_its_batch_finished(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("push", [True, False], ids=["push", "kombu"])
+@pytest.mark.parametrize(
+    ("push", "let_go"), [(True, "slot"), (False, "slot"), (True, "resume"), (False, "rate")]
+)
 def test_a_parked_capped_job_counts_from_its_release(
-    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, push: bool
+    app_factory: AppFactory, r: redis.Redis, dispatchers: Dispatchers, push: bool, let_go: str
 ) -> None:
+    """Parked for its key's one slot, then let go by the slot's release (``slot``), or by the
+    key's resume after a pause (``resume``); or deferred by its key's rate, let go at its
+    booked time (``rate``)."""
     app = app_factory(delayq_push=push)
     store = get_store(app)
     gate = Gate("tenant:late", limit=1, priority=7)
+    if let_go == "rate":
+        gate = Gate("tenant:rate", rate=parse_rate("1/s"))
     add = app.tasks["t.add"]
     first, second = (
         add.apply_at(
@@ -116,17 +123,24 @@ def test_a_parked_capped_job_counts_from_its_release(
         for i in range(2)
     )
     dispatcher = dispatchers(app)
-    dispatcher.run_once()  # the first takes the key's one slot, the second is parked
+    dispatcher.run_once()  # the first takes the key's one slot (or its rate), the second waits
     assert published_ids(r) == [first] and store.get(second).state == "gated"  # type: ignore[union-attr]
     # made BATCH_AGE_MS old while parked: its lease entry (<due ms>|<tries>|gate) says so
     leases = store.keys.for_job(second).leases
     tries = str(r.hget(leases, second)).split("|")[1]
     due = server_ms(r) - BATCH_AGE_MS
     r.hset(leases, second, f"{due}|{tries}|gate")
-    store.release(first, gate.key, "succeeded", "")  # its worker ended: the second is promoted
-    released = server_ms(r)
-    dispatcher.wait(5)
+    if let_go == "resume":
+        store.pause(gate.key)
+    if let_go != "rate":
+        store.release(first, gate.key, "succeeded", "")  # its worker ended: the second is promoted
+    if let_go == "resume":  # (not while its key is paused: at the resume)
+        dispatcher.run_once()
+        assert published_ids(r) == [first]
+        store.resume(gate.key)
+    dispatcher.wait(5)  # until it is due again (promoted, or its booked time)
     dispatcher.run_once()
+    released = server_ms(r)  # (after its release)
     assert published_ids(r) == [first, second]
     message = broker_lists(r)["celery"][-1]
     assert message["headers"]["delayq_due"] == due  # its message keeps its due time
