@@ -8,6 +8,8 @@ against real Redis.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,12 @@ from celery_delayq.store.facade import get_store
 from tests.support.cli import invoke
 from tests.support.flow import parked_completion
 from tests.support.metrics import scrape, value
+from tests.support.polling import wait_for
+from tests.support.processes import Procs
+from tests.support.stack import STARTUP, Producer, env_for, log_of, producers, runs, start_stack, warm_up
 from tests.support.store import broker_lists, published_ids, server_ms
+
+__all__ = ["producers"]  # a fixture, used by name
 
 AppFactory = Callable[..., Celery]
 Page = dict[str, Any]
@@ -200,3 +207,28 @@ def test_an_idle_beat_does_not_say_it_is_behind(
     assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
     page = scraped(dispatcher)
     assert value(page, "delayq_behind_seconds") < 0.5
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_real_beat_paused_past_the_threshold_says_it_is_behind_once(
+    procs: Procs, redis_url: str, r: redis.Redis, producers: Callable[..., Producer]
+) -> None:
+    """A real ``celery beat`` (and worker): idle, it says nothing; stopped (SIGSTOP) while jobs
+    fall due, then continued, it publishes them late by more than ``delayq_behind_warning``
+    and logs it once."""
+    producer = producers(redis_url, redis_url)
+    start_stack(procs, env_for(redis_url, redis_url, {"delayq_behind_warning": 1.0}))
+    warm_up(producer, r, procs)
+    beat = procs.procs[1][0]
+    assert "this beat is behind" not in log_of(procs, 1)  # idle, and one job published at once
+    os.kill(beat.pid, signal.SIGSTOP)
+    try:
+        jobs = [producer.record.apply_in(0).id for _ in range(10)]
+        time.sleep(2.5)  # the jobs wait more than the threshold: the beat cannot publish them
+    finally:
+        os.kill(beat.pid, signal.SIGCONT)
+    assert wait_for(lambda: all(j in runs(r) for j in jobs), STARTUP, 0.1), procs.logs()
+    said = [line for line in log_of(procs, 1).splitlines() if "this beat is behind" in line]
+    assert len(said) == 1, procs.logs()
+    assert "(delayq_behind_warning = 1 s)" in said[0] and "another beat on the same store" in said[0]
