@@ -25,6 +25,7 @@ from .lateness import row_lateness_burst, row_lateness_steady, row_wakeup
 from .produce import row_apply_at, row_apply_at_many
 from .report import RowResult, notes, table
 from .resources import IdleBeat, row_idle_beat, row_redis_memory, row_worker_rss
+from .schedules import row_schedules_throughput
 from .spark import row_spark
 from .start_records import row_start_records
 from .web import row_web
@@ -58,6 +59,11 @@ ROWS: list[Row] = [
         "start_records",
         "500 jobs/s for 60 s on the kombu path: Redis bytes per started job vs one key a job",
         row_start_records,
+    ),
+    Row(
+        "schedules_throughput",
+        "10,000 schedules due every second: points/s published by 1 and 2 beats, and kept up?",
+        row_schedules_throughput,
     ),
     Row("flow", "10,000 capped jobs (100 keys, limit 2) vs uncapped; release → next start", row_flow),
     Row("web", "the dashboard with 1M pending: page p50/p99, Redis commands/s per open page", row_web),

@@ -85,7 +85,7 @@ def fmt(value: float | None, unit: str) -> str:
     if not _ok(value):
         return ""
     assert value is not None
-    if unit in ("jobs/s", "rows/s", "calls/s"):
+    if unit in ("jobs/s", "rows/s", "calls/s", "points/s"):
         return f"{value:,.0f} {unit}"
     if unit == "ms":
         return f"{value:,.2f} ms" if abs(value) < 100 else f"{value:,.0f} ms"

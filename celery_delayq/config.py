@@ -135,6 +135,11 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "ended, for delayq batches and the dashboard; None: kept until deleted. An unfinished "
         "batch never expires.",
     ),
+    "delayq_behind_warning": (
+        10.0,
+        "Seconds a due job or schedule point may wait to be published before the beat logs that "
+        "it is behind (once per streak; gauge delayq_behind_seconds); None: never.",
+    ),
 }
 
 
@@ -194,6 +199,7 @@ class DelayQConfig:
     start_ttl: float = 3600.0
     start_check: bool = True
     batch_expires: float | None = 604_800.0
+    behind_warning: float | None = 10.0
 
     @classmethod
     def from_app(cls, app: Any) -> DelayQConfig:
@@ -265,6 +271,7 @@ class DelayQConfig:
             start_ttl=number(n["delayq_start_ttl"], get["delayq_start_ttl"], float, 0.5),
             start_check=flag(n["delayq_start_check"], get["delayq_start_check"]),
             batch_expires=batch_expires(n["delayq_batch_expires"], get["delayq_batch_expires"]),
+            behind_warning=optional_seconds(n["delayq_behind_warning"], get["delayq_behind_warning"]),
         )
 
     @classmethod

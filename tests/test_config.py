@@ -246,6 +246,7 @@ ONE_BAD_VALUE: dict[str, Any] = {
     "delayq_metrics_port": 70_000,
     "delayq_metrics_addr": "a b",
     "delayq_past_warning": -1,
+    "delayq_behind_warning": -1,
     "delayq_slot_ttl": 0.1,
     "delayq_start_ttl": 0.1,
     "delayq_start_check": "maybe",

@@ -15,24 +15,22 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.beat.dispatch import Dispatcher
 from celery_delayq.beat.scheduler import serve_metrics
 from celery_delayq.devtools.embedded import free_port
 from celery_delayq.flow.gate import (
-    BATCH_DONE_HEADER,
     GATE_HEADER,
     GATE_TOKEN,
     RUN_TOKEN,
     Gate,
     Rate,
     batch_key,
-    completion_id,
     gated_id,
     member_id,
 )
 from celery_delayq.store.facade import Store, get_store
 from tests.support.clocks import Clock
+from tests.support.flow import parked_completion
 from tests.support.metrics import scrape, value
 from tests.support.polling import wait_for
 from tests.support.store import broker_lists, expire_leases, expire_slots, published_ids, server_ms
@@ -268,18 +266,8 @@ def test_the_completion_job_gets_the_batch_id_and_counts(
     app = app_factory(delayq_push=push)
     bid = "b-1"
     store = get_store(app)
-
-    @app.task(base=DelayedTask, name="t.done", shared=False)
-    def on_complete(*args: Any) -> None:
-        return None
-
-    # stored as the producer API does: the envelope built now, the job parked with the batch
-    done = on_complete.apply_in(3600, (7,), task_id=completion_id(bid), headers={BATCH_DONE_HEADER: bid})
-    stored = store.get(done.id)
-    assert stored is not None
-    DelayQ(app).cancel(done.id)
-    assert store.open_batch(bid, 3, (done.id, stored.envelope), {})
-    assert store.get(done.id).state == "gated"  # type: ignore[union-attr]
+    done_id = parked_completion(app, bid, 3, 7)
+    assert store.get(done_id).state == "gated"  # type: ignore[union-attr]
     members = [member_id(bid, i) for i in range(3)]
     store_gated(app, Gate(batch_key(bid), batch=bid), 3, ids=members)
     dispatcher = dispatchers(app)
@@ -290,13 +278,13 @@ def test_the_completion_job_gets_the_batch_id_and_counts(
     dispatcher.wait(5)  # the completion job was made due: the wake message says so
     dispatcher.run_once()
     message = broker_lists(r)["celery"][-1]
-    assert message["headers"]["id"] == done.id
+    assert message["headers"]["id"] == done_id
     args, kwargs, _ = json.loads(body_of(message))
     assert (args, kwargs) == ([7, bid, {"total": 3, "succeeded": 2, "failed": 1, "cancelled": 0}], {})
     assert message["headers"]["argsrepr"] == repr(
         (7, bid, {"total": 3, "succeeded": 2, "failed": 1, "cancelled": 0})
     )
-    assert store.get(done.id) is None  # acked
+    assert store.get(done_id) is None  # acked
     assert dispatcher.stats.completions == 1
 
 

@@ -29,7 +29,8 @@ BEAT_ALIVE_MS = 60_000
 
 
 def stored_lateness(store: Store, kind: str) -> lateness.Snapshot:
-    """The ``kind`` (``publish``: the beats', ``start``: the workers') lateness histogram in Redis."""
+    """The ``kind`` (``publish``: the beats', ``start``: the workers', ``gated``: the time flow
+    control held jobs back, from the beats) lateness histogram in Redis."""
     return lateness.read(store, store.config.prefix, kind)
 
 
@@ -127,7 +128,7 @@ def status_view(store: Store, url: str, window_ms: int = 3_600_000) -> dict[str,
         (beat_view(token, raw, now) for token, raw in store.beats().items()),
         key=lambda b: (not b["alive"], -(b["seen_ms"] or 0) if isinstance(b["seen_ms"], int | float) else 0),
     )
-    late = {kind: lateness_view(stored_lateness(store, kind)) for kind in ("publish", "start")}
+    late = {kind: lateness_view(stored_lateness(store, kind)) for kind in lateness.KINDS}
     heads = [st for st in stats if st.head_due_ms is not None]
     nexts = [st for st in stats if st.next_due_ms is not None]
     oldest = min(heads, key=lambda st: st.head_due_ms or 0) if heads else None

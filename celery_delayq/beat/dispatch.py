@@ -33,12 +33,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from ..config import setting_name
 from ..flow.gate import BATCH_DONE_HEADER, GATE_HEADER
 from ..store.connection import REDIS_ERRORS, error_text, redis_error_kind
 from ..store.delivery import ClaimedJob, ClaimResult, PushResult
 from ..store.facade import Store, get_store
 from ..store.lateness import Histogram, PublishLateness
 from .backoff import Backoff
+from .behind import Behind
 from .chores import Chores
 from .dispositions import PassResult, PassState
 from .fence import Fence
@@ -125,6 +127,9 @@ class Dispatcher:
         self._chores = Chores(
             app, self.store, self.stats, self.publish_lateness, self.beat, self.server_now_ms, clock
         )
+        #: how far behind the due work this beat is (delayq_behind_warning)
+        self.behind = Behind(self.config.behind_warning, setting_name(app, "delayq_behind_warning"))
+        self._pass_late_ms = 0.0  # the latest lateness published in the current pass
 
     # -- what the beat shows --------------------------------------------------------------------
 
@@ -150,6 +155,17 @@ class Dispatcher:
     def lateness_seen(self) -> Histogram:
         """Due -> publish lateness since the start."""
         return self.publish_lateness.seen
+
+    @property
+    def behind_seconds(self) -> float:
+        """The lateness (s) of the latest job or schedule point the last pass published: how far
+        behind the due work this beat is (:mod:`.behind`)."""
+        return self.behind.seconds
+
+    @property
+    def gated_seen(self) -> Histogram:
+        """How long the published jobs flow control held back were held, since the start."""
+        return self.publish_lateness.gated_seen
 
     def fence_window(self) -> tuple[int, float, float]:
         """``(count, p99 ms, max ms)`` of the fence's residual windows kept (the last
@@ -208,6 +224,11 @@ class Dispatcher:
         return self.wake.seconds_until_due()
 
     def _pass(self, shards: list[int]) -> None:
+        self._pass_late_ms = 0.0
+        self._claim_and_publish(shards)  # (a pass that raised says nothing of how late work is)
+        self.behind.passed(self._pass_late_ms)
+
+    def _claim_and_publish(self, shards: list[int]) -> None:
         sent = self.wall()
         # On a cluster, a node that is down (failing over) must not hold up the other nodes'
         # shards: their claims stand and are delivered now (see below). The same for a shard
@@ -343,6 +364,7 @@ class Dispatcher:
         stats.acked += pushed
         stats.pushed_on_claim += pushed
         self.publish_lateness.record(late, counts)
+        self._pass_late_ms = max(self._pass_late_ms, max(late, default=0.0))
         if self._keep_lateness:
             room = max(0, self._keep_lateness - len(stats.lateness_ms))
             each = itertools.chain.from_iterable(map(itertools.repeat, late, counts))
@@ -406,15 +428,20 @@ class Dispatcher:
 
     def _count_pass(self, state: PassState) -> None:
         """After a pass's publish: the broker's state, the published count, the slot wait of the
-        released gated jobs and the publish lateness of the others."""
+        released gated jobs, the time flow control held jobs back, and the publish lateness (a
+        job held back counts from when it was let go)."""
         self._broker_state(state.outage, bool(state.sent or state.acks or state.released))
         now = self.server_now_ms()
         self.stats.published += len(state.sent) + len(state.released)
-        for due in state.released:  # not in the publish lateness: the gate held them back
+        for due in state.released:  # original due -> publish
             self.stats.slot_wait.observe(now - due)
-        if state.sent:
+        if state.gated_ms:
+            self.publish_lateness.record_gated(state.gated_ms)
+        counted = [*state.sent, *state.let_go]  # from due, or from when flow control let it go
+        if counted:
             # bucketed once per job here; one pipeline per LATENESS_FLUSH_EVERY s (chores)
-            self.publish_lateness.record(now - due for due in state.sent)
+            self.publish_lateness.record(now - due for due in counted)
+            self._pass_late_ms = max(self._pass_late_ms, now - min(counted))
         if self._keep_lateness:
             room = self._keep_lateness - len(self.stats.lateness_ms)
             self.stats.lateness_ms.extend(now - due for due in state.sent[: max(0, room)])

@@ -144,10 +144,16 @@ class PassState:
     fires: list[FireCall] = field(default_factory=list)
     #: the schedule points of the pass: published together by :mod:`.firing` after the others
     points: list[tuple[int, ClaimedJob, Envelope]] = field(default_factory=list)
-    #: original due times of the jobs published (then acked): the publish lateness
+    #: due times of the jobs published (then acked), each as its publish lateness counts from
+    #: it: the original due time, or when flow control let the job go (a batch's completion job)
     sent: list[int] = field(default_factory=list)
     #: original due times of the released gated jobs published (then held): the slot wait
     released: list[int] = field(default_factory=list)
+    #: the released gated jobs published, each as its publish lateness counts from it: when flow
+    #: control let it go (it was held back), else its due time
+    let_go: list[int] = field(default_factory=list)
+    #: how long (ms) each published job flow control held back was held: due time -> let go
+    gated_ms: list[int] = field(default_factory=list)
     #: the broker was unreachable: the pass stopped publishing
     outage: bool = False
     #: the kombu strategy of the released gated jobs (made at the first one)
@@ -159,7 +165,7 @@ class PassState:
     def discard(self) -> None:
         """The pass's publishes did not reach the broker: nothing to ack, hold or fire."""
         self.acks, self.holds = defaultdict(list), defaultdict(list)
-        self.fires, self.sent, self.released = [], [], []
+        self.fires, self.sent, self.released, self.gated_ms, self.let_go = [], [], [], [], []
 
     def result(self) -> PassResult:
         return PassResult(dict(self.acks), dict(self.holds), list(self.fires))

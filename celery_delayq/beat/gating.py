@@ -49,6 +49,12 @@ class GatePass:
     envelopes: dict[str, Envelope] = field(default_factory=dict)
     #: ids of the completion jobs among ``envelopes``
     completions: set[str] = field(default_factory=set)
+    #: jobs flow control held back: id -> when it let them go (ms, the server's clock): their
+    #: publish lateness counts from then. A completion job: when its batch finished (its
+    #: message's due time is that too); a gated job parked or deferred before: its due score
+    #: when claimed plus its priority (``ClaimedJob.let_go_ms``; includes/gate.lua promote
+    #: scores a promoted job at that time less its priority)
+    let_go: dict[str, int] = field(default_factory=dict)
 
 
 class Gating:
@@ -83,6 +89,9 @@ class Gating:
             if envelope.schedule is not None:
                 continue
             headers = message_headers(envelope)
+            if job.let_go_ms is not None and GATE_HEADER in headers:
+                held = Gate.from_header(headers[GATE_HEADER])
+                out.let_go[job.id] = job.let_go_ms + (held.priority if held is not None else 0)
             if job.gate_key is not None:  # the claim gave it a slot (lua/includes/gating.lua)
                 self.stats.gated[GateDecision.RELEASED.value] += 1
                 out.released[job.id] = job.gate_key
@@ -254,6 +263,8 @@ class Gating:
             self.publishing.bury(job, f"completion job of batch {batch_id}: {exc}", envelope)
             return
         out.completions.add(job.id)
+        if state is not None and state.finished_ms is not None and state.finished_ms > job.due_ms:
+            out.let_go[job.id] = state.finished_ms
 
 
 def completion_envelope(envelope: Envelope, batch_id: str, counts: dict[str, int] | None) -> Envelope:

@@ -221,9 +221,24 @@ class DispatcherCollector(Collector):
         )
         yield _histogram(
             "delayq_publish_lateness_seconds",
-            "Due time -> publish of the jobs this beat published (since it started); released "
-            "gated jobs are in delayq_slot_wait_seconds instead.",
+            "Due time -> publish of the jobs this beat published (since it started); a job flow "
+            "control held back (a batch's completion job, a parked, paused or deferred gated job) "
+            "counts from when it was let go: the time held back is in delayq_gated_seconds.",
             d.lateness_seen.snapshot(),
+        )
+        yield _histogram(
+            "delayq_gated_seconds",
+            "How long the jobs this beat published were held back by flow control (gated), due "
+            "time -> let go: a batch's completion job until its batch finished, a gated job parked "
+            "for a slot, paused or deferred by a rate until it was released.",
+            d.gated_seen.snapshot(),
+        )
+        yield GaugeMetricFamily(
+            "delayq_behind_seconds",
+            "How long the latest job or schedule point of this beat's last pass waited to be "
+            "published (0: it published nothing): over delayq_behind_warning, the beat logs that "
+            "it is behind; another beat on the same store shares the load.",
+            value=d.behind_seconds,
         )
         yield from self._gate_families()
         state = self.store_state()

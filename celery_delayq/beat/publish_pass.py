@@ -163,7 +163,12 @@ class PassPublisher:
             state.kombu = state.kombu or publishing.kombu()
             outcome = state.kombu.publish(shard, job, envelope)
         elif action is Disposition.PUBLISH:
+            let_go = gated.let_go.get(job.id)
+            if let_go is not None:  # a completion job: due when its batch finished
+                held, job = let_go - job.due_ms, dataclasses.replace(job, due_ms=let_go)
             outcome = state.publisher.publish(shard, job, envelope)
+            if let_go is not None and outcome in (Outcome.SENT, Outcome.PUSHING):
+                state.gated_ms.append(held)
         else:  # KEPT and CORRUPT_DUE were settled before
             raise AssertionError(f"{job.id}: {action} in the publish loop")
         if outcome is Outcome.OUTAGE:
@@ -176,6 +181,12 @@ class PassPublisher:
         if action is Disposition.RELEASE:
             state.holds[shard].append((job.id, gated.released[job.id]))
             state.released.append(job.due_ms)
+            released_at = gated.let_go.get(job.id)
+            if released_at is not None and released_at > job.due_ms:  # held back before
+                state.gated_ms.append(released_at - job.due_ms)
+                state.let_go.append(released_at)
+            else:  # never held back: its lateness counts from its due time
+                state.let_go.append(job.due_ms)
         else:
             state.acks[shard].append(job.id)
             state.sent.append(job.due_ms)

@@ -154,6 +154,11 @@ def _print_beats(s: Session, console: Console, beats: list[dict[str, Any]], now:
     console.print(table)
 
 
+#: The lateness lines of ``status``: kind, label. A job flow control held back counts in
+#: "due → publish" from when it was let go; how long it was held back is the "held back" line.
+LATENESS_LINES = (("publish", "due → publish"), ("start", "due → start  "), ("gated", "held back    "))
+
+
 def _print_lateness(console: Console, late: dict[str, dict[str, Any]]) -> None:
     console.print("[bold]Lateness[/] (histogram buckets: p50 ≤ 5 ms means at most 5 ms)")
 
@@ -162,12 +167,13 @@ def _print_lateness(console: Console, late: dict[str, dict[str, Any]]) -> None:
             return f"> {lateness.BOUNDS[-1] / 1000:g} s"
         return f"≤ {v:g} ms" if v < 1000 else f"≤ {v / 1000:g} s"
 
-    for kind, label in (("publish", "due → publish"), ("start", "due → start  ")):
+    for kind, label in LATENESS_LINES:
         view = late[kind]
         n, mean = view["count"], view["mean_ms"]
         if not n:
-            hint = "" if kind == "publish" else " (workers record it with delayq_record_lateness)"
-            console.print(Text(f"  {label}  none recorded{hint}"))
+            hint = " (workers record it with delayq_record_lateness)" if kind == "start" else ""
+            if kind != "gated":  # (no flow control used: no line)
+                console.print(Text(f"  {label}  none recorded{hint}"))
             continue
         average = f"{mean:.1f} ms" if mean < 1000 else f"{mean / 1000:.2f} s"
         console.print(

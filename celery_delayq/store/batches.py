@@ -37,6 +37,8 @@ class BatchState:
     created_ms: int
     expires_ms: int | None = None  # when the record expires (finished, or open); None: kept
     sealed: bool = True  # False: an open batch (DelayQ.open_batch) not sealed yet
+    #: when it completed (ms, server clock): its completion job was let go then; None before
+    finished_ms: int | None = None
 
     def progress(self) -> dict[str, int]:
         return {
@@ -140,6 +142,7 @@ class BatchesPart(StoreBase):
                     _int_or(fields.get("created")),
                     _int_or(fields["expires"]) if fields.get("expires") else None,
                     fields.get("open") != "1",
+                    _int_or(fields["finished"]) if fields.get("finished") else None,
                 )
             )
         return out

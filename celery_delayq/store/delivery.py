@@ -47,6 +47,23 @@ ACK_CHUNK = 5000
 PUSH_CLAIMED_CHUNK = 1000
 
 
+def due_and_let_go(value: Any) -> tuple[int, int | None]:
+    """A claimed job's due field as ``hand_over`` (``lua/includes/claiming.lua``) returns it:
+    its due ms (a number), or ``"<due ms>:<score>"`` for a job flow control held back, whose
+    score when claimed is when flow control let it go (a job's due score; a promoted one's is
+    that time less its priority, which the beat adds back from its gate header).
+
+    >>> due_and_let_go(1000), due_and_let_go("1000:61000")
+    ((1000, None), (1000, 61000))
+    """
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, str) and ":" in value:
+        due, let_go = value.split(":", 1)
+        return int(due), int(float(let_go))
+    return int(value), None
+
+
 @dataclass(frozen=True)
 class ClaimedJob:
     id: str
@@ -56,6 +73,10 @@ class ClaimedJob:
     #: the gate key of a capped job the claim gave a slot itself (``lua/includes/gating.lua``):
     #: publish it and hold it, without asking the gate; None for any other job
     gate_key: str | None = None
+    #: a job flow control held back (parked, paused, deferred by its rate): when it let it go
+    #: (ms, the server's clock: its due score then, plus its priority for a promoted one; see
+    #: :func:`due_and_let_go`); None for any other job
+    let_go_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -241,16 +262,12 @@ class DeliveryPart(StoreBase):
         envelope, due ms and tries of each (``hand_over`` in ``lua/includes/claiming.lua``);
         ``released``: id -> gate key of the jobs the call gave a slot."""
         released = released or {}
-        return [
-            ClaimedJob(
-                raw[i],
-                self._loaded(raw[i], raw[i + 1]),
-                int(raw[i + 2]),
-                int(raw[i + 3]),
-                released.get(raw[i]),
-            )
-            for i in range(start, len(raw), 4)
-        ]
+        out: list[ClaimedJob] = []
+        for i in range(start, len(raw), 4):
+            due, let_go = due_and_let_go(raw[i + 2])
+            envelope = self._loaded(raw[i], raw[i + 1])
+            out.append(ClaimedJob(raw[i], envelope, due, int(raw[i + 3]), released.get(raw[i]), let_go))
+        return out
 
     def add_templates(self, templates: dict[int, dict[str, str]]) -> int:
         """Store message templates (``{shard: {field: template JSON or "-"}}``) for

@@ -1,10 +1,16 @@
 """Lateness histograms kept in Redis: cheap to record, bounded in size, readable by anyone.
 
-Two histograms per key prefix, each one Redis hash (a single key, no shard tag):
+Three histograms per key prefix, each one Redis hash (a single key, no shard tag):
 
-- ``<prefix>:lateness:publish``: due time -> the beat published the message (every beat);
+- ``<prefix>:lateness:publish``: due time -> the beat published the message (every beat); a
+  job flow control held back counts from when flow control let it go (a batch's completion
+  job: from when its batch finished; a parked or deferred gated job: from its release), so the
+  figure is what the beats control;
 - ``<prefix>:lateness:start``: due time -> a worker started the task (workers with
-  ``delayq_record_lateness`` on; the due time travels in the message's ``delayq_due`` header).
+  ``delayq_record_lateness`` on; the due time travels in the message's ``delayq_due`` header);
+- ``<prefix>:lateness:gated``: how long jobs were held back by flow control (gated), due time
+  -> let go: a batch's completion job until its batch finished, a gated job parked for a slot,
+  paused or deferred by a rate until it was released (every beat).
 
 Fields: ``le:<bound ms>`` for each bound of :data:`BOUNDS` and ``le:inf``, each the number
 of observations at most that bound and above the previous one (not cumulative), plus
@@ -83,11 +89,11 @@ BOUNDS: tuple[float, ...] = (
     1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000,
 )  # fmt: skip
 _FIELDS = (*(f"le:{b:g}" for b in BOUNDS), "le:inf")
-KINDS = ("publish", "start")
+KINDS = ("publish", "start", "gated")
 
 
 def key_for(prefix: str, kind: str) -> str:
-    """The hash holding ``kind`` (``"publish"`` or ``"start"``) lateness of ``prefix``.
+    """The hash holding ``kind`` (``"publish"``, ``"start"`` or ``"gated"``) lateness of ``prefix``.
 
     >>> key_for("delayq", "start")
     'delayq:lateness:start'
@@ -331,18 +337,23 @@ class WindowReader:
 
 
 class PublishLateness:
-    """A beat's record of due -> publish lateness: what is not yet flushed to
-    ``<prefix>:lateness:publish`` (at most every ``LATENESS_FLUSH_EVERY`` s, only when
-    something was published), and everything since the start (for its metrics)."""
+    """A beat's record of due -> publish lateness and of the time gated jobs were held back:
+    what is not yet flushed to ``<prefix>:lateness:publish`` and ``<prefix>:lateness:gated``
+    (at most every ``LATENESS_FLUSH_EVERY`` s, only when something was published), and
+    everything since the start (for its metrics)."""
 
     def __init__(
         self, store: LatenessStore, prefix: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.store = store
         self.key = key_for(prefix, "publish")
+        self.gated_key = key_for(prefix, "gated")
         self.clock = clock
         self.pending = Histogram()
         self.seen = Histogram()
+        #: held-back time (ms) of gated jobs and completion jobs: not yet flushed, since the start
+        self.gated_pending = Histogram()
+        self.gated_seen = Histogram()
         self.flushed_at = clock()
         self._failing = False
 
@@ -352,19 +363,32 @@ class PublishLateness:
         self.pending.add(observed)
         self.seen.add(observed)
 
+    def record_gated(self, held_ms: Iterable[float]) -> None:
+        """Count how long published jobs were held back by flow control (``gated``)."""
+        observed = tally(held_ms)
+        self.gated_pending.add(observed)
+        self.gated_seen.add(observed)
+
+    def _waiting(self) -> bool:
+        return bool(self.pending.pending or self.gated_pending.pending)
+
     def due_at(self) -> float:
         """Clock time of the next flush (infinity while nothing waits)."""
-        return self.flushed_at + LATENESS_FLUSH_EVERY if self.pending.pending else float("inf")
+        return self.flushed_at + LATENESS_FLUSH_EVERY if self._waiting() else float("inf")
+
+    def _flush_all(self) -> None:
+        self.pending.flush(self.store, self.key)
+        self.gated_pending.flush(self.store, self.gated_key)
 
     def flush(self, force: bool = False) -> None:
         """Flush when due (or ``force``). Never raises: on a Redis error the counts are kept
         for the next flush, and one warning is logged until one works."""
         now = self.clock()
-        if not self.pending.pending or not (force or now - self.flushed_at >= LATENESS_FLUSH_EVERY):
+        if not self._waiting() or not (force or now - self.flushed_at >= LATENESS_FLUSH_EVERY):
             return
         self.flushed_at = now
         try:
-            self.pending.flush(self.store, self.key)
+            self._flush_all()
         except Exception as exc:
             if not self._failing:
                 logger.warning(
@@ -378,9 +402,9 @@ class PublishLateness:
 
     def last_flush(self) -> None:
         """The beat stops: write what is left (never raises)."""
-        if self.pending.pending:
+        if self._waiting():
             try:
-                self.pending.flush(self.store, self.key)
+                self._flush_all()
             except Exception as exc:
                 logger.warning(
                     "delayq: lateness of the last %.0f s not written: %r", LATENESS_FLUSH_EVERY, exc

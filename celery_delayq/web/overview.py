@@ -136,7 +136,9 @@ def overview() -> str:
         charts[kind] = bar_chart(
             [b["count"] for b in buckets],
             labels,
-            f"due → {kind} lateness in the last hour, jobs per bucket",
+            f"due → {kind} lateness in the last hour, jobs per bucket"
+            if kind != "gated"
+            else "time held back by flow control in the last hour, jobs per bucket",
             height=110,
             label_every=2,
         )

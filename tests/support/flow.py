@@ -130,3 +130,23 @@ def warm_up_flow(producer: FlowProducer, r: redis.Redis, procs: Procs) -> None:
 
 def worker_pids(procs: Procs) -> list[int]:
     return [proc.pid for proc, log in procs.procs if log.name.startswith("worker")]
+
+
+def parked_completion(app: Any, bid: str, total: int, *args: Any) -> str:
+    """Open batch ``bid`` of ``total`` members with a completion job ``t.done(*args)`` (a task
+    of ``app``'s registered here), stored as the producer API stores it: its envelope built
+    now, the job parked with the batch. Returns the completion job's id."""
+    from celery_delayq.flow.gate import BATCH_DONE_HEADER, completion_id
+
+    store = get_store(app)
+
+    @app.task(base=DelayedTask, name="t.done", shared=False)
+    def on_complete(*args: Any) -> None:
+        return None
+
+    done = on_complete.apply_in(3600, args, task_id=completion_id(bid), headers={BATCH_DONE_HEADER: bid})
+    stored = store.get(done.id)
+    assert stored is not None
+    DelayQ(app).cancel(done.id)
+    assert store.open_batch(bid, total, (done.id, stored.envelope), {})
+    return str(done.id)

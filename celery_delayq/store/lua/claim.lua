@@ -20,6 +20,8 @@ now + TTL and a lease entry holding its original due time, its delivery count
 and the token. A member whose envelope is missing is dropped.
 
 Returns {now ms, next ms, repaired, id, envelope, due ms, tries, id, envelope, ...}
+(due ms: "<due ms>:<score>" for a job flow control held back, its old lease's token "gate":
+its score is when it was let go; see includes/claiming.lua)
 (with ARGV[4..9]: {now ms, next ms, repaired, {parked, id, key, ...}, id, envelope, ...}: how
 many due capped jobs the claim parked, and the ids and keys of those it gave a slot, which are
 among the jobs returned; see includes/gating.lua)

@@ -6,12 +6,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- due_jobs(now, batch): reads only. Up to batch jobs of KEYS[1] (due) with score <= now, which
--- includes leases that expired because their holder died, each {id, envelope, due, tries, leased}:
+-- includes leases that expired because their holder died, each {id, envelope, due, tries, leased,
+-- let_go}:
 -- due (ms, as text) and tries from its lease entry (KEYS[3], includes/lease.lua; the pattern of
 -- lease_read, the due time kept as text) when it has one, else its score and 0. Then the members
 -- whose envelope (KEYS[2]) is missing; and repaired: how many lease entries did not read (corrupt:
--- taken as an expired lease of unknown history, so the score and 0). One HLEN saves the leases'
--- HMGET when no job of the shard is leased.
+-- taken as an expired lease of unknown history, so the score and 0). let_go: for a job flow
+-- control held back (its lease entry's token is "gate": parked, or deferred by its rate), its
+-- score as text: when flow control let it go (includes/gate.lua promote: that time less the
+-- job's priority; a deferred job: its booked time); nil for any other job. One HLEN saves the
+-- leases' HMGET when no job of the shard is leased.
 local function due_jobs(now, batch)
   local found = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch, 'WITHSCORES')
   local ids = {}
@@ -31,6 +35,9 @@ local function due_jobs(now, batch)
         local d, n = string.match(lease, '^(%-?%d+)|(%d+)|')
         if d then
           job.due, job.tries = d, tonumber(n)
+          if string.sub(lease, -5) == '|gate' then
+            job.let_go = found[i + i]
+          end
         else
           repaired = repaired + 1
         end
@@ -43,7 +50,8 @@ end
 -- hand_over(out, jobs, gone, token, expiry): remove the members in gone with their lease entries;
 -- lease each job of jobs to token until expiry (its score; its entry: its due time, tries + 1 and
 -- the token; the entries in one HSET, the scores in one ZADD) and append its id, envelope, due ms
--- and tries to out; then rearm the wake marker (includes/wake.lua) and set out[2] to the next
+-- and tries to out (due ms as a number; for a job with a let_go, the text "<due ms>:<let_go>");
+-- then rearm the wake marker (includes/wake.lua) and set out[2] to the next
 -- score. Returns out.
 local function hand_over(out, jobs, gone, token, expiry)
   call_sliced('ZREM', KEYS[1], gone, 1)
@@ -57,7 +65,11 @@ local function hand_over(out, jobs, gone, token, expiry)
     zargs[#zargs + 1] = job.id
     out[#out + 1] = job.id
     out[#out + 1] = job.envelope
-    out[#out + 1] = tonumber(job.due)
+    if job.let_go then
+      out[#out + 1] = job.due .. ':' .. job.let_go
+    else
+      out[#out + 1] = tonumber(job.due)
+    end
     out[#out + 1] = tries
   end
   call_sliced('HSET', KEYS[3], entries, 2)

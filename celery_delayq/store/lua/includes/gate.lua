@@ -222,8 +222,9 @@ local function batch_add(bid, field, n)
 end
 -- batch_check(bid, batch_channel, channel, shard, now, keep): when the batch is sealed (no
 -- "open" field: an open batch, DelayQ.open_batch, completes only at its seal, batch_seal.lua),
--- its succeeded + failed + cancelled reach its total and it was not done yet (HSETNX done), make its
--- completion job (if any, still parked) due at now - 256, wake the beats, and publish
+-- its succeeded + failed + cancelled reach its total and it was not done yet (HSETNX done), set its
+-- "finished" field to now (ms: when its completion job was let go, the start of that job's
+-- publish lateness), make its completion job (if any, still parked) due at now - 256, wake the beats, and publish
 -- "<bid>|{counts}" on batch_channel (lua_formats.batch_message mirrors it; with pcall: an ACL
 -- user without the channel loses the message, never the writes after it). keep: ms the
 -- finished batch is kept (delayq_batch_expires), or nil (kept until deleted): its hash gets
@@ -241,6 +242,8 @@ local function batch_check(bid, batch_channel, channel, shard, now, keep)
   if s + f + c < total or redis.call('HSETNX', bkey, 'done', '1') == 0 then
     return 0
   end
+  -- when flow control let the completion job go: its publish lateness counts from here
+  redis.call('HSET', bkey, 'finished', string.format('%d', now))
   if keep then
     local expires = string.format('%d', now + keep)
     redis.call('HSET', bkey, 'expires', expires)
