@@ -51,6 +51,7 @@ def test_a_store_is_made_while_no_startup_node_answers_and_calls_raise_ours(clus
             store.count()
         assert f"cannot reach Redis at redis://{dead} (delayq_url): " in str(caught.value)
         assert isinstance(caught.value.__cause__, RedisClusterException)
+    store.close()  # closing a store whose client was never made connects nowhere
     # The same store, once a node it names answers (here: a URL naming the live node too).
     live = cluster_url.split("//", 1)[1]
     store.config = DelayQConfig.from_mapping({"delayq_url": f"redis://{dead},{live}", "delayq_cluster": True})
