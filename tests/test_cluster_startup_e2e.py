@@ -9,6 +9,7 @@ Before: a beat whose ``delayq_url`` named a node that was down exited 1 with a t
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ import redis
 from celery_delayq.exceptions import StoreError
 from tests.support.cluster import LocalCluster
 from tests.support.polling import wait_for
-from tests.support.processes import Procs
+from tests.support.processes import Procs, subprocess_env
 from tests.support.stack import (
     Producer,
     assert_alive,
@@ -30,7 +31,6 @@ from tests.support.stack import (
     spread,
     start_stack,
 )
-from tests.test_cluster_e2e import cluster_env
 
 __all__ = ["producers"]  # a fixture, used by name
 
@@ -41,6 +41,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 def six_nodes() -> Iterator[LocalCluster]:
     with LocalCluster(masters=3, replicas=1) as cluster:
         yield cluster
+
+
+def cluster_env(broker: str, url: str, **conf: Any) -> dict[str, str]:
+    """The e2e app's environment with the store on the cluster that ``url`` names."""
+    settings = json.dumps({"delayq_cluster": True, **conf})
+    return subprocess_env(broker, url, DELAYQ_TEST_RECORD=broker, DELAYQ_TEST_CONF=settings)
 
 
 def address(node: Any) -> str:
