@@ -155,7 +155,8 @@ def test_the_cli_says_each_fault_in_one_line_with_exit_3(broken: Any) -> None:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and result.stdout == "", (command, result.output)
         _, _, words = expected(fault)
-        assert lines[0].startswith("Error: ") and words in lines[0], lines[0]
+        assert lines[0].startswith(("Error: cannot reach Redis at ", "Error: Redis at ")), lines[0]
+        assert words in lines[0] and lines[0].count("Redis at") == 1, lines[0]
         assert host_port(url) in lines[0] and "(delayq_url)" in lines[0], lines[0]
         assert WRONG not in lines[0] and PASSWORD not in lines[0]
 

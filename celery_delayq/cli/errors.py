@@ -115,12 +115,13 @@ ERRORS: dict[type[BaseException], ErrorRule] = {
     UnknownTask: ErrorRule(UsageProblem, _unknown_task),
     ScheduleError: ErrorRule(UsageProblem, lambda exc, url: str(exc)),
     ConfigurationError: ErrorRule(StoreProblem, lambda exc, url: f"configuration: {exc}", app_hint=True),
-    # The store's own errors name its URL and setting themselves (store.connection.store_error);
-    # redis-py's, from a call made outside the store's methods, are worded here.
-    StoreUnreachable: ErrorRule(StoreProblem, lambda exc, url: str(exc), app_hint=True),
-    StoreRefused: ErrorRule(StoreProblem, lambda exc, url: str(exc)),
     **dict.fromkeys(UNREACHABLE_ERRORS, _UNREACHABLE),
     **dict.fromkeys(REDIS_ERRORS, _ANSWERED),
+    # The store's own errors name its URL and setting themselves (store.connection.store_error);
+    # redis-py's, from a call made outside the store's methods, are worded above. (After them:
+    # REDIS_ERRORS names StoreRefused too.)
+    StoreUnreachable: ErrorRule(StoreProblem, lambda exc, url: str(exc), app_hint=True),
+    StoreRefused: ErrorRule(StoreProblem, lambda exc, url: str(exc)),
     StoreError: ErrorRule(StoreProblem, lambda exc, url: str(exc)),
 }
 
