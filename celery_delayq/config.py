@@ -240,6 +240,11 @@ class DelayQConfig:
                 f"{n['delayq_cluster']} needs a redis:// or rediss:// URL of a cluster node in "
                 f"{n['delayq_url']}, got {redact_url(url)!r}"
             )
+        if not cluster and "," in urlsplit(url).netloc.rpartition("@")[2]:
+            raise ConfigurationError(
+                f"{n['delayq_url']} names several nodes ({redact_url(url)!r}), which only a Redis "
+                f"Cluster takes: set {n['delayq_cluster']} = True, or name one server"
+            )
         prefix = get["delayq_prefix"]
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} "):
             raise ConfigurationError(

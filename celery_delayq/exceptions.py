@@ -19,7 +19,10 @@ The tree::
     │   ├── InvalidBatch             DelayQ.batch() with no members or a non-signature
     │   ├── BatchSealed              OpenBatch.add() of a batch that is sealed
     │   └── BatchExists              DelayQ.batch() with the batch_id of a stored batch
-    └── StoreError                   Redis answered in a way the store cannot use
+    └── StoreError                   the store cannot be used, or answered in a way it cannot use
+        ├── StoreUnreachable         no connection, or a Cluster failing over (also redis.ConnectionError)
+        │   └── StoreTimeout         no answer in time (also redis.TimeoutError)
+        ├── StoreRefused             the server refused the login: a wrong password, user or database
         ├── UnsupportedServer        Redis older than 6.2 (scripts need it)
         ├── CorruptData              a stored entry that does not read (also ValueError)
         └── StoreFull                Redis is over maxmemory and refused a write
@@ -30,6 +33,13 @@ stored are never touched by a failing call. ``SerializationError`` and
 ``InvalidDueTime`` are also ``ValueError``/``TypeError`` subclasses as fits, so
 code that catches the builtin error keeps working.
 
+``StoreUnreachable`` and ``StoreRefused`` are raised by every public call that talks to the
+store (``apply_at``, ``DelayQ``, ``Schedules``, the CLI) when it cannot: their message names the
+store's URL (password redacted) and the setting, and redis-py's error is their ``__cause__``.
+``StoreUnreachable`` is also a ``redis.ConnectionError`` (and ``StoreTimeout`` a
+``redis.TimeoutError``), so code written to retry on those keeps working; ``StoreRefused`` is
+not one: retrying does not fix a wrong password or database.
+
 ``StoreFull`` is raised after the call reached Redis, for every write of a producer or an
 operator that Redis refuses for memory: its ``stored`` and ``not_stored`` list exactly which
 jobs of the call were written (each script call is refused whole, before its first write, or
@@ -39,6 +49,9 @@ runs whole), and ``refused`` says what was not written.
 from __future__ import annotations
 
 from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = [
     "BatchExists",
@@ -62,6 +75,9 @@ __all__ = [
     "SerializationError",
     "StoreError",
     "StoreFull",
+    "StoreRefused",
+    "StoreTimeout",
+    "StoreUnreachable",
     "UnknownTask",
     "UnsupportedServer",
 ]
@@ -101,7 +117,30 @@ class SerializationError(ScheduleError, TypeError):
 
 
 class StoreError(DelayQError):
-    """Redis returned something the store does not understand."""
+    """The store cannot be used (:class:`StoreUnreachable`, :class:`StoreRefused`), or Redis
+    returned something the store does not understand."""
+
+
+class StoreUnreachable(StoreError, RedisConnectionError):
+    """The store's Redis (or every node of its Cluster) cannot be reached or did not answer in
+    time: refused, timed out, or a Cluster failing over (``ClusterDownError``,
+    ``RedisClusterUnreachableError``, ``SlotNotCoveredError``, ...). Its message names the URL
+    (password redacted) and the setting; redis-py's error is its ``__cause__``. Also a
+    ``redis.ConnectionError``: code that retries on that keeps working. Retry the call (with your
+    own ``task_id``, a retry cannot store a job twice)."""
+
+
+class StoreTimeout(StoreUnreachable, RedisTimeoutError):
+    """The store's Redis did not answer in time (a connection or a reply past its timeout: a
+    paused, overloaded or far server). Also a ``redis.TimeoutError``, as redis-py's was. The
+    call may have run on the server: retry it with the same ``task_id``."""
+
+
+class StoreRefused(StoreError):
+    """The store's Redis answered but refused the connection's login: a wrong or missing
+    password or user (``WRONGPASS``, ``NOAUTH``), or a database it does not have (``/99`` on a
+    server with 16: ``ERR DB index is out of range``). Fix ``delayq_url``: retrying does not help,
+    so it is not a ``redis.ConnectionError``. redis-py's error is its ``__cause__``."""
 
 
 class UnsupportedServer(StoreError):

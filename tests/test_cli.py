@@ -734,8 +734,11 @@ def test_dead_ls_show_requeue_rm(app: Celery, r: redis.Redis, run: Run) -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("redis://127.0.0.1:1/0", "Error: cannot reach Redis at redis://127.0.0.1:1/0: "),
-        ("redis://:hunter2@127.0.0.1:1/0", "Error: cannot reach Redis at redis://:***@127.0.0.1:1/0: "),
+        ("redis://127.0.0.1:1/0", "Error: cannot reach Redis at redis://127.0.0.1:1/0 (delayq_url): "),
+        (
+            "redis://:hunter2@127.0.0.1:1/0",
+            "Error: cannot reach Redis at redis://:***@127.0.0.1:1/0 (delayq_url): ",
+        ),
         ("redis://127.0.0.1:port/0", "Error: bad delayq_url 'redis://127.0.0.1:port/0': "),
         ("http://127.0.0.1/0", "Error: configuration: delayq_url must be a redis://"),
     ],

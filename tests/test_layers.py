@@ -46,6 +46,10 @@ STORE_LAYER = {
         "scripts",
         "direct",
     )
+} | {
+    # StoreUnreachable is also redis-py's ConnectionError (docs/errors.md): it imports that class
+    # for its base, and nothing else of redis.
+    "celery_delayq.exceptions"
 }
 
 #: Dev and demo tools (``celery_delayq.devtools``): the demo starts its own Redis and watches

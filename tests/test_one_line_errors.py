@@ -135,7 +135,7 @@ def _args(path: str) -> list[str]:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("redis://127.0.0.1:1/0", "Error: cannot reach Redis at redis://127.0.0.1:1/0: "),
+        ("redis://127.0.0.1:1/0", "Error: cannot reach Redis at redis://127.0.0.1:1/0 (delayq_url): "),
         (
             "http://127.0.0.1:1/0",
             "Error: configuration: delayq_url must be a redis://, rediss:// or unix:// URL",

@@ -29,6 +29,8 @@ from ..exceptions import (
     ScheduleExists,
     ScheduleNotFound,
     StoreError,
+    StoreRefused,
+    StoreUnreachable,
     UnknownTask,
 )
 from ..store.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
@@ -115,6 +117,11 @@ ERRORS: dict[type[BaseException], ErrorRule] = {
     ConfigurationError: ErrorRule(StoreProblem, lambda exc, url: f"configuration: {exc}", app_hint=True),
     **dict.fromkeys(UNREACHABLE_ERRORS, _UNREACHABLE),
     **dict.fromkeys(REDIS_ERRORS, _ANSWERED),
+    # The store's own errors name its URL and setting themselves (store.connection.store_error);
+    # redis-py's, from a call made outside the store's methods, are worded above. (After them:
+    # REDIS_ERRORS names StoreRefused too.)
+    StoreUnreachable: ErrorRule(StoreProblem, lambda exc, url: str(exc), app_hint=True),
+    StoreRefused: ErrorRule(StoreProblem, lambda exc, url: str(exc)),
     StoreError: ErrorRule(StoreProblem, lambda exc, url: str(exc)),
 }
 

@@ -97,6 +97,10 @@ class StoreBase:
     """What every part of the store shares: the config, the key space, the client (and its
     direct connection for single calls), the server's clock and the shapes read so far."""
 
+    #: The setting that named the store's URL, as the configuration spells it (the store's errors
+    #: name it; :func:`~.facade.get_store` sets it from the app).
+    url_setting = "delayq_url"
+
     def __init__(
         self,
         config: DelayQConfig,
@@ -107,21 +111,49 @@ class StoreBase:
         """The store of ``config``, through ``client`` or a client of its own
         (:func:`~celery_delayq.store.connection.make_client`, each connection attempt bounded by
         ``connect_timeout`` seconds and each reply by ``socket_timeout`` when given). A bad URL
-        raises ``ValueError``."""
+        raises ``ValueError``.
+
+        A Cluster client asks a node for the slot map as it is made; when no node named in the
+        URL answers, the store is made all the same and its client is made again at each use
+        until one answers (so a process whose startup nodes are down starts, and each call meets
+        :class:`~celery_delayq.exceptions.StoreUnreachable` meanwhile)."""
         self.config = config
         self.keys = KeySpace(config.prefix, config.shards)
-        if client is None:
-            client = make_client(config.url, config.cluster, connect_timeout, socket_timeout)
-        self.client = client
+        self._timeouts = (connect_timeout, socket_timeout)
+        self._client: Any = None
+        self._direct: DirectCalls | None = None
+        if client is not None:
+            self.client = client
+        else:
+            try:
+                self.client = make_client(config.url, config.cluster, connect_timeout, socket_timeout)
+            except REDIS_ERRORS:
+                if not config.cluster:
+                    raise
         self._clock: tuple[int, float] | None = None  # (server ms, time.monotonic()) read together
-        self._direct = DirectCalls.for_client(client)
         self._warned_past = False
         #: shape id -> shape (stored_forms.shared_form): an id names one text, so it is kept
         self._shapes: dict[str, str] = {}
 
     @property
+    def client(self) -> Any:
+        """The redis-py client (``Redis`` or ``RedisCluster``); a Cluster client that could not
+        be made yet is made now, or this raises redis-py's error again."""
+        client = self._client
+        if client is None:
+            self.client = client = make_client(self.config.url, self.config.cluster, *self._timeouts)
+        return client
+
+    @client.setter
+    def client(self, client: Any) -> None:
+        self._client = client
+        self._direct = DirectCalls.for_client(client)
+
+    @property
     def is_cluster(self) -> bool:
-        return isinstance(self.client, RedisCluster)
+        if self._client is None:
+            return self.config.cluster
+        return isinstance(self._client, RedisCluster)
 
     def _write(
         self,

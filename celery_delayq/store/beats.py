@@ -160,7 +160,8 @@ class BeatsPart(StoreBase):
     def close(self) -> None:
         if self._direct is not None:
             self._direct.close()
-        self.client.close()
+        if self._client is not None:  # (a Cluster client never made: nothing to close)
+            self._client.close()
 
     def wake_subscription(self) -> Any:
         """A pub/sub connection subscribed to the wake channel (``get_message``, ``close``).

@@ -3,17 +3,26 @@ connections) and what a Redis error says about the server.
 
 Only the store (:mod:`celery_delayq.store.facade`) builds clients with :func:`make_client`; the
 error helpers are what the layers above use to classify a failure without importing redis.
+:func:`store_error` is what the store's public calls raise instead of redis-py's error when the
+store cannot be reached or refuses the login (:class:`~celery_delayq.exceptions.StoreUnreachable`,
+:class:`~celery_delayq.exceptions.StoreRefused`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import parse_url
 from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    AuthorizationError,
     ClusterDownError,
+    ExternalAuthProviderError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -22,20 +31,27 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from ..config import redact_url
+from ..exceptions import StoreError, StoreRefused, StoreTimeout, StoreUnreachable
+
 __all__ = [
     "OOM_REPLY",
     "REDIS_ERRORS",
+    "cluster_nodes",
     "error_text",
     "evicts_jobs",
     "is_oom",
     "make_client",
     "redis_error_kind",
+    "store_error",
     "version_problem",
 ]
 
 #: What a Redis or Redis Cluster client raises when the store cannot be reached or answer
-#: (redis-py's cluster errors such as ``SlotNotCoveredError`` are not ``RedisError``s).
-REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+#: (redis-py's cluster errors such as ``SlotNotCoveredError`` are not ``RedisError``s), and what
+#: the store's public calls raise in their place (:func:`store_error`; ``StoreUnreachable`` is
+#: a ``redis.ConnectionError``, ``StoreRefused`` is named here).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException, StoreRefused)
 
 #: The part of :data:`REDIS_ERRORS` that means "not reached" (no connection, or no answer in time).
 UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
@@ -45,12 +61,96 @@ UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.
 OOM_REPLY = "command not allowed when used memory"
 
 
+#: Redis's words for a login or a database it refuses (an error reply, not a network fault).
+_REFUSED_REPLIES = ("WRONGPASS", "NOAUTH", "invalid password", "DB index is out of range", "Invalid Database")
+
+#: redis-py's errors of a refused login (``AuthenticationError`` is also a ``ConnectionError``).
+_REFUSED_ERRORS = (
+    AuthenticationError,
+    AuthorizationError,
+    AuthenticationWrongNumberOfArgsError,
+    ExternalAuthProviderError,
+)
+
+#: What a client raises when the store cannot be reached or answer now: the network, a timeout,
+#: a Cluster failing over or whose nodes cannot be reached (``RedisClusterException`` covers
+#: ``RedisClusterUnreachableError`` and ``SlotNotCoveredError``).
+_UNREACHABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+    RedisClusterException,
+)
+
+
+def store_error(exc: BaseException, url: str, setting: str = "delayq_url") -> StoreError | None:
+    """The error a public call of the store raises for redis-py's ``exc`` (which becomes its
+    ``__cause__``), or None when ``exc`` is raised as it is (an error reply of a reachable
+    Redis: a script or command error, OOM, NOSCRIPT). The message names ``url`` (password
+    redacted) and ``setting`` (the setting that gave it, as the configuration spells it).
+
+    >>> from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
+    >>> print(store_error(ConnectionError("Error 111 connecting to cache:1."), "redis://:pw@cache:1/0"))
+    cannot reach Redis at redis://:***@cache:1/0 (delayq_url): Error 111 connecting to cache:1.
+    >>> print(store_error(AuthenticationError("invalid username-password pair"), "redis://:x@cache:1/0"))
+    Redis at redis://:***@cache:1/0 (delayq_url) refused the login: invalid username-password pair
+    >>> print(store_error(ResponseError("DB index is out of range"), "redis://cache:1/99", "DJANGO_URL"))
+    Redis at redis://cache:1/99 (DJANGO_URL) refused the database: DB index is out of range
+    >>> store_error(ResponseError("WRONGTYPE Operation against a key"), "redis://cache:1/0") is None
+    True
+    """
+    if isinstance(exc, StoreError):
+        return None
+    text = str(exc)
+    where = f"{redact_url(url)} ({setting})"
+    if isinstance(exc, _REFUSED_ERRORS) or (
+        isinstance(exc, redis.ResponseError | redis.ConnectionError)
+        and any(reply in text for reply in _REFUSED_REPLIES)
+    ):
+        what = "database" if "DB index" in text or "Database" in text else "login"
+        return StoreRefused(f"Redis at {where} refused the {what}: {text}")
+    if isinstance(exc, redis.TimeoutError):
+        return StoreTimeout(f"Redis at {where} did not answer in time: {text or type(exc).__name__}")
+    if isinstance(exc, _UNREACHABLE):
+        return StoreUnreachable(f"cannot reach Redis at {where}: {text or type(exc).__name__}")
+    return None
+
+
+def cluster_nodes(url: str) -> tuple[str, list[ClusterNode]]:
+    """A Cluster URL that may name several startup nodes, comma-separated
+    (``redis://h1:7000,h2:7001/0``): the URL of its first node alone, and the others.
+
+    >>> url, others = cluster_nodes("redis://:pw@h1:7000,h2:7001,[::1]:7002/0?socket_connect_timeout=1")
+    >>> url, [(n.host, n.port) for n in others]
+    ('redis://:pw@h1:7000/0?socket_connect_timeout=1', [('h2', 7001), ('::1', 7002)])
+    >>> cluster_nodes("redis://h1:7000")
+    ('redis://h1:7000', [])
+    """
+    parts = urlsplit(url)
+    user, at, hosts = parts.netloc.rpartition("@")
+    first, *rest = hosts.split(",")
+    others: list[ClusterNode] = []
+    for name in rest:
+        host, colon, port = name.rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ValueError(f"a startup node is host:port, got {name!r}")
+        others.append(ClusterNode(host.strip("[]"), int(port)))  # type: ignore[no-untyped-call]
+    if not rest:
+        return url, others
+    return urlunsplit(parts._replace(netloc=f"{user}{at}{first}")), others
+
+
 def make_client(
     url: str, cluster: bool = False, connect_timeout: float | None = None, socket_timeout: float | None = None
 ) -> Any:
-    """A redis-py client for ``url`` that returns ``str``: a ``RedisCluster`` (``url`` names
-    any node; the others are discovered) when ``cluster``, else a ``Redis``. A ``rediss://``
-    URL connects with TLS (its ``ssl_*`` query parameters apply), in both cases.
+    """A redis-py client for ``url`` that returns ``str``: a ``RedisCluster`` when ``cluster``
+    (``url`` names one node or several, comma-separated, as :func:`cluster_nodes` reads them;
+    the others are discovered from the first that answers), else a ``Redis``. A ``rediss://``
+    URL connects with TLS (its ``ssl_*`` query parameters apply), in both cases. A
+    ``RedisCluster`` asks its nodes for the slot map as it is made: when none answers, this
+    raises redis-py's error (``RedisClusterException``).
 
     Replies are decoded with ``surrogateescape``: a value that is not UTF-8 (bytes written
     into the store's keys by something else) reads as a ``str`` that encodes back to the
@@ -70,7 +170,10 @@ def make_client(
     if socket_timeout is not None:
         options["socket_timeout"] = socket_timeout
     if cluster:
-        return RedisCluster.from_url(url, **options)
+        first, others = cluster_nodes(url)
+        if parse_url(first).get("db", 0) != 0:  # type: ignore[no-untyped-call]
+            raise ValueError("a Redis Cluster has database 0 only: leave the database out of the URL")
+        return RedisCluster.from_url(first, startup_nodes=others, **options)
     return redis.Redis.from_url(url, **options)
 
 
@@ -104,15 +207,7 @@ def redis_error_kind(exc: BaseException) -> str:
         return "oom"
     if isinstance(exc, NoScriptError):
         return "noscript"
-    if isinstance(
-        exc,
-        redis.ConnectionError
-        | redis.TimeoutError
-        | ClusterDownError
-        | TryAgainError
-        | ReadOnlyError
-        | RedisClusterException,
-    ):
+    if isinstance(exc, (*_UNREACHABLE, StoreRefused)):  # a refused login was redis-py's ConnectionError
         return "unreachable"
     if isinstance(exc, ResponseError):
         return "script"

@@ -31,7 +31,7 @@ from jinja2 import BytecodeCache
 from jinja2.bccache import Bucket
 from werkzeug.exceptions import HTTPException
 
-from ..exceptions import DelayQError, StoreFull
+from ..exceptions import DelayQError, StoreFull, StoreRefused, StoreUnreachable
 from ..store.connection import error_text, redis_error_kind
 from . import dead, flow, jobs, overview, schedules
 from .context import REFRESH_SECONDS, Dashboard, dashboard, nav_counts, relative, span, wants_json
@@ -163,6 +163,8 @@ def create_app(
     def _delayq_error(exc: DelayQError) -> Any:
         if isinstance(exc, StoreFull):  # a full Redis, as the OOM reply of any other write
             return _error(507, f"Redis at {dashboard().url} is full (maxmemory reached): {exc}")
+        if isinstance(exc, StoreUnreachable | StoreRefused):  # names the URL and the setting itself
+            return _error(503, str(exc))
         return _error(400, str(exc))
 
     @web.errorhandler(Exception)
