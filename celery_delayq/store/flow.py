@@ -62,6 +62,15 @@ class KeyState:
     paused: bool
 
 
+def _glob_escape(text: str) -> str:
+    """``text`` as a Redis ``MATCH`` pattern that matches it alone.
+
+    >>> _glob_escape("a*b[1]?")
+    'a\\\\*b\\\\[1\\\\]\\\\?'
+    """
+    return "".join("\\" + c if c in "*?[]\\^-" else c for c in text)
+
+
 _GATE_DECISIONS = {d.value: d for d in GateDecision}
 
 #: Jobs per gate/hold/slot_renew call (each call's ARGV holds a few short strings a job).
@@ -269,6 +278,25 @@ class FlowPart(StoreBase):
         if raw is None:
             return False, None
         return True, (None if raw == "none" else _int_or(raw))
+
+    def key_seen(self, key: str, page: int = 1000) -> bool:
+        """Whether gate key ``key`` has been seen: it has an entry in its shard's ``gate:keys``
+        (a job of the key was gated, or an operator set its limit or paused it), or a job of
+        the key is stored (an id beginning with its tag ``{<key>}``, found by ``HSCAN`` of its
+        shard's jobs, ``page`` entries a round trip; only when there is no entry). A schedule's
+        jobs (its points, run-now and retries: ``{<name>}@...``) are not jobs of a key."""
+        names = self.keys.for_key(key)
+        if self.client.hexists(names.gate_keys, key):
+            return True
+        tag = "{" + key + "}"
+        pattern = _glob_escape(tag) + "*"
+        cursor = 0
+        while True:
+            cursor, found = self.client.hscan(names.jobs, cursor, match=pattern, count=page)
+            if any(not job_id.startswith(tag + "@") for job_id in found):
+                return True
+            if int(cursor) == 0:
+                return False
 
     def key_state(self, key: str) -> KeyState:
         """``key``'s limit in force, override, running and parked counts, and paused flag."""
