@@ -19,6 +19,7 @@ from ..flow.gate import Gate
 from .base import StoreBase, _int_or
 from .connection import is_oom
 from .lua_formats import parse_key_entry
+from .reads import glob_escape
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
 logger = logging.getLogger(__name__)
@@ -60,15 +61,6 @@ class KeyState:
     running: int
     waiting: int  # parked
     paused: bool
-
-
-def _glob_escape(text: str) -> str:
-    """``text`` as a Redis ``MATCH`` pattern that matches it alone.
-
-    >>> _glob_escape("a*b[1]?")
-    'a\\\\*b\\\\[1\\\\]\\\\?'
-    """
-    return "".join("\\" + c if c in "*?[]\\^-" else c for c in text)
 
 
 _GATE_DECISIONS = {d.value: d for d in GateDecision}
@@ -289,7 +281,7 @@ class FlowPart(StoreBase):
         if self.client.hexists(names.gate_keys, key):
             return True
         tag = "{" + key + "}"
-        pattern = _glob_escape(tag) + "*"
+        pattern = glob_escape(tag) + "*"
         cursor = 0
         while True:
             cursor, found = self.client.hscan(names.jobs, cursor, match=pattern, count=page)
