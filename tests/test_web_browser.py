@@ -367,13 +367,13 @@ def test_no_page_is_wider_than_a_390px_window(page: Browser, stack: Stack) -> No
             wide = int(page.driver.execute_script("return document.documentElement.scrollWidth;"))
             assert wide <= inner and "no job with id" in page.find("body").text, wide
             page.console_errors()
-            if width == 390:  # the table is wider than a phone: it scrolls inside its own box
+            if width == 390:  # a list's rows wrap within a phone's width: nothing scrolls sideways
                 page.open("/jobs")
                 box = page.find("div.scroll")
                 sizes = page.driver.execute_script(
                     "return [arguments[0].scrollWidth, arguments[0].clientWidth];", box
                 )
-                assert sizes[0] > sizes[1] <= inner, sizes
+                assert sizes[0] <= sizes[1] <= inner, sizes
             page.open("/")
             assert int(page.text("#gated-paused")) >= 2
             page.screenshot(f"overview-{width}")
