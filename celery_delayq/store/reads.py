@@ -222,7 +222,8 @@ class ReadsPart(StoreBase):
         """Every stored job whose score lies in ``[start_ms, end_ms]``, merged in due order.
 
         A leased job is ordered (and selected) by its lease expiry, and reports
-        its original due time in ``due_ms``.
+        its original due time in ``due_ms``. A parked job (held back by flow control, its
+        score ``PARK_MS``) is ordered and selected by its due time (:meth:`_parked`).
         """
         lo: Any = "-inf" if start_ms is None else int(start_ms)
         hi: Any = "+inf" if end_ms is None else int(end_ms)
