@@ -19,6 +19,7 @@ The tree::
     │   ├── InvalidBatch             DelayQ.batch() with no members or a non-signature
     │   ├── BatchSealed              OpenBatch.add() of a batch that is sealed
     │   └── BatchExists              DelayQ.batch() with the batch_id of a stored batch
+    ├── UnknownKey                   pause/resume/limit of a key never seen, or of a schedule's name
     └── StoreError                   the store cannot be used, or answered in a way it cannot use
         ├── StoreUnreachable         no connection, or a Cluster failing over (also redis.ConnectionError)
         │   └── StoreTimeout         no answer in time (also redis.TimeoutError)
@@ -78,6 +79,7 @@ __all__ = [
     "StoreRefused",
     "StoreTimeout",
     "StoreUnreachable",
+    "UnknownKey",
     "UnknownTask",
     "UnsupportedServer",
 ]
@@ -259,3 +261,23 @@ class BatchExists(ScheduleError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownKey(DelayQError, LookupError):
+    """``DelayQ.pause``, ``resume``, ``set_limit`` or ``clear_limit`` of a gate key that has never
+    been seen (no entry in ``gate:keys`` and no job of the key stored: a misspelling, most
+    often), or of a name that is a schedule's and no key's (``Schedules.pause`` pauses a
+    schedule). ``new=True`` changes such a key anyway. ``key``: the name; ``action``: ``pause``,
+    ``resume`` or ``limit``; ``schedule``: the name is a schedule's."""
+
+    def __init__(self, message: str, key: str = "", action: str = "pause", schedule: bool = False) -> None:
+        super().__init__(message)
+        self.key = key
+        self.action = action
+        self.schedule = schedule
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.key, self.action, self.schedule))

@@ -354,7 +354,7 @@ def test_ls_lists_in_due_order_with_filters(app: Celery, r: redis.Redis, run: Ru
     assert first == {
         "id": "a", "state": "waiting", "task": "t.add", "shard": store_of(app).keys.shard_of("a"),
         "due": first["due"], "due_ms": now + 60_000, "queue": "celery", "args": [1, 1], "kwargs": {},
-        "tries": 0, "lease_until": None, "schedule": None,
+        "tries": 0, "lease_until": None, "schedule": None, "gated_by": None,
     }  # fmt: skip
     assert datetime.fromisoformat(first["due"]).timestamp() * 1000 == now + 60_000
     assert [j["id"] for j in as_json(run("ls", "--json", "--task", "t.noop"))["jobs"]] == [c]

@@ -90,10 +90,10 @@ def test_a_given_id_with_the_tag_is_kept_and_idempotent(app: Celery) -> None:
 def test_a_key_with_a_run_time_limit_needs_no_limit_on_the_job(app: Celery) -> None:
     add = app.tasks["t.add"]
     dq = DelayQ(app)
-    dq.set_limit("shared", 2)
+    dq.set_limit("shared", 2, new=True)
     result = add.apply_at(ETA, (1, 2), concurrency_key="shared")
     assert message(app, result.id)[0][GATE_HEADER] == {"key": "shared"}
-    dq.set_limit("open", None)  # an explicit "no cap" is a limit set too
+    dq.set_limit("open", None, new=True)  # an explicit "no cap" is a limit set too
     assert add.apply_at(ETA, (1, 2), concurrency_key="open").id.startswith("{open}")
 
 

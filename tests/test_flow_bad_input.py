@@ -74,10 +74,10 @@ def test_a_key_without_a_limit_when_none_is_set(app: Celery, r: redis.Redis) -> 
             call()
         text = str(info.value)
         assert "concurrency_key='tenant:7' has no concurrency_limit" in text, entry
-        assert "concurrency_limit=<n>" in text and "set_limit(key, n)" in text, entry
+        assert "concurrency_limit=<n>" in text and "set_limit(key, n, new=True)" in text, entry
     assert {key: r.type(key) for key in r.scan_iter()} == before
     # a limit given, or one set for the key, and it is accepted
-    DelayQ(app).set_limit("tenant:7", 3)
+    DelayQ(app).set_limit("tenant:7", 3, new=True)
     for call in gated_calls(app, concurrency_key="tenant:7").values():
         call()
     assert DelayQ(app).count() == 6

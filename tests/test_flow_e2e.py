@@ -271,7 +271,7 @@ def test_pause_holds_a_key_and_resume_releases_it(
     middle stops new starts again (after what was already released)."""
     producer = flow()
     key = "tenant:paused"
-    producer.dq.pause(key)
+    producer.dq.pause(key, new=True)
     results = producer.work.apply_at_many(
         [(time.time(), (0.5, i), None) for i in range(12)], concurrency_key=key, concurrency_limit=2
     )

@@ -231,10 +231,10 @@ OPERATOR_WRITES: list[tuple[str, Callable[[Any, DelayQ, Schedules, str], Any]]] 
     ("schedules.resume", lambda app, dq, sch, job: sch.resume("paused")),
     ("schedules.run_now", lambda app, dq, sch, job: sch.run_now("nightly")),
     ("batch", lambda app, dq, sch, job: dq.batch([app.tasks["full.add"].s(1, 2)] * 3)),
-    ("set_limit", lambda app, dq, sch, job: dq.set_limit("tenant:9", 3)),
-    ("set_limit(None)", lambda app, dq, sch, job: dq.set_limit("tenant:9", None)),
+    ("set_limit", lambda app, dq, sch, job: dq.set_limit("tenant:9", 3, new=True)),
+    ("set_limit(None)", lambda app, dq, sch, job: dq.set_limit("tenant:9", None, new=True)),
     ("clear_limit", lambda app, dq, sch, job: dq.clear_limit("tenant:1")),
-    ("pause", lambda app, dq, sch, job: dq.pause("tenant:9")),
+    ("pause", lambda app, dq, sch, job: dq.pause("tenant:9", new=True)),
     ("resume", lambda app, dq, sch, job: dq.resume("tenant:1")),
     ("reschedule", lambda app, dq, sch, job: dq.reschedule(job, time.time() + 600)),
     ("requeue_dead", lambda app, dq, sch, job: dq.requeue_dead("dead-1")),
@@ -244,8 +244,8 @@ OPERATOR_WRITES: list[tuple[str, Callable[[Any, DelayQ, Schedules, str], Any]]] 
 CLI_WRITES = [
     ("schedules", "add", "other", "full.add", "--every", "60"),
     ("schedules", "resume", "paused"),
-    ("limit", "tenant:9", "4"),
-    ("pause", "tenant:9"),
+    ("limit", "tenant:9", "4", "--new"),
+    ("pause", "tenant:9", "--new"),
     ("resume", "tenant:1"),
     ("reschedule", "{job}", "+10m"),
     ("dead", "requeue", "dead-1"),
@@ -272,7 +272,7 @@ def test_every_write_refused_by_a_full_redis_raises_store_full(server: EmbeddedR
         job = add.apply_in(3600, (1, 2)).id
         sch.add("nightly", "full.add", "0 2 * * *", (1, 2))
         sch.add("paused", "full.add", 60, (1, 2), enabled=False)
-        dq.set_limit("tenant:1", 2)
+        dq.set_limit("tenant:1", 2, new=True)
         dq.pause("tenant:1")
         add.apply_at(time.time() - 1, (0, 0), task_id="dead-1")
         bury(app, "dead-1")

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..due import due_ms_from_eta, ms_to_datetime
-from ..exceptions import InvalidSchedule
+from ..exceptions import InvalidSchedule, UnknownKey
 from ..flow.batch import OPEN_BATCH_EXPIRES, BatchResult, OpenBatch, open_batch, store_batch
 from ..flow.gate import PARK_MS, batch_of, check_key, check_limit, completion_id
 from ..store import lateness
@@ -28,9 +28,10 @@ from ..store.lateness import Snapshot
 
 if TYPE_CHECKING:
     from ..store.batches import BatchState
+    from ..store.facade import Store
     from ..store.flow import KeyState
 
-__all__ = ["DelayQ", "PendingJob"]
+__all__ = ["DelayQ", "PendingJob", "check_key_target"]
 
 # The outcomes :meth:`DelayQ.cancel`, :meth:`DelayQ.reschedule` and
 # :meth:`DelayQ.requeue_dead` report, by the words they share: each is the store's ``str`` enum
@@ -42,6 +43,32 @@ DELIVERING: str = CancelOutcome.DELIVERING
 MISSING: str = CancelOutcome.MISSING
 STORED: str = RequeueOutcome.STORED
 NO_ENVELOPE: str = RequeueOutcome.NO_ENVELOPE
+
+
+#: What ``Schedules`` does instead of a key's action, for :class:`UnknownKey`'s message (a
+#: schedule has no limit: pausing it is what comes closest).
+SCHEDULE_ACTIONS = {"pause": "pause", "resume": "resume", "limit": "pause"}
+
+
+def check_key_target(store: Store, key: str, action: str, new: bool = False) -> str:
+    """``key`` when ``action`` (``pause``, ``resume`` or ``limit``) may change it: a key that
+    has been seen (:meth:`Store.key_seen`), or any key with ``new``. Else :class:`UnknownKey`:
+    the name is a schedule's (``Schedules`` pauses a schedule), or no key of that name was
+    ever seen (a misspelling, most often)."""
+    check_key(key)
+    if new or store.key_seen(key):
+        return key
+    if store.schedule(key)[0] is not None:
+        raise UnknownKey(
+            f"{key!r} is a schedule, not a gate key: use Schedules(app).{SCHEDULE_ACTIONS[action]}"
+            f"({key!r}) (or pass new=True to {action} a new gate key {key!r})",
+            key, action, schedule=True,
+        )  # fmt: skip
+    raise UnknownKey(
+        f"gate key {key!r} has never been seen (no job of it stored or gated, no limit or pause "
+        f"set): check the name, or pass new=True to {action} it anyway",
+        key, action,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -239,26 +266,32 @@ class DelayQ:
         """Every stored batch's counters."""
         return self.store.batch_states()
 
-    def set_limit(self, key: str, limit: int | None) -> int:
+    def set_limit(self, key: str, limit: int | None, *, new: bool = False) -> int:
         """Set ``key``'s concurrency limit at run time: it wins over the limit its jobs carry.
         ``None``: no cap. Jobs waiting for a slot that now fits are released at once; how many.
-        A lower limit lets the running jobs end: no new one starts until fewer run."""
+        A lower limit lets the running jobs end: no new one starts until fewer run.
+
+        A key never seen (no job of it stored or gated, no limit or pause set), or a name that
+        is a schedule's and no key's, raises :class:`UnknownKey`; ``new=True`` sets it anyway
+        (a key whose jobs are still to come)."""
         check_key(key)
         checked = None if limit is None else check_limit(limit)
-        return self.store.set_limit(key, checked)
+        return self.store.set_limit(check_key_target(self.store, key, "limit", new), checked)
 
-    def clear_limit(self, key: str) -> int:
+    def clear_limit(self, key: str, *, new: bool = False) -> int:
         """Drop ``key``'s run-time limit: each job's own ``concurrency_limit`` counts again.
-        How many waiting jobs were released."""
-        return self.store.clear_limit(check_key(key))
+        How many waiting jobs were released. ``UnknownKey`` and ``new``: as :meth:`set_limit`."""
+        return self.store.clear_limit(check_key_target(self.store, key, "limit", new))
 
-    def pause(self, key: str) -> int:
-        """Release no more jobs of ``key`` (the running ones go on) until :meth:`resume`."""
-        return self.store.pause(check_key(key))
+    def pause(self, key: str, *, new: bool = False) -> int:
+        """Release no more jobs of ``key`` (the running ones go on) until :meth:`resume`.
+        ``UnknownKey`` and ``new``: as :meth:`set_limit` (a schedule: ``Schedules.pause``)."""
+        return self.store.pause(check_key_target(self.store, key, "pause", new))
 
-    def resume(self, key: str) -> int:
-        """Release ``key``'s jobs again; how many waiting ones were released at once."""
-        return self.store.resume(check_key(key))
+    def resume(self, key: str, *, new: bool = False) -> int:
+        """Release ``key``'s jobs again; how many waiting ones were released at once.
+        ``UnknownKey`` and ``new``: as :meth:`set_limit`."""
+        return self.store.resume(check_key_target(self.store, key, "resume", new))
 
     def key_state(self, key: str) -> KeyState:
         """``key``'s limits, running and waiting jobs, and whether it is paused."""

@@ -17,7 +17,7 @@ from ..exceptions import InvalidInput
 from ..store.envelope import decode_envelope
 from ..store.facade import Store
 from ..store.jobs import JobRecord
-from .views import job_view
+from .views import PageReads, gated_by, job_view
 
 __all__ = [
     "JobFilter",
@@ -114,6 +114,20 @@ def _matching(
         yield record, _keeps(record, default_queue, where, needle)
 
 
+def _with_gated_by(
+    store: Store, views: list[dict[str, Any]], records: list[JobRecord]
+) -> list[dict[str, Any]]:
+    """``views`` of ``records``, each with ``gated_by``: what a gated job waits for (``slot``,
+    ``paused``, ``batch``, ``rate`` or ``released``, as ``show`` says), else None. A read per
+    key or batch of the page's gated jobs, none when there is none."""
+    gated = [r for r in records if r.state == "gated"]
+    reads = PageReads(store) if gated else None
+    now_ms = store.server_now_ms() if gated else 0
+    for view, record in zip(views, records, strict=True):
+        view["gated_by"] = None if reads is None else gated_by(reads, record, now_ms)
+    return views
+
+
 def jobs_page(
     store: Store,
     default_queue: str,
@@ -160,7 +174,7 @@ def jobs_page(
         shown.append(record)
         last = record
     out: dict[str, Any] = {
-        "jobs": [job_view(r, default_queue) for r in shown],
+        "jobs": _with_gated_by(store, [job_view(r, default_queue) for r in shown], shown),
         "count": len(shown),
         "next_cursor": cursor_text(shown[-1]) if more and shown else None,
     }
@@ -230,7 +244,7 @@ def id_search(
     resume = f"{found.resume[0]}:{found.resume[1]}" if found.resume else None
     scan.update(examined=found.examined, complete=resume is None, budget=budget)
     return {
-        "jobs": [job_view(r, default_queue) for r in records],
+        "jobs": _with_gated_by(store, [job_view(r, default_queue) for r in records], records),
         "count": len(records),
         "next_cursor": resume,
         "scan": scan,

@@ -13,11 +13,12 @@ Listing and searching live in :mod:`.listing`, the status view in :mod:`.status`
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
 from collections.abc import Iterator
 from datetime import timedelta, tzinfo
-from typing import Any
+from typing import Any, Protocol
 
 from ..due import ms_to_datetime
 from ..flow.gate import GATE_HEADER, Gate, batch_of, completion_id
@@ -33,12 +34,15 @@ from .jobs import CANCELLED, DELIVERING, MOVED, DelayQ
 __all__ = [
     "CANCEL_TEXT",
     "JOB_STATES",
+    "GateReads",
+    "PageReads",
     "batch_json",
     "batches_view",
     "bucket_ms",
     "cancel_result",
     "dead_page",
     "dead_view",
+    "gated_by",
     "gated_reason",
     "iso",
     "job_detail",
@@ -148,7 +152,39 @@ def job_view(record: JobRecord, default_queue: str, detail: bool = False) -> dic
     return out
 
 
-def gated_reason(store: Store, record: JobRecord, headers: Any, now_ms: int) -> tuple[str, str]:
+class GateReads(Protocol):
+    """The reads :func:`gated_reason` makes: a :class:`Store`, or :class:`PageReads`."""
+
+    def key_state(self, key: str) -> KeyState: ...
+
+    def batch_state(self, batch_id: str) -> BatchState | None: ...
+
+
+class PageReads:
+    """A :class:`Store`'s key and batch reads, each key and batch read once: what the gated
+    jobs of one listed page wait for costs a read per key or batch, not per job."""
+
+    def __init__(self, store: Store) -> None:
+        self.key_state = functools.cache(store.key_state)
+        self.batch_state = functools.cache(store.batch_state)
+
+
+def gated_by(reads: GateReads, record: JobRecord, now_ms: int) -> str | None:
+    """What a listed gated job waits for (a key of :data:`GATED_BY`, or ``"released"``); None
+    for a job that is not gated. Its headers are read from its stored message."""
+    if record.state != "gated":
+        return None
+    try:
+        envelope = decode_envelope(record.envelope)
+    except ValueError:
+        headers: dict[str, Any] = {}
+    else:
+        extra = envelope.route.get("headers")
+        headers = {**envelope.headers, **(extra if isinstance(extra, dict) else {})}
+    return gated_reason(reads, record, headers, now_ms)[0]
+
+
+def gated_reason(store: GateReads, record: JobRecord, headers: Any, now_ms: int) -> tuple[str, str]:
     """What a gated job waits for: a key of :data:`GATED_BY` (or ``"released"``: its key let it
     through, a beat claims it now) and a sentence saying so, read per key (its state, or its
     batch's counts), never by scanning jobs."""

@@ -31,6 +31,7 @@ from ..exceptions import (
     StoreError,
     StoreRefused,
     StoreUnreachable,
+    UnknownKey,
     UnknownTask,
 )
 from ..store.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
@@ -103,6 +104,19 @@ def _schedule_exists(exc: ScheduleExists, url: str) -> str:
     )
 
 
+def _unknown_key(exc: UnknownKey, url: str) -> str:
+    if exc.schedule:
+        command = {"resume": "resume"}.get(exc.action, "pause")
+        return (
+            f"{exc.key!r} is a schedule, not a gate key: use `celery delayq schedules {command} "
+            f"{exc.key}` (or --new to {exc.action} a new gate key {exc.key!r})"
+        )
+    return (
+        f"no gate key {exc.key!r} has been seen (no job of it stored or gated, no limit or pause "
+        f"set): check the name, or pass --new to {exc.action} it anyway"
+    )
+
+
 _UNREACHABLE = ErrorRule(StoreProblem, lambda exc, url: f"cannot reach Redis at {url}: {exc}", app_hint=True)
 _ANSWERED = ErrorRule(StoreProblem, lambda exc, url: f"Redis at {url} answered: {exc}")
 
@@ -111,6 +125,7 @@ ERRORS: dict[type[BaseException], ErrorRule] = {
     ScheduleNotFound: ErrorRule(CliError, lambda exc, url: str(exc)),
     ScheduleExists: ErrorRule(CliError, _schedule_exists),
     BatchExists: ErrorRule(CliError, lambda exc, url: str(exc)),
+    UnknownKey: ErrorRule(CliError, _unknown_key),
     InvalidBatch: ErrorRule(UsageProblem, lambda exc, url: str(exc)),
     UnknownTask: ErrorRule(UsageProblem, _unknown_task),
     ScheduleError: ErrorRule(UsageProblem, lambda exc, url: str(exc)),

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ..admin.inputs import InputError, limit_of
+from ..admin.jobs import check_key_target
 from ..admin.views import batch_json, batch_state_text, batches_view, key_json, keys_view
 from ..flow.gate import check_key
 from .base import Session, json_option, session
@@ -97,6 +98,18 @@ def key_show(ctx: click.Context, key: str, as_json: bool) -> None:
         _print_key(s, view)
 
 
+_NEW_OPTION = click.option(
+    "--new", is_flag=True,
+    help="Change a key never seen (no job of it stored or gated, no limit or pause set) too.",
+)  # fmt: skip
+
+
+def _target(s: Session, key: str, action: str, new: bool) -> str:
+    """KEY when ACTION may change it (see :func:`check_key_target`); else the one-line error
+    of ``UnknownKey`` (exit 1, through the errors table)."""
+    return check_key_target(s.store, _key_arg(key), action, new)
+
+
 def _changed(s: Session, key: str, promoted: int, what: str, as_json: bool, limit: bool = False) -> None:
     """What a change did: the key's state after it, and how many waiting jobs it released."""
     view = key_json(s.store.key_state(key))
@@ -113,27 +126,31 @@ def _changed(s: Session, key: str, promoted: int, what: str, as_json: bool, limi
 @click.argument("key")
 @click.argument("limit", metavar="N|none", required=False)
 @click.option("--clear", is_flag=True, help="Remove the run-time limit: each job's own limit applies again.")
+@_NEW_OPTION
 @json_option
 @click.pass_context
-def limit_key(ctx: click.Context, key: str, limit: str | None, clear: bool, as_json: bool) -> None:
+def limit_key(ctx: click.Context, key: str, limit: str | None, clear: bool, new: bool, as_json: bool) -> None:
     """Set KEY's run-time limit to N (a whole number >= 1), or to `none` (no cap), or --clear
     it. A run-time limit wins over the limits jobs carry; waiting jobs the new limit lets run
-    are released at once."""
+    are released at once. A key never seen, or a schedule's name, is refused (see --new)."""
     s = session(ctx)
     _key_arg(key)
     if clear == (limit is not None):
         usage("give N, 'none' or --clear (one of them)")
-    if clear:
-        promoted = s.store.clear_limit(key)
-        what = "run-time limit cleared"
-    elif limit is not None and limit.strip().lower() == "none":
-        promoted = s.store.set_limit(key, None)
-        what = "run-time limit none (no cap)"
-    else:
+    number: int | None = None
+    if not clear:
         try:
             number = limit_of(limit or "", "N")
         except InputError as exc:
             usage(str(exc))
+    _target(s, key, "limit", new)
+    if clear:
+        promoted = s.store.clear_limit(key)
+        what = "run-time limit cleared"
+    elif number is None:
+        promoted = s.store.set_limit(key, None)
+        what = "run-time limit none (no cap)"
+    else:
         promoted = s.store.set_limit(key, number)
         what = f"run-time limit {number}"
     _changed(s, key, promoted, what, as_json, limit=True)
@@ -144,11 +161,12 @@ def _switch(name: str, done: str, short_help: str, help_text: str) -> click.Comm
 
     @click.command(name, short_help=short_help, help=help_text)
     @click.argument("key")
+    @_NEW_OPTION
     @json_option
     @click.pass_context
-    def command(ctx: click.Context, key: str, as_json: bool) -> None:
+    def command(ctx: click.Context, key: str, new: bool, as_json: bool) -> None:
         s = session(ctx)
-        promoted = getattr(s.store, name)(_key_arg(key))
+        promoted = getattr(s.store, name)(_target(s, key, name, new))
         _changed(s, key, promoted, done, as_json)
 
     return command
@@ -156,11 +174,14 @@ def _switch(name: str, done: str, short_help: str, help_text: str) -> click.Comm
 
 pause_key = _switch(
     "pause", "paused", "Stop releasing a key's jobs.",
-    "Stop releasing KEY's jobs: they wait in Redis when due. Running ones go on.",
+    "Stop releasing KEY's jobs: they wait in Redis when due. Running ones go on. A key never "
+    "seen (no job of it stored or gated, no limit or pause set), or a schedule's name, is "
+    "refused unless --new (a schedule: `schedules pause NAME`).",
 )  # fmt: skip
 resume_key = _switch(
     "resume", "resumed", "Release a paused key's jobs again.",
-    "Release KEY's jobs again: the waiting ones its limit lets run go at once.",
+    "Release KEY's jobs again: the waiting ones its limit lets run go at once. A key never "
+    "seen, or a schedule's name, is refused unless --new.",
 )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ..admin.jobs import CANCELLED, DELIVERING, MOVED
 from ..admin.listing import JobFilter, jobs_page
+from ..admin.status import GATED_BY
 from ..admin.views import JOB_STATES, cancel_result, job_detail, job_view, move_result
 from .base import Session, json_option, report, session
 from .errors import CliError, usage
@@ -86,7 +87,7 @@ def ls_jobs(
         plain_row(
             table,
             job["id"],
-            job["state"],
+            state_text(job),
             s.when(job["due_ms"]),
             relative(job["due_ms"], now),
             job["task"] or "?",
@@ -96,6 +97,18 @@ def ls_jobs(
     console.print(table)
     if next_cursor:
         console.print(Text(f"{len(shown)} shown; more with: --cursor '{next_cursor}'"))
+
+
+def state_text(job: dict[str, Any]) -> str:
+    """A listed job's state, and for a gated one what holds it back.
+
+    >>> state_text({"state": "gated", "gated_by": "paused"}), state_text({"state": "waiting"})
+    ('gated: key paused', 'waiting')
+    """
+    held = job.get("gated_by")
+    if job["state"] != "gated" or not held:
+        return str(job["state"])
+    return f"gated: {GATED_BY.get(held, held)}"
 
 
 def _job_detail(s: Session, job_id: str) -> dict[str, Any] | None:

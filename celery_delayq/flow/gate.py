@@ -308,7 +308,7 @@ def pop_gate(options: MutableMapping[str, Any], *, has_limit: bool | None = None
     if ckey is not None and limit is None and has_limit is False:
         raise InvalidOptions(
             f"concurrency_key={ckey!r} has no concurrency_limit and no limit is set for the key; "
-            "give concurrency_limit=<n>, or set one with DelayQ(app).set_limit(key, n)"
+            "give concurrency_limit=<n>, or set one with DelayQ(app).set_limit(key, n, new=True)"
         )
     priority = options.get("priority")
     prio = 0 if priority is None else check_priority(priority)

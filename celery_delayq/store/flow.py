@@ -20,6 +20,7 @@ from .base import StoreBase, _int_or
 from .connection import is_oom
 from .keys import start_record
 from .lua_formats import parse_key_entry
+from .reads import glob_escape
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
 logger = logging.getLogger(__name__)
@@ -274,6 +275,25 @@ class FlowPart(StoreBase):
         if raw is None:
             return False, None
         return True, (None if raw == "none" else _int_or(raw))
+
+    def key_seen(self, key: str, page: int = 1000) -> bool:
+        """Whether gate key ``key`` has been seen: it has an entry in its shard's ``gate:keys``
+        (a job of the key was gated, or an operator set its limit or paused it), or a job of
+        the key is stored (an id beginning with its tag ``{<key>}``, found by ``HSCAN`` of its
+        shard's jobs, ``page`` entries a round trip; only when there is no entry). A schedule's
+        jobs (its points, run-now and retries: ``{<name>}@...``) are not jobs of a key."""
+        names = self.keys.for_key(key)
+        if self.client.hexists(names.gate_keys, key):
+            return True
+        tag = "{" + key + "}"
+        pattern = glob_escape(tag) + "*"
+        cursor = 0
+        while True:
+            cursor, found = self.client.hscan(names.jobs, cursor, match=pattern, count=page)
+            if any(not job_id.startswith(tag + "@") for job_id in found):
+                return True
+            if int(cursor) == 0:
+                return False
 
     def key_state(self, key: str) -> KeyState:
         """``key``'s limit in force, override, running and parked counts, and paused flag."""

@@ -25,6 +25,31 @@ from .lua_formats import parse_lease
 from .scripts import SCRIPTS, ScriptCall, run_pipelined
 
 
+def _shard_order(record: JobRecord) -> tuple[int, bytes]:
+    """Where a record stands among its shard's in a listing: its time (a leased, running or
+    deferred job's lease expiry, else its due time), then its id's bytes (as Redis orders
+    members of one score)."""
+    return record.lease_until_ms or record.due_ms, record.id.encode("utf-8", "surrogateescape")
+
+
+def _bound(limit: Any) -> tuple[float, float | None]:
+    """A ``ZRANGE BYSCORE`` bound (ms, ``"-inf"``, ``"+inf"`` or exclusive ``"(<ms>"``) as
+    ``(value, value again when it is included, else None)``.
+
+    >>> _bound(5), _bound("(5"), _bound("+inf")
+    ((5.0, 5.0), (5.0, None), (inf, None))
+    """
+    if isinstance(limit, str) and limit.startswith("("):
+        return float(limit[1:]), None
+    value = float(limit)
+    return value, (value if math.isfinite(value) else None)
+
+
+def _below_park(end_ms: Any) -> Any:
+    """A scan's upper bound without the parked jobs' score (``PARK_MS``): they are read apart."""
+    return f"({PARK_MS}" if end_ms == "+inf" or int(end_ms) >= PARK_MS else end_ms
+
+
 @dataclass(frozen=True)
 class StoreOverview:
     """Counts over all shards (:meth:`Store.overview`)."""
@@ -150,9 +175,43 @@ class ReadsPart(StoreBase):
         ]
 
     def _scan_shard(self, index: int, start_ms: Any, end_ms: Any, page: int) -> Iterator[JobRecord]:
+        """A shard's jobs in :meth:`scan`'s order: those with a time score, and the parked ones
+        (score ``PARK_MS``) merged in at their due time (:meth:`_parked`)."""
+        timed = self._scan_timed(index, start_ms, _below_park(end_ms), page)
+        yield from heapq.merge(timed, self._parked(index, start_ms, end_ms, page), key=_shard_order)
+
+    def _scan_timed(self, index: int, start_ms: Any, end_ms: Any, page: int) -> Iterator[JobRecord]:
         for job_id, score, envelope, lease in self.due_entries(index, start_ms, end_ms, page):
             if envelope is not None:
                 yield self._record(index, job_id, score, envelope, lease)
+
+    def _parked(self, index: int, start_ms: Any, end_ms: Any, page: int) -> Iterator[JobRecord]:
+        """A shard's parked jobs (held back by flow control until a slot, a resume or their
+        batch's end: due score ``PARK_MS``) whose due time, kept in their lease entry, lies in
+        ``[start_ms, end_ms]``, by due time then id. Their ids and lease entries are read first
+        (``page`` a round trip), their envelopes a page at a time as they are listed."""
+        due_key, leases_key = self.keys.shard(index).due, self.keys.shard(index).leases
+        lo, hi = _bound(start_ms), _bound(end_ms)
+        held: list[tuple[int, bytes, str]] = []
+        offset = 0
+        while True:
+            ids = self.client.zrange(due_key, PARK_MS, "+inf", byscore=True, offset=offset, num=page)
+            if not ids:
+                break
+            for job_id, lease in zip(ids, self.client.hmget(leases_key, ids), strict=True):
+                parsed = None if lease is None else parse_lease(lease)
+                due_ms = PARK_MS if parsed is None else parsed[0]  # no entry that reads: last
+                if lo[0] < due_ms < hi[0] or due_ms in (lo[1], hi[1]):
+                    held.append((due_ms, job_id.encode("utf-8", "surrogateescape"), job_id))
+            if len(ids) < page:
+                break
+            offset += page
+        held.sort()
+        for at in range(0, len(held), page):
+            chunk = [(job_id, float(PARK_MS)) for _, _, job_id in held[at : at + page]]
+            for job_id, score, envelope, lease in self._entries(index, chunk):
+                if envelope is not None:
+                    yield self._record(index, job_id, score, envelope, lease)
 
     def scan(
         self,
@@ -163,7 +222,8 @@ class ReadsPart(StoreBase):
         """Every stored job whose score lies in ``[start_ms, end_ms]``, merged in due order.
 
         A leased job is ordered (and selected) by its lease expiry, and reports
-        its original due time in ``due_ms``.
+        its original due time in ``due_ms``. A parked job (held back by flow control, its
+        score ``PARK_MS``) is ordered and selected by its due time (:meth:`_parked`).
         """
         lo: Any = "-inf" if start_ms is None else int(start_ms)
         hi: Any = "+inf" if end_ms is None else int(end_ms)
@@ -250,11 +310,18 @@ class ReadsPart(StoreBase):
             pipe.zscore(due, job_id)
             pipe.zrank(due, job_id)
             at, rank = pipe.execute()
-        if at is None or rank is None or int(at) != score:
+        if at is None or rank is None or int(at) != score:  # gone, moved, or parked (by due time)
             yield from self._scan_shard(index, score, end_ms, page)
             return
-        last = math.inf if end_ms == "+inf" else int(end_ms)
-        start = int(rank) + 1
+        timed = self._timed_after(index, int(rank), end_ms, page)
+        yield from heapq.merge(timed, self._parked(index, score, end_ms, page), key=_shard_order)
+
+    def _timed_after(self, index: int, rank: int, end_ms: Any, page: int) -> Iterator[JobRecord]:
+        """The shard's jobs with a time score after rank ``rank``, up to
+        ``end_ms``: by rank, so that many jobs of one score cost nothing to pass."""
+        due = self.keys.shard(index).due
+        last = min(PARK_MS - 1, math.inf if end_ms == "+inf" else int(end_ms))
+        start = rank + 1
         while True:
             members = self.client.zrange(due, start, start + page - 1, withscores=True)
             inside = [(member, s) for member, s in members if s <= last]

@@ -34,7 +34,18 @@ from werkzeug.exceptions import HTTPException
 from ..exceptions import DelayQError, StoreFull, StoreRefused, StoreUnreachable
 from ..store.connection import error_text, redis_error_kind
 from . import dead, flow, jobs, overview, schedules
-from .context import REFRESH_SECONDS, Dashboard, dashboard, nav_counts, relative, span, wants_json
+from .context import (
+    REFRESH_SECONDS,
+    Dashboard,
+    dashboard,
+    nav_counts,
+    relative,
+    reshown_form,
+    reshown_message,
+    span,
+    typed,
+    wants_json,
+)
 
 __all__ = ["CSP", "create_app"]
 
@@ -149,7 +160,8 @@ def create_app(
 
     @web.errorhandler(400)
     def _bad_request(exc: Any) -> Any:
-        return _error(400, getattr(exc, "description", "bad request"))
+        message = getattr(exc, "description", "bad request")
+        return reshown_form(400, message) or _error(400, message)
 
     @web.errorhandler(403)
     def _forbidden(exc: Any) -> Any:
@@ -165,7 +177,7 @@ def create_app(
             return _error(507, f"Redis at {dashboard().url} is full (maxmemory reached): {exc}")
         if isinstance(exc, StoreUnreachable | StoreRefused):  # names the URL and the setting itself
             return _error(503, str(exc))
-        return _error(400, str(exc))
+        return reshown_form(400, str(exc)) or _error(400, str(exc))
 
     @web.errorhandler(Exception)
     def _store_down(exc: Exception) -> Any:
@@ -187,6 +199,8 @@ def create_app(
     web.jinja_env.filters["relative"] = relative
     web.jinja_env.globals["board"] = dashboard
     web.jinja_env.globals["nav_counts"] = nav_counts
+    web.jinja_env.globals["typed"] = typed
+    web.jinja_env.globals["reshown_message"] = reshown_message
     web.jinja_env.filters["jsontext"] = _json_inline
     web.jinja_env.filters["jsonblock"] = _json_text
 

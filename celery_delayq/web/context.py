@@ -248,6 +248,56 @@ def action_response(
     return redirect(under_root(target), code=303)
 
 
+#: A form's fields that are not typed by the person (the page's own hidden fields).
+_NOT_TYPED = ("csrf_token", "next", "action", "ids", "id", "name", "key")
+
+
+def reshown_form(status: int, message: str) -> Any:
+    """A form refused for what was typed (a bad time, a bad limit): the page the form was on
+    (its ``next``), shown again with ``message`` above it and the form's typed fields filled
+    in as they were sent (the template's ``typed(name)``), with ``status``. None when it is no
+    form of a page (the JSON API, a GET, a form with no page of this site to go back to)."""
+    target = request.form.get("next") if request.method == "POST" else None
+    if not target or wants_json() or local_target(target, "") != target:
+        return None
+    path = _page_path(target)
+    typed = {k: v for k, v in request.form.items() if k not in _NOT_TYPED}
+    typed["_for"] = next((str(request.form[k]) for k in ("key", "id", "name") if request.form.get(k)), "")
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    body = ("content-type", "content-length")
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in body]
+    with app.test_request_context(path, base_url=request.url_root, method="GET", headers=headers):
+        g.reshown = {"message": message, "typed": typed}
+        try:
+            page = app.full_dispatch_request()
+        finally:
+            g.pop("reshown", None)
+    if page.status_code != 200:
+        return None
+    page.status_code = status
+    page.headers.pop("Set-Cookie", None)  # the session is the request's own; nothing changed it
+    return page
+
+
+def typed(name: str, for_item: str | None = None) -> str:
+    """What was typed in the form field ``name`` when the page is shown again after a refusal
+    (:func:`reshown_form`); "" otherwise. ``for_item``: only when the refused form was that
+    item's (a key's limit field on a page listing many keys)."""
+    reshown = g.get("reshown")
+    if not reshown:
+        return ""
+    values: dict[str, str] = reshown["typed"]
+    if for_item is not None and values.get("_for") != for_item:
+        return ""
+    return values.get(name, "")
+
+
+def reshown_message() -> str | None:
+    """The refusal a page is shown again with (:func:`reshown_form`), or None."""
+    reshown = g.get("reshown")
+    return reshown["message"] if reshown else None
+
+
 def _page_path(target: str) -> str:
     """``target``'s path without the app's root and query: the page it names."""
     path = urlsplit(target).path

@@ -13,9 +13,9 @@ from typing import Any
 from flask import Blueprint, abort, jsonify, render_template, url_for
 
 from ..admin.inputs import InputError, limit_of
-from ..admin.jobs import MISSING
+from ..admin.jobs import MISSING, SCHEDULE_ACTIONS, check_key_target
 from ..admin.views import batch_json, batches_view, key_json, keys_view
-from ..exceptions import InvalidOptions
+from ..exceptions import InvalidOptions, UnknownKey
 from ..flow.gate import check_key
 from .context import action_response, dashboard, require_actions
 from .forms import fields, refuse
@@ -56,10 +56,21 @@ def key(key: str) -> str:
     return render_template("key.html", k=_key_view(key))
 
 
-def key_action(action: str, key: str, limit: str | None) -> dict[str, Any]:
+def key_action(action: str, key: str, limit: str | None, new: bool = False) -> dict[str, Any]:
     """Pause, resume or limit (``limit``: n, none or clear) ``key``: the key's JSON after it
-    (``delayq pause|resume|limit --json``: with ``released``) plus outcome and message."""
+    (``delayq pause|resume|limit --json``: with ``released``) plus outcome and message. A key
+    never seen, or a schedule's name (see :func:`check_key_target`), is refused (outcome
+    ``unknown-key``) unless ``new``."""
     store = dashboard().store
+    if action == "limit" and limit is not None and limit.lower() != "clear":
+        try:
+            limit_of(limit, "limit")
+        except InputError as exc:
+            refuse(str(exc))
+    try:
+        check_key_target(store, key, action, new)
+    except UnknownKey as exc:
+        return {"key": key, "outcome": "unknown-key", "message": _unknown_key_text(exc)}
     if action == "limit":
         if limit is None:
             refuse("limit: give a whole number >= 1, 'none' (no cap) or 'clear'")
@@ -85,6 +96,18 @@ def key_action(action: str, key: str, limit: str | None) -> dict[str, Any]:
     return {**view, "released": released, "outcome": outcome, "message": what}
 
 
+def _unknown_key_text(exc: UnknownKey) -> str:
+    if exc.schedule:
+        return (
+            f"{exc.key!r} is a schedule, not a gate key: {SCHEDULE_ACTIONS[exc.action]} it on its page, "
+            f"/schedules/{exc.key} (or send new to {exc.action} a new gate key of that name)"
+        )
+    return (
+        f"no gate key {exc.key!r} has been seen (no job of it stored or gated, no limit or pause "
+        f"set): check the name, or send new to {exc.action} it anyway"
+    )
+
+
 @bp.post("/api/keys/action")
 @bp.post("/keys/action")  # the last applied, first registered: url_for builds this one
 def keys_action() -> Any:
@@ -96,7 +119,7 @@ def keys_action() -> Any:
         refuse(f"action must be pause, resume or limit, got {what!r}")
     limit = given.raw("limit")
     limit_text = None if limit is None else str(limit).strip() or None
-    result = key_action(what, _key(given.text("key")), limit_text)
+    result = key_action(what, _key(given.text("key")), limit_text, given.flag("new"))
     ok = {"paused", "resumed", "limit-set", "limit-cleared"}
     return action_response([result], ok, url_for("flow.keys"))
 

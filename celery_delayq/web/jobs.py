@@ -130,8 +130,9 @@ def jobs() -> str:
         number = _number(request.args, "page", 1, 10**9) if request.args.get("cursor") else 1
         where = pages(stored, int(search.get("limit") or PAGE), number)
     return render_template(
-        "jobs.html", view=view, search=search, states=JOB_STATES, actions=ACTIONS, where=where, stored=stored
-    )
+        "jobs.html", view=view, search=search, states=JOB_STATES, actions=ACTIONS, where=where, stored=stored,
+        gated_by=GATED_BY,
+    )  # fmt: skip
 
 
 def _detail(job_id: str) -> dict[str, Any]:
