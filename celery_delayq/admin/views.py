@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import shlex
+import unicodedata
 from collections.abc import Iterator
 from datetime import timedelta, tzinfo
 from typing import Any, Protocol
@@ -54,6 +55,7 @@ __all__ = [
     "move_result",
     "point_refusal",
     "schedule_json",
+    "shown",
 ]
 
 
@@ -70,6 +72,20 @@ def iso(ms: int | float | None) -> str | None:
     return (
         None if ms is None else ms_to_datetime(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
+
+
+def shown(text: str) -> str:
+    """``text`` as it is, or its ``repr`` when it holds a control character: a job id stored by
+    an older version (or any text from the store) with a newline or a tab would break the line
+    it is printed on, and look like another id. The CLI prints it so, and the dashboard shows it
+    so (its ``shown`` filter); the JSON views keep the text as it is.
+
+    >>> print(shown("invoice-42"), shown("a\\nb"))
+    invoice-42 'a\\nb'
+    """
+    if text.isprintable() or not any(unicodedata.category(c) == "Cc" for c in text):
+        return text
+    return repr(text)
 
 
 def local_text(ms: int | float | None, tz: tzinfo) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import unicodedata
 from collections.abc import Sequence
 from typing import IO, Any, cast
 
@@ -20,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..admin.views import bucket_ms, iso
+from ..admin.views import bucket_ms, iso, shown
 
 __all__ = [
     "ago",
@@ -60,19 +59,6 @@ def relative(ms: float, now_ms: float) -> str:
     if abs(ms - now_ms) < 1000:
         return "now"
     return f"in {ago(ms - now_ms)}" if ms >= now_ms else f"{ago(now_ms - ms)} ago"
-
-
-def shown(text: str) -> str:
-    """``text`` as it is, or its ``repr`` when it holds a control character: a job id stored by
-    an older version (or any text from the store) with a newline or a tab would break the line
-    it is printed on, and look like another id.
-
-    >>> print(shown("invoice-42"), shown("a\\nb"))
-    invoice-42 'a\\nb'
-    """
-    if text.isprintable() or not any(unicodedata.category(c) == "Cc" for c in text):
-        return text
-    return repr(text)
 
 
 def short(value: Any, width: int = 48) -> str:

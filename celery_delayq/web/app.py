@@ -13,7 +13,8 @@ Security, in the order a request meets it:
 4. **Headers**: a Content-Security-Policy allowing only the package's own scripts and styles
    (no inline script), ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer``.
 
-Jinja escapes every value (a job argument of ``<script>`` shows as text), and the Redis URL
+Jinja escapes every value (a job argument of ``<script>`` shows as text); an id or a name
+holding a control character shows as its ``repr`` (the ``shown`` filter), and the Redis URL
 shown is redacted (:func:`..config.redact_url`).
 """
 
@@ -30,7 +31,9 @@ from flask_wtf.csrf import CSRFError, CSRFProtect
 from jinja2 import BytecodeCache
 from jinja2.bccache import Bucket
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
+from ..admin.views import shown
 from ..exceptions import DelayQError, StoreFull, StoreRefused, StoreUnreachable
 from ..store.connection import error_text, redis_error_kind
 from . import dead, flow, jobs, overview, schedules
@@ -95,6 +98,14 @@ class _CompiledTemplates(BytecodeCache):
 
 
 _COMPILED = _CompiledTemplates()
+
+
+class _AnyPath(PathConverter):
+    """The pages' ``<path:...>`` part (a job id, a schedule's name, a key, a batch id) with any
+    character in it: Werkzeug's own stops at a newline (its ``.``), so the page of a job whose
+    id holds one (stored by an older version) answered 404 from its own link."""
+
+    regex = "[^/](?s:.)*?"
 
 
 def create_app(
@@ -202,11 +213,20 @@ def create_app(
     web.jinja_env.globals["typed"] = typed
     web.jinja_env.globals["reshown_message"] = reshown_message
     web.jinja_env.filters["jsontext"] = _json_inline
+    web.jinja_env.filters["shown"] = _shown
     web.jinja_env.filters["jsonblock"] = _json_text
 
+    web.url_map.converters["path"] = _AnyPath
     for blueprint in (overview.bp, jobs.bp, schedules.bp, dead.bp, flow.bp):
         web.register_blueprint(blueprint)
     return web
+
+
+def _shown(value: Any) -> Any:
+    """An id or a name as text on a page (:func:`..admin.views.shown`): its ``repr`` when it holds
+    a control character (``'old\\nid'``), else as it is; anything not text (None) as it is.
+    Links and form fields carry the value itself."""
+    return shown(value) if isinstance(value, str) else value
 
 
 def _json_text(value: Any) -> str:

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from flask import abort, current_app, flash, g, jsonify, redirect, request
 
 from ..admin.jobs import DelayQ
-from ..admin.views import local_text
+from ..admin.views import local_text, shown
 from ..config import DelayQConfig, redact_url
 from ..due import ms_to_datetime
 from ..schedules.api import Schedules
@@ -241,7 +241,10 @@ def action_response(
         return response
     for r in listed:
         name = r.get("id") or r.get("name") or r.get("key") or ""
-        flash(f"{name}: {r.get('message', r.get('outcome'))}", "ok" if r.get("outcome") in ok else "error")
+        flash(
+            f"{shown(name)}: {r.get('message', r.get('outcome'))}",
+            "ok" if r.get("outcome") in ok else "error",
+        )
     target = local_target(request.form.get("next"), default_next)
     if _page_path(target) in {_page_path(page) for page in gone}:
         target = default_next

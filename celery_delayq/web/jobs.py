@@ -21,7 +21,7 @@ from ..admin.jobs import CANCELLED, MOVED
 from ..admin.listing import JobFilter, id_search, jobs_page
 from ..admin.status import GATED_BY
 from ..admin.timeparse import is_relative, parse_when
-from ..admin.views import JOB_STATES, cancel_result, job_detail, job_view, move_result
+from ..admin.views import JOB_STATES, cancel_result, job_detail, job_view, move_result, shown
 from .context import action_response, dashboard, relative, require_actions
 from .forms import refuse
 
@@ -202,7 +202,7 @@ def sent_text(job_id: str, task: str | None, due_text: str) -> str:
     what = task or "the job"
     return (
         f"sent: {what} is {due_text}; a beat publishes it within moments, and then it leaves the store: "
-        f"follow task id {job_id} in your result backend (AsyncResult({job_id!r})) or Flower"
+        f"follow task id {shown(job_id)} in your result backend (AsyncResult({job_id!r})) or Flower"
     )
 
 
