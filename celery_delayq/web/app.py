@@ -49,6 +49,7 @@ from .context import (
     typed,
     wants_json,
 )
+from .forms import form_field
 
 __all__ = ["CSP", "create_app"]
 
@@ -211,6 +212,7 @@ def create_app(
     web.jinja_env.globals["board"] = dashboard
     web.jinja_env.globals["nav_counts"] = nav_counts
     web.jinja_env.globals["typed"] = typed
+    web.jinja_env.globals["form_field"] = form_field
     web.jinja_env.globals["reshown_message"] = reshown_message
     web.jinja_env.filters["jsontext"] = _json_inline
     web.jinja_env.filters["shown"] = _shown

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from flask import abort, current_app, flash, g, jsonify, redirect, request
+from werkzeug.exceptions import HTTPException
 
 from ..admin.jobs import DelayQ
 from ..admin.views import local_text, shown
@@ -20,6 +21,7 @@ from ..due import ms_to_datetime
 from ..schedules.api import Schedules
 from ..store.facade import get_store
 from ..store.lateness import WindowReader
+from .forms import form_values
 
 __all__ = [
     "CHART_REFRESHES",
@@ -252,7 +254,8 @@ def action_response(
 
 
 #: A form's fields that are not typed by the person (the page's own hidden fields).
-_NOT_TYPED = ("csrf_token", "next", "action", "ids", "id", "name", "key")
+_ITEM_FIELDS = ("ids", "id", "name", "key")
+_NOT_TYPED = ("csrf_token", "next", "action", *_ITEM_FIELDS, *(f"{f}.json" for f in _ITEM_FIELDS))
 
 
 def reshown_form(status: int, message: str) -> Any:
@@ -265,7 +268,10 @@ def reshown_form(status: int, message: str) -> Any:
         return None
     path = _page_path(target)
     typed = {k: v for k, v in request.form.items() if k not in _NOT_TYPED}
-    typed["_for"] = next((str(request.form[k]) for k in ("key", "id", "name") if request.form.get(k)), "")
+    try:
+        typed["_for"] = next((v for k in ("key", "id", "name") for v in form_values(request.form, k)), "")
+    except HTTPException:  # a bad ``<item>.json``: refused already; the page names no item
+        typed["_for"] = ""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     body = ("content-type", "content-length")
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in body]

@@ -23,7 +23,7 @@ from ..admin.status import GATED_BY
 from ..admin.timeparse import is_relative, parse_when
 from ..admin.views import JOB_STATES, cancel_result, job_detail, job_view, move_result, shown
 from .context import action_response, dashboard, relative, require_actions
-from .forms import refuse
+from .forms import form_values, refuse
 
 __all__ = ["ACTIONS", "BUDGET", "FILTER_BUDGET", "PAGE", "bp"]
 
@@ -214,7 +214,7 @@ def _ok(action: str) -> set[str]:
 def action() -> Any:
     require_actions()
     name = request.form.get("action", "")
-    ids = [job_id for job_id in request.form.getlist("ids") if job_id]
+    ids = form_values(request.form, "ids")
     results, left = act(name, ids, request.form.get("when"))
     # A job cancelled, or moved to now (a beat delivers it in a moment), has no page any more.
     gone = [url_for("jobs.job", job_id=job_id) for job_id in ids] if left else []

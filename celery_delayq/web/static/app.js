@@ -1,7 +1,7 @@
 // celery-delayq dashboard: the little script the pages use; every page works without it.
 // - live refresh: the element with data-live="<seconds>" is read again from the same URL and
 //   swapped in place, unless the user is busy with it (a checkbox ticked, a field focused);
-// - "select all" checkboxes (data-select-all) tick every ids checkbox of their form;
+// - "select all" checkboxes (data-select-all) tick every ids (or ids.json) checkbox of their form;
 // - a button with data-confirm asks first.
 (function () {
   "use strict";
@@ -30,7 +30,7 @@
     const box = event.target;
     if (box.matches && box.matches("input[data-select-all]")) {
       const form = box.form || document;
-      form.querySelectorAll("input[name=ids]").forEach(function (c) { c.checked = box.checked; });
+      form.querySelectorAll("input[name=ids], input[name=\"ids.json\"]").forEach(function (c) { c.checked = box.checked; });
     }
   });
   document.addEventListener("submit", function (event) {
