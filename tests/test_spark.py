@@ -25,30 +25,18 @@ from celery_delayq.exceptions import ConfigurationError, InvalidDueTime, Invalid
 from celery_delayq.spark import READ_COLUMNS, JobWriter, ReadOptions, WriteOptions, read_shard, write_rows
 from celery_delayq.store.facade import get_store
 from celery_delayq.store.keys import KeySpace
-from celery_delayq.store.stored_forms import joined_form, loaded_form, shape_id_of
 from tests.support.apps import make_app
 from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.processes import Procs, subprocess_env
 from tests.support.spark import spark
-from tests.support.store import command_calls, make_store, published_ids
+from tests.support.store import command_calls, make_store, published_ids, stored
 
 __all__ = ["cluster_url", "redis_cluster", "spark"]  # fixtures, used by name
 
 pa = pytest.importorskip("pyarrow")
 
 BASE = datetime(2031, 5, 4, 12, 0, tzinfo=UTC)
-
-
-def stored(r: redis.Redis, job_id: str, prefix: str = "delayq", shards: int = 16) -> dict[str, Any]:
-    """The envelope stored for ``job_id``, decoded."""
-    keys = KeySpace(prefix, shards).for_job(job_id)
-    raw = r.hget(keys.jobs, job_id)
-    assert raw is not None, f"no job {job_id!r}"
-    shape_id = shape_id_of(raw)
-    if shape_id is not None:  # the shape the job left to the shard's shapes hash
-        raw = joined_form(raw, r.hget(keys.shapes, shape_id))
-    return dict(json.loads(loaded_form(job_id, raw)))
 
 
 def pending_ids(r: redis.Redis, prefix: str = "delayq", shards: int = 16) -> dict[str, float]:

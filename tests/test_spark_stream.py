@@ -33,8 +33,7 @@ from tests.support.cluster import cluster_url, redis_cluster
 from tests.support.polling import wait_for
 from tests.support.processes import ROOT, Procs, subprocess_env
 from tests.support.spark import spark
-from tests.support.store import make_store
-from tests.test_spark import stored
+from tests.support.store import make_store, stored
 
 __all__ = ["cluster_url", "redis_cluster", "spark"]  # fixtures, used by name
 

@@ -22,6 +22,7 @@ from celery_delayq.store import lateness
 from celery_delayq.store.facade import Store, get_store
 from celery_delayq.store.flow import GateDecision
 from celery_delayq.store.keys import KeySpace
+from celery_delayq.store.stored_forms import joined_form, loaded_form, shape_id_of
 
 
 def make_store(url: str, **settings: Any) -> Store:
@@ -241,3 +242,14 @@ def make_full(client: redis.Redis, margin: int = 256_000) -> int:
     with pytest.raises(redis.ResponseError, match="maxmemory"):
         client.set("delayq-test:probe", "x")
     return limit
+
+
+def stored(r: redis.Redis, job_id: str, prefix: str = "delayq", shards: int = 16) -> dict[str, Any]:
+    """The envelope stored for ``job_id``, decoded."""
+    keys = KeySpace(prefix, shards).for_job(job_id)
+    raw = r.hget(keys.jobs, job_id)
+    assert raw is not None, f"no job {job_id!r}"
+    shape_id = shape_id_of(raw)
+    if shape_id is not None:  # the shape the job left to the shard's shapes hash
+        raw = joined_form(raw, r.hget(keys.shapes, shape_id))
+    return dict(json.loads(loaded_form(job_id, raw)))
