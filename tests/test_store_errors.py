@@ -201,3 +201,31 @@ def test_a_store_that_does_not_answer_in_time_is_a_timeout_still(redis_url: str)
     assert f"127.0.0.1:{server.port}/0?socket_timeout=0.2 (delayq_url) did not answer in time" in str(
         caught.value
     )
+
+
+def test_the_beat_s_start_lines_say_what_went_wrong(broken: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The lines a beat logs at its start and its stop (the store cannot be asked, beat_schedule
+    cannot be stored, the heartbeat cannot be written or removed) carry the error's message, the
+    URL and the setting: redis-py 8's ``repr`` of its errors, which a ``StoreError`` inherits, is
+    ``network:StoreUnreachable`` and nothing else (the lines said only that)."""
+    fault, _, app = broken
+    app.conf.beat_schedule = {}
+    with caplog.at_level(logging.WARNING, logger="celery_delayq"):
+        beat = Scheduler(app, lazy=False)
+        try:
+            assert beat.dispatcher is not None
+            beat.dispatcher.chores(force=True)  # the heartbeat written now
+        finally:
+            beat.close()
+    error, _, words = expected(fault)
+    starts = (
+        "delayq: cannot reach Redis at start",
+        "delayq: cannot store beat_schedule",
+        "delayq: cannot write this beat's heartbeat",
+        "delayq: cannot remove this beat's heartbeat",
+    )
+    lines = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith(starts)]
+    assert len({line[:30] for line in lines}) >= 3, caplog.text
+    for line in lines:
+        assert f"({error.__name__}: " in line and words in line and "(delayq_url)" in line, line
+    assert WRONG not in caplog.text

@@ -155,7 +155,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             for warning in store.check_server():
                 logger.warning("delayq: %s", warning)
         except REDIS_ERRORS as exc:
-            logger.warning("delayq: cannot reach Redis at start (%r); will keep trying", exc)
+            logger.warning("delayq: cannot reach Redis at start (%s); will keep trying", error_text(exc))
         logger.info(
             "delayq: beat %s delivering from %d shards (prefix %r, batch %d, reclaim TTL %.0f s)",
             self.dispatcher.token,
@@ -212,7 +212,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         try:
             report = sync_config(Schedules(self.app), storable)
         except _SYNC_ERRORS as exc:  # a full Redis: stored once there is room
-            logger.warning("delayq: cannot store beat_schedule in Redis yet (%r); will retry", exc)
+            logger.warning(
+                "delayq: cannot store beat_schedule in Redis yet (%s); will retry", error_text(exc)
+            )
             return
         self._config_synced = True
         logger.info(
