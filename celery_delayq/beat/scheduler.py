@@ -169,10 +169,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 self.metrics = serve_metrics(self.dispatcher)
             except OSError as exc:
                 logger.error(
-                    "delayq: cannot serve metrics on %s:%d (%r); delivering without them",
+                    "delayq: cannot serve metrics on %s:%d (%s); delivering without them",
                     store.config.metrics_addr,
                     store.config.metrics_port,
-                    exc,
+                    error_text(exc),
                 )
 
     def merge_inplace(self, b: Any) -> None:
@@ -252,7 +252,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             # the claimed jobs keep their leases. Back off as for Redis; never end the beat.
             dispatcher.stats.errors += 1
             delay = self.backoff.fail()
-            logger.error("delayq: broker unavailable (%r); retrying in %.1f s", exc, delay)
+            logger.error("delayq: broker unavailable (%s); retrying in %.1f s", error_text(exc), delay)
             return delay
         if self.backoff.reset():
             logger.info("delayq: Redis reachable again")
