@@ -14,6 +14,7 @@ from celery import Celery
 
 from celery_delayq.admin.jobs import DelayQ
 from celery_delayq.flow.gate import completion_id
+from celery_delayq.store.facade import get_store
 from tests.support.cli import as_json, invoke
 from tests.support.store import gate_due, server_ms
 from tests.support.web import Client, dashboard
@@ -93,3 +94,24 @@ def test_the_dashboards_jobs_page_lists_held_back_jobs_in_due_order(
     assert ids.index(parked[-1]) < ids.index("soon") < ids.index("{tenant:1}tomorrow"), ids
     assert page.count('<span class="held muted">waiting for a slot</span>') == 2
     assert '<span class="held muted">batch not complete</span>' in page
+
+
+def test_a_running_job_is_listed_at_its_slot_s_expiry_as_the_docs_say(app: Celery, r: redis.Redis) -> None:
+    """A job its gate key released (*running*) is ordered by its slot's expiry (``lease_until``,
+    60 s after the release here), as a leased job is by its lease expiry: after a job due in
+    30 s, though its own due time is a second ago (docs/cli.md's ``ls``, docs/api.md's
+    ``pending``; a new user reading "in due order" saw it listed out of order)."""
+    decisions = _held_and_later(app, r)
+    app.tasks["t.add"].apply_at(server_ms(r) / 1000 + 30, (0, 0), task_id="in-30s")
+    [released] = [job_id for job_id, d in decisions.items() if d == "released"]
+    # a worker took it over: its slot now lasts 60 s
+    assert get_store(app).renew_slots([(released, "tenant:1")], 60_000) == {released: True}
+    listed = as_json(invoke(app, "ls", "--json", "--limit", "100"))["jobs"]
+    ids = [j["id"] for j in listed]
+    by_id = {j["id"]: j for j in listed}
+    running = by_id[released]
+    assert running["state"] == "running" and running["lease_until"] is not None
+    assert running["due_ms"] < server_ms(r) < by_id["in-30s"]["due_ms"]
+    assert ids.index("in-30s") < ids.index(released) < ids.index("soon"), ids
+    pending = [job.id for job in DelayQ(app).pending()]
+    assert pending.index("in-30s") < pending.index(released) < pending.index("soon"), pending

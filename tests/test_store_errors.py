@@ -7,11 +7,14 @@ and port (password redacted) and the setting, redis-py's error as its ``__cause_
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +204,67 @@ def test_a_store_that_does_not_answer_in_time_is_a_timeout_still(redis_url: str)
     assert f"127.0.0.1:{server.port}/0?socket_timeout=0.2 (delayq_url) did not answer in time" in str(
         caught.value
     )
+
+
+def test_the_beat_s_start_lines_say_what_went_wrong(broken: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The lines a beat logs at its start and its stop (the store cannot be asked, beat_schedule
+    cannot be stored, the heartbeat cannot be written or removed) carry the error's message, the
+    URL and the setting: redis-py 8's ``repr`` of its errors, which a ``StoreError`` inherits, is
+    ``network:StoreUnreachable`` and nothing else (the lines said only that)."""
+    fault, _, app = broken
+    app.conf.beat_schedule = {}
+    with caplog.at_level(logging.WARNING, logger="celery_delayq"):
+        beat = Scheduler(app, lazy=False)
+        try:
+            assert beat.dispatcher is not None
+            beat.dispatcher.chores(force=True)  # the heartbeat written now
+        finally:
+            beat.close()
+    error, _, words = expected(fault)
+    starts = (
+        "delayq: cannot reach Redis at start",
+        "delayq: cannot store beat_schedule",
+        "delayq: cannot write this beat's heartbeat",
+        "delayq: cannot remove this beat's heartbeat",
+    )
+    lines = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith(starts)]
+    assert len({line[:30] for line in lines}) >= 3, caplog.text
+    for line in lines:
+        assert f"({error.__name__}: " in line and words in line and "(delayq_url)" in line, line
+    assert WRONG not in caplog.text
+
+
+def _logged_with_repr(path: Path) -> list[str]:
+    """``file:line`` of each ``logger.<level>(format, ...)`` call of ``path`` that formats an
+    exception (an argument named ``exc``, ``err``, ``error`` or ``e``) with ``%r``."""
+    spec = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?([sdrfi%])")
+    hits: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "logger"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            continue
+        kinds = [m.group(1) for m in spec.finditer(node.args[0].value) if m.group(1) != "%"]
+        for kind, arg in zip(kinds, node.args[1:], strict=False):
+            if kind == "r" and isinstance(arg, ast.Name) and arg.id in {"exc", "err", "error", "e"}:
+                hits.append(f"{path}:{node.lineno}")
+    return hits
+
+
+def test_no_log_line_shows_an_exception_by_its_repr() -> None:
+    """redis-py 8's ``repr`` of its errors (and so of every ``StoreError``, and of kombu's Redis
+    transport errors) is ``network:ConnectionError``: a log line that formats one with ``%r``
+    says neither what failed nor where (the URL, ``delayq_url``). Each uses ``error_text``."""
+    assert repr(StoreUnreachable("cannot reach Redis at redis://h:1/0 (delayq_url): x")) in {
+        "network:StoreUnreachable",  # redis-py 8
+        "StoreUnreachable('cannot reach Redis at redis://h:1/0 (delayq_url): x')",  # redis-py 5-7
+    }
+    package = Path(__file__).resolve().parent.parent / "celery_delayq"
+    hits = [hit for path in sorted(package.rglob("*.py")) for hit in _logged_with_repr(path)]
+    assert hits == [], "\n".join(hits)

@@ -311,7 +311,8 @@ class DelayQ:
         """Stored jobs in due order, optionally due within ``[start, end]`` and of one task.
 
         ``start``/``end`` take what ``apply_at`` takes (datetime or timestamp).
-        Jobs being delivered right now are included with state ``"leased"``.
+        Jobs being delivered right now are included with state ``"leased"``, ordered by their
+        lease expiry; jobs their gate key released (``"running"``) by their slot's expiry.
         """
         start_ms = due_ms_from_eta(start, self.app) if start is not None else None
         end_ms = due_ms_from_eta(end, self.app) if end is not None else None

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..schedules.api import Schedules
+from ..store.connection import error_text
 from ..store.facade import Store
 from ..store.lateness import PublishLateness
 from .heartbeat import Heartbeat
@@ -91,8 +92,8 @@ class Chores:
             repaired = len(self._stalls.step(int(self.server_now_ms())))
         except Exception as exc:
             logger.warning(
-                "delayq: the sweep for stalled schedules failed (%r); tried again in %.0f s",
-                exc,
+                "delayq: the sweep for stalled schedules failed (%s); tried again in %.0f s",
+                error_text(exc),
                 STALL_SWEEP_EVERY,
             )
             return 0
@@ -106,8 +107,8 @@ class Chores:
             return self.store.sweep_batches()
         except Exception as exc:
             logger.warning(
-                "delayq: the sweep of expired batches failed (%r); tried again in %.0f s",
-                exc,
+                "delayq: the sweep of expired batches failed (%s); tried again in %.0f s",
+                error_text(exc),
                 BATCH_SWEEP_EVERY,
             )
             return 0

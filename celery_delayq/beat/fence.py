@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..store.connection import REDIS_ERRORS
+from ..store.connection import REDIS_ERRORS, error_text
 from ..store.facade import Store
 from .stats import DispatchStats
 
@@ -118,9 +118,9 @@ class Fence:
             held, _ = self.store.renew(self.token, {shard: jobs for shard, jobs in ids.items() if jobs})
         except REDIS_ERRORS as exc:
             logger.warning(
-                "delayq: fence: cannot renew this beat's leases before publishing (%r); the rest of "
+                "delayq: fence: cannot renew this beat's leases before publishing (%s); the rest of "
                 "this pass is left unpublished and delivered after its lease (%.0f s)",
-                exc,
+                error_text(exc),
                 self.ttl,
             )
             held = {}

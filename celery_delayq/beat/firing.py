@@ -268,9 +268,9 @@ class ScheduleFiring:
                         except Exception as exc:
                             logger.error(
                                 "delayq: schedule %r has no next run: its point was dead-lettered and "
-                                "a new one cannot be built here: %r",
+                                "a new one cannot be built here: %s",
                                 name,
-                                exc,
+                                error_text(exc),
                             )
                         continue
                     if outcome is not Outcome.SENT:
@@ -282,7 +282,9 @@ class ScheduleFiring:
                         next_id, next_envelope = self.schedules.envelope_for(definition, nxt)
                         next_due = nxt
                     except Exception as exc:  # a definition that no longer builds: say so, stop it
-                        logger.error("delayq: schedule %r cannot build its next point: %r", name, exc)
+                        logger.error(
+                            "delayq: schedule %r cannot build its next point: %s", name, error_text(exc)
+                        )
             calls.append(
                 FireCall(shard, job.id, name, at_ms, published, next_id, next_due, next_envelope, token)
             )
@@ -351,7 +353,7 @@ class ScheduleFiring:
         try:
             self.app.control.revoke(ids, terminate=True)
         except Exception as exc:
-            logger.error("delayq: schedule %r: cannot revoke %s: %r", name, ", ".join(ids), exc)
+            logger.error("delayq: schedule %r: cannot revoke %s: %s", name, ", ".join(ids), error_text(exc))
 
     def settle(self, calls: list[FireCall]) -> None:
         """Ack the published points and store the next ones (lua/fire.lua, one pipeline)."""

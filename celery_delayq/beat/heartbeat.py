@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..store.bounded import MAX_SMALL, load_json
+from ..store.connection import error_text
 from ..store.facade import Store
 from .stats import DispatchStats
 
@@ -86,7 +87,7 @@ class Heartbeat:
             self.write(prune)
         except Exception as exc:
             if not self._failing:
-                logger.warning("delayq: cannot write this beat's heartbeat to Redis (%r)", exc)
+                logger.warning("delayq: cannot write this beat's heartbeat to Redis (%s)", error_text(exc))
             self._failing = True
         else:
             self._failing = False
@@ -117,8 +118,8 @@ class Heartbeat:
             self.store.forget_beats(self.token)
         except Exception as exc:
             logger.warning(
-                "delayq: cannot remove this beat's heartbeat (%r); it is forgotten after %d min",
-                exc,
+                "delayq: cannot remove this beat's heartbeat (%s); it is forgotten after %d min",
+                error_text(exc),
                 BEAT_FORGET_MS // 60_000,
             )
 

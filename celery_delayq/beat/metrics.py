@@ -42,6 +42,7 @@ except ImportError as exc:  # an extra: the core runs without it
     ) from exc
 
 from ..store import lateness
+from ..store.connection import error_text
 from .stats import CLAIM_SIZE_BOUNDS, DispatcherView
 
 __all__ = ["MAX_KEY_SERIES", "REDIS_READ_EVERY", "DispatcherCollector", "MetricsServer", "seconds_buckets"]
@@ -104,7 +105,7 @@ class DispatcherCollector(Collector):
                 try:
                     self._read = self._read_redis()
                 except Exception as exc:  # the scrape still answers, with store_up 0
-                    logger.warning("delayq: metrics cannot read the store: %r", exc)
+                    logger.warning("delayq: metrics cannot read the store: %s", error_text(exc))
                     self._read = None
             return self._read
 
@@ -130,7 +131,7 @@ class DispatcherCollector(Collector):
         try:
             states = self.dispatcher.store.key_states()
         except Exception as exc:
-            logger.warning("delayq: metrics cannot read the flow-control keys: %r", exc)
+            logger.warning("delayq: metrics cannot read the flow-control keys: %s", error_text(exc))
             return None
         busy = [(s.key, s.running, s.waiting) for s in states if s.running or s.waiting]
         busy.sort(key=lambda row: (-(row[1] + row[2]), row[0]))

@@ -30,6 +30,7 @@ from kombu.common import Broadcast
 from kombu.exceptions import EncodeError, OperationalError
 
 from ..flow.gate import GATE_HEADER
+from ..store.connection import error_text
 from ..store.delivery import ClaimedJob
 from ..store.envelope import CLAIM_HEADER, Envelope
 from ..store.facade import Store
@@ -156,11 +157,11 @@ class Publishing:
             # when it expires. The caller stops this pass: the rest would fail too.
             self.stats.publish_errors += 1
             logger.error(
-                "delayq: cannot publish %s (%s) to the broker: %r; it stays stored and is "
+                "delayq: cannot publish %s (%s) to the broker: %s; it stays stored and is "
                 "retried after its lease (%.0f s)",
                 job.id,
                 envelope.task,
-                exc,
+                error_text(exc),
                 self.config.reclaim_ttl,
             )
             return Outcome.OUTAGE
@@ -202,12 +203,12 @@ class Publishing:
             self.bury(job, f"publish failed {job.tries} times, last: {exc!r}", envelope)
             return Outcome.BURIED
         logger.warning(
-            "delayq: publishing %s (%s) failed (attempt %d of %d): %r; retried after its lease (%.0f s)",
+            "delayq: publishing %s (%s) failed (attempt %d of %d): %s; retried after its lease (%.0f s)",
             job.id,
             envelope.task if envelope else "?",
             job.tries,
             PUBLISH_ATTEMPTS,
-            exc,
+            error_text(exc) if isinstance(exc, BaseException) else repr(exc),
             self.config.reclaim_ttl,
         )
         return Outcome.RETRY

@@ -21,6 +21,7 @@ from typing import Any
 from kombu.exceptions import BatchPublishError
 
 from ..config import setting_name
+from ..store.connection import error_text
 from ..store.delivery import ClaimedJob
 from ..store.envelope import Envelope, decode_envelope
 from .dispositions import Disposition, PassState, disposition, due_in_range
@@ -109,11 +110,11 @@ class PassPublisher:
                 self.stats.publish_errors += 1
                 state.outage = True
                 logger.error(
-                    "delayq: sending %d message(s) to the broker failed (%r; cause: %r); any that "
+                    "delayq: sending %d message(s) to the broker failed (%s; cause: %r); any that "
                     "reached it may run twice: they stay stored and are delivered again after their "
                     "lease (%.0f s)",
                     len(state.sent) + len(state.released),
-                    exc,
+                    error_text(exc),
                     exc.__cause__ or exc.__context__,
                     self.config.reclaim_ttl,
                 )

@@ -92,7 +92,7 @@ class PushPath:
                 with self.app.producer_or_acquire() as producer:
                     self.begin(producer)
             except Exception as exc:  # the broker is unreachable: the pass reports it
-                logger.debug("delayq: cannot look at the broker before the first pass: %r", exc)
+                logger.debug("delayq: cannot look at the broker before the first pass: %s", error_text(exc))
                 return None
         return self.space
 
@@ -112,7 +112,7 @@ class PushPath:
                         producer.maybe_declare(queue)
                     self._queues_declared.add(qname)
         except Exception as exc:  # the broker went away: declared at the next pass
-            logger.warning("delayq: declaring queue(s) %s failed: %r", ", ".join(new), exc)
+            logger.warning("delayq: declaring queue(s) %s failed: %s", ", ".join(new), error_text(exc))
 
     def add_lua_templates(self, templates: WireTemplates, found: dict[tuple[int, str], ClaimedJob]) -> None:
         """Store the templates ``lua/push.lua`` asked for (``found``: (shard, templates-hash
@@ -167,7 +167,7 @@ class PushPath:
                     )
                 self._same_server[channel] = same
         except Exception as exc:  # broker unreachable: the kombu path reports it per job
-            logger.debug("delayq: cannot tell whether the broker is the store's Redis: %r", exc)
+            logger.debug("delayq: cannot tell whether the broker is the store's Redis: %s", error_text(exc))
             return None
         return channel if same else None
 
@@ -238,10 +238,10 @@ class Pusher:
             # store, or still stored under its lease and delivered again when that expires.
             p.stats.publish_errors += 1
             logger.error(
-                "delayq: pushing %d message(s) to the broker (the store's Redis) failed: %r; "
+                "delayq: pushing %d message(s) to the broker (the store's Redis) failed: %s; "
                 "those not pushed are delivered again after their lease (%.0f s)",
                 sum(len(v) for v in items.values()),
-                exc,
+                error_text(exc),
                 p.config.reclaim_ttl,
             )
             return []

@@ -17,6 +17,7 @@ from celery import states
 from celery.backends.base import DisabledBackend
 from celery.exceptions import NotRegistered
 
+from ..store.connection import error_text
 from ..store.envelope import Envelope
 
 __all__ = ["Ran", "fail_result"]
@@ -55,9 +56,9 @@ class Ran:
             backend = app.backend
         except Exception as exc:  # a backend that cannot be made here: nothing known
             logger.warning(
-                "delayq: the result backend cannot be used (%r); what already ran is not "
+                "delayq: the result backend cannot be used (%s); what already ran is not "
                 "looked up (see docs/guarantees.md)",
-                exc,
+                error_text(exc),
             )
             backend = None
         persistent = getattr(backend, "persistent", True)
@@ -73,10 +74,10 @@ class Ran:
         except Exception as exc:
             if not self._failing:
                 logger.warning(
-                    "delayq: cannot read the result of %s from the result backend (%r); "
+                    "delayq: cannot read the result of %s from the result backend (%s); "
                     "what already ran is not known until it answers",
                     task_id,
-                    exc,
+                    error_text(exc),
                 )
             self._failing = True
             return None
@@ -120,4 +121,6 @@ def fail_result(app: Any, envelope: Envelope, reason: str) -> None:
     try:
         app.backend.store_result(task_id, NotRegistered(reason), states.FAILURE)
     except Exception as exc:  # the job is in the dead letters either way
-        logger.warning("delayq: storing the FAILURE of dead-lettered task %s failed: %r", task_id, exc)
+        logger.warning(
+            "delayq: storing the FAILURE of dead-lettered task %s failed: %s", task_id, error_text(exc)
+        )

@@ -155,7 +155,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             for warning in store.check_server():
                 logger.warning("delayq: %s", warning)
         except REDIS_ERRORS as exc:
-            logger.warning("delayq: cannot reach Redis at start (%r); will keep trying", exc)
+            logger.warning("delayq: cannot reach Redis at start (%s); will keep trying", error_text(exc))
         logger.info(
             "delayq: beat %s delivering from %d shards (prefix %r, batch %d, reclaim TTL %.0f s)",
             self.dispatcher.token,
@@ -169,10 +169,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 self.metrics = serve_metrics(self.dispatcher)
             except OSError as exc:
                 logger.error(
-                    "delayq: cannot serve metrics on %s:%d (%r); delivering without them",
+                    "delayq: cannot serve metrics on %s:%d (%s); delivering without them",
                     store.config.metrics_addr,
                     store.config.metrics_port,
-                    exc,
+                    error_text(exc),
                 )
 
     def merge_inplace(self, b: Any) -> None:
@@ -212,7 +212,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         try:
             report = sync_config(Schedules(self.app), storable)
         except _SYNC_ERRORS as exc:  # a full Redis: stored once there is room
-            logger.warning("delayq: cannot store beat_schedule in Redis yet (%r); will retry", exc)
+            logger.warning(
+                "delayq: cannot store beat_schedule in Redis yet (%s); will retry", error_text(exc)
+            )
             return
         self._config_synced = True
         logger.info(
@@ -250,7 +252,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             # the claimed jobs keep their leases. Back off as for Redis; never end the beat.
             dispatcher.stats.errors += 1
             delay = self.backoff.fail()
-            logger.error("delayq: broker unavailable (%r); retrying in %.1f s", exc, delay)
+            logger.error("delayq: broker unavailable (%s); retrying in %.1f s", error_text(exc), delay)
             return delay
         if self.backoff.reset():
             logger.info("delayq: Redis reachable again")

@@ -13,6 +13,7 @@ from typing import Any
 from ..exceptions import CorruptData
 from ..schedules.api import Schedules
 from ..schedules.spec import ScheduleSpec, can_plan, read_definition, read_state, what_runs
+from ..store.connection import error_text
 
 __all__ = ["STALL_AFTER_MS", "StallSweep", "sync_config"]
 
@@ -167,10 +168,10 @@ class StallSweep:
                 done = self.schedules.repair(name, cur, due)
             except Exception as exc:
                 logger.error(
-                    "delayq: schedule %r is stalled (its point %s is gone) and cannot be re-armed here: %r",
+                    "delayq: schedule %r is stalled (its point %s is gone) and cannot be re-armed here: %s",
                     name,
                     cur,
-                    exc,
+                    error_text(exc),
                 )
                 continue
             if done:

@@ -56,7 +56,8 @@ def ls_jobs(
     cursor: str | None,
     as_json: bool,
 ) -> None:
-    """Stored jobs in due order (a job being delivered is ordered by its lease expiry)."""
+    """Stored jobs in due order (a job being delivered, or running under flow control, is ordered
+    by its lease or slot expiry)."""
     s = session(ctx)
     where = JobFilter(
         task=task,

@@ -70,6 +70,7 @@ from celery.signals import (
 
 from ..config import DelayQConfig
 from ..producer.task import DelayQTaskMixin
+from ..store.connection import error_text
 from ..store.facade import get_store
 from .gate import GATE_HEADER, Gate, batch_of
 
@@ -142,7 +143,9 @@ class SlotKeeper:
         try:
             get_store(self.app).renew_slots([(job_id, key)], int(self.ttl * 1000))
         except Exception as exc:
-            logger.warning("delayq: cannot take over the slot of %s (key %r) in Redis: %r", job_id, key, exc)
+            logger.warning(
+                "delayq: cannot take over the slot of %s (key %r) in Redis: %s", job_id, key, error_text(exc)
+            )
 
     def finished(self, job_id: str, header: Any, outcome: str) -> bool:
         """A gated task ended (or was revoked before it ran): give its slot back with
@@ -155,11 +158,11 @@ class SlotKeeper:
             result = get_store(self.app).release(job_id, key, outcome, batch)
         except Exception as exc:
             logger.warning(
-                "delayq: cannot give back the slot of %s (key %r) in Redis: %r; it comes back "
+                "delayq: cannot give back the slot of %s (key %r) in Redis: %s; it comes back "
                 "when it expires (delayq_slot_ttl, %.0f s)",
                 job_id,
                 key,
-                exc,
+                error_text(exc),
                 self.ttl,
             )
             return False
@@ -219,10 +222,10 @@ class SlotKeeper:
                 _, results = get_store(self.app).slot_updates(takes, int(self.ttl * 1000), releases)
             except Exception as exc:
                 logger.warning(
-                    "delayq: cannot take over or give back the slots of %d task(s) in Redis: %r; a "
+                    "delayq: cannot take over or give back the slots of %d task(s) in Redis: %s; a "
                     "slot not given back comes back when it expires (delayq_slot_ttl, %.0f s)",
                     len(takes) + len(releases),
-                    exc,
+                    error_text(exc),
                     self.ttl,
                 )
                 return 0
@@ -290,10 +293,10 @@ class SlotKeeper:
         except Exception as exc:
             if not self._failing:
                 logger.warning(
-                    "delayq: cannot renew the slots of %d running gated task(s) (%r); a slot not "
+                    "delayq: cannot renew the slots of %d running gated task(s) (%s); a slot not "
                     "renewed within delayq_slot_ttl (%.0f s) comes back and its job runs again",
                     len(jobs),
-                    exc,
+                    error_text(exc),
                     self.ttl,
                 )
             self._failing = True

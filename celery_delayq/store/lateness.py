@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..exceptions import InvalidInput
+from .connection import error_text
 
 __all__ = [
     "BOUNDS",
@@ -392,9 +393,9 @@ class PublishLateness:
         except Exception as exc:
             if not self._failing:
                 logger.warning(
-                    "delayq: cannot write the lateness histogram to Redis (%r); the counts are "
+                    "delayq: cannot write the lateness histogram to Redis (%s); the counts are "
                     "kept and written at the next try",
-                    exc,
+                    error_text(exc),
                 )
             self._failing = True
         else:
@@ -407,5 +408,7 @@ class PublishLateness:
                 self._flush_all()
             except Exception as exc:
                 logger.warning(
-                    "delayq: lateness of the last %.0f s not written: %r", LATENESS_FLUSH_EVERY, exc
+                    "delayq: lateness of the last %.0f s not written: %s",
+                    LATENESS_FLUSH_EVERY,
+                    error_text(exc),
                 )

@@ -50,6 +50,7 @@ from celery.signals import task_prerun, worker_process_shutdown, worker_shutdown
 
 from ..config import DEFAULTS, DelayQConfig
 from ..setting_values import flag
+from ..store.connection import error_text
 from ..store.envelope import DUE_HEADER
 from ..store.facade import get_store
 from ..store.lateness import Histogram, key_for
@@ -127,7 +128,8 @@ class LatenessRecorder:
         except Exception as exc:  # Redis away: the counts are kept for the next flush
             if not self._failing:
                 logger.warning(
-                    "delayq: cannot write task start lateness to Redis (%r); kept for the next try", exc
+                    "delayq: cannot write task start lateness to Redis (%s); kept for the next try",
+                    error_text(exc),
                 )
             self._failing = True
             return 0
