@@ -48,7 +48,7 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import task_prerun, worker_process_shutdown, worker_shutdown
 
-from ..config import DEFAULTS, DelayQConfig
+from ..config import DEFAULTS, DelayQConfig, configured, intercept_line, setting_name
 from ..setting_values import flag
 from ..store.envelope import DUE_HEADER
 from ..store.facade import get_store
@@ -220,16 +220,37 @@ def _setting(app: Any, name: str) -> bool:
 class DelayQWorker(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep of an app with delayq (:func:`celery_delayq.install` adds it, with the
     slot receivers' step, :class:`~celery_delayq.flow.slots.SlotReceivers`): when the worker
-    is built, installs the lateness recorder when ``delayq_record_lateness`` is on, and adds
+    is built, reads the app's settings (a bad one stops the worker here; an unknown name is
+    logged, :func:`~celery_delayq.config.check_settings`), logs what ``delayq_intercept_eta``
+    covers, installs the lateness recorder when ``delayq_record_lateness`` is on, and adds
     the start check (:class:`~.starts.StartCheck`) to the consumer when ``delayq_start_check``
     is on. All of it is the worker's app's only: another app in the same process gets none
-    of it."""
+    of it.
+
+    An app without a store (no ``delayq_url`` and a broker that is not Redis:
+    :func:`~celery_delayq.config.configured`), which a shared task with the mixin binds to
+    as well, gets none of it either: one warning, and its worker runs as plain Celery."""
 
     name = "celery_delayq.worker.lateness.DelayQWorker"
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
         app = w.app
+        self.recorder: LatenessRecorder | None = None
+        if not configured(app):
+            logger.warning(
+                "delayq: app %r has no delayq store (%s is not set and the broker is not Redis): "
+                "this worker runs its tasks as plain Celery (no start check, lateness or slots); "
+                "set %s to use delayq here",
+                app.main,
+                setting_name(app, "delayq_url"),
+                setting_name(app, "delayq_url"),
+            )
+            return
+        DelayQConfig.from_app(app)  # (a bad setting raises ConfigurationError here, at start)
+        line = intercept_line(app)
+        if line is not None:
+            logger.info("delayq: %s", line)
         # (before a prefork pool forks: the children inherit the receivers)
         self.recorder = install(app) if _setting(app, "delayq_record_lateness") else None
         if _setting(app, "delayq_start_check"):
