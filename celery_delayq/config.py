@@ -260,7 +260,7 @@ def intercept_line(app: Any) -> str | None:
     ... def remind(): ...
     >>> @app.task(name="proj.report")
     ... def report(): ...
-    >>> print(intercept_line(app).replace("; ", ";\n"))
+    >>> print(intercept_line(app).replace("; ", ";\\n"))
     delayq_intercept_eta is on: it covers 1 task;
     1 plain task keeps Celery's ETA path (eta/countdown wait in a worker): proj.report;
     give it base=DelayedTask or a base with DelayQTaskMixin (docs/one-off.md)
