@@ -4,7 +4,7 @@
 * A ``delayq_*`` name that is not a setting (``delayq_urll``) is logged once per app, with the
   closest setting: at a producer's first use (its stderr), and in a real beat's and a real
   worker's start log; ``delayq_strict_settings`` makes it a ``ConfigurationError`` (a beat
-  stops with one line).
+  and a worker stop with one line).
 * With ``delayq_intercept_eta`` on, a beat and a worker log how many tasks it covers and which
   plain tasks keep Celery's ETA path.
 """
@@ -185,11 +185,12 @@ def test_a_real_beat_and_worker_name_a_typo_and_what_intercept_covers(redis_url:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_strict_mode_stops_a_real_beat_with_one_line(redis_url: str, procs: Procs) -> None:
+def test_strict_mode_stops_a_real_beat_and_worker_with_one_line(redis_url: str, procs: Procs) -> None:
     conf = {"delayq_urll": "redis://elsewhere:6379/0", "delayq_strict_settings": True}
     env = subprocess_env(redis_url, redis_url, DELAYQ_TEST_CONF=json.dumps(conf))
-    beat = procs.start("beat", env)
-    assert beat.wait(timeout=STARTUP) == 1
-    log = log_of(procs, 0)
-    assert f"Error: delayq: {TYPO} (delayq_strict_settings is on)" in log, log
-    assert "Traceback" not in log
+    started = [procs.start("beat", env), procs.start("worker", env)]
+    for index, proc in enumerate(started):
+        assert proc.wait(timeout=STARTUP) == 1
+        log = log_of(procs, index)
+        assert f"Error: delayq: {TYPO} (delayq_strict_settings is on)" in log, log
+        assert "Traceback" not in log

@@ -45,17 +45,27 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import click
 from celery import bootsteps
 from celery.signals import task_prerun, worker_process_shutdown, worker_shutdown
 
 from ..config import DEFAULTS, DelayQConfig, configured, intercept_line, setting_name
+from ..exceptions import ConfigurationError
 from ..setting_values import flag
 from ..store.envelope import DUE_HEADER
 from ..store.facade import get_store
 from ..store.lateness import Histogram, key_for
 from . import starts
 
-__all__ = ["FLUSH_EVERY", "DelayQWorker", "LatenessRecorder", "install", "recorder_for", "uninstall"]
+__all__ = [
+    "FLUSH_EVERY",
+    "DelayQWorker",
+    "LatenessRecorder",
+    "WorkerConfigurationError",
+    "install",
+    "recorder_for",
+    "uninstall",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +227,16 @@ def _setting(app: Any, name: str) -> bool:
     return flag(name, value)
 
 
+class WorkerConfigurationError(ConfigurationError, click.ClickException):
+    """A bad ``delayq_*`` setting (or, with ``delayq_strict_settings``, an unknown name) found
+    as a worker of the app is built. Also a :class:`click.ClickException`, so that
+    ``celery worker`` ends with one line, ``Error: delayq: <the problem>``, and exit code 1,
+    instead of a traceback (as a beat does, ``BeatConfigurationError``)."""
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+
+
 class DelayQWorker(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep of an app with delayq (:func:`celery_delayq.install` adds it, with the
     slot receivers' step, :class:`~celery_delayq.flow.slots.SlotReceivers`): when the worker
@@ -247,7 +267,10 @@ class DelayQWorker(bootsteps.Step):  # type: ignore[misc]
                 setting_name(app, "delayq_url"),
             )
             return
-        DelayQConfig.from_app(app)  # (a bad setting raises ConfigurationError here, at start)
+        try:
+            DelayQConfig.from_app(app)  # a bad setting stops the worker here, as it starts
+        except ConfigurationError as exc:
+            raise WorkerConfigurationError(f"delayq: {exc}") from None
         line = intercept_line(app)
         if line is not None:
             logger.info("delayq: %s", line)
