@@ -461,7 +461,10 @@ def redact_url(url: str) -> str:
 # ``app.steps['worker']``. An app that
 # uses ``DelayedTask`` (or the mixin) is installed when its task is bound to it; any other app
 # calls ``celery_delayq.install(app)`` once, in the module the worker loads. An app never
-# installed gets no delayq receiver and no step.
+# installed gets no delayq receiver and no step. An app installed without a store
+# (:func:`configured`: no ``delayq_url`` and a broker that is not Redis; a shared task with the
+# mixin binds to every app of the process) has the steps, which turn themselves off with one
+# warning: its worker is plain Celery's.
 #
 
 T = TypeVar("T")

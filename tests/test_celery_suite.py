@@ -8,8 +8,9 @@ conftest and worker; each run is split in two shards (:data:`SHARDS`), all four 
 each against its own fresh Redis (broker, result backend and store):
 
 * **plain**: plain Celery;
-* **delayq**: every task a ``DelayedTask``, ``delayq_intercept_eta = True``, and a real
-  ``celery beat -S celery_delayq.Scheduler`` beside the suite's worker
+* **delayq**: every task a ``DelayedTask``, ``delayq_intercept_eta = True``, a
+  ``@shared_task(base=DelayedTask)`` that binds to every app of the process (the suite's second
+  apps too), and a real ``celery beat -S celery_delayq.Scheduler`` beside the suite's worker
   (:mod:`tests.celery_suite.plugin`, :mod:`tests.celery_suite.beat_app`).
 
 The selection (:data:`SELECT`) is every test of ``t/integration/test_tasks.py`` and
