@@ -19,6 +19,8 @@ True
 
 from __future__ import annotations
 
+import difflib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -36,13 +38,19 @@ __all__ = [
     "WORKER_STEPS",
     "DelayQApp",
     "DelayQConfig",
+    "check_settings",
+    "configured",
     "extension",
     "install",
     "installed",
+    "intercept_line",
     "reconfigure",
     "redact_url",
     "setting_name",
+    "unknown_settings",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Setting name -> (default, one-line meaning). ``docs/settings.md`` has one
 #: section per entry and a test checks that its defaults are these.
@@ -140,6 +148,12 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
         "Seconds a due job or schedule point may wait to be published before the beat logs that "
         "it is behind (once per streak; gauge delayq_behind_seconds); None: never.",
     ),
+    "delayq_strict_settings": (
+        False,
+        "A delayq_* name in the configuration that is not a setting (a misspelling) raises "
+        "ConfigurationError where it is otherwise logged as a warning: at the first use in a "
+        "producer, and at the start of a beat or a worker.",
+    ),
 }
 
 
@@ -163,6 +177,125 @@ def setting_name(app: Any, name: str) -> str:
         return name
     key = namespace.rstrip("_") + "_" + name
     return key.upper() if namespace.isupper() else key.lower()
+
+
+def unknown_settings(app: Any) -> list[str]:
+    """One line for each ``delayq_*`` name in ``app``'s configuration that is not a setting
+    (:data:`DEFAULTS`), spelled as the configuration spells it, with the closest setting.
+
+    >>> from celery import Celery
+    >>> app = Celery(set_as_current=False)
+    >>> app.conf.update(delayq_urll="redis://", delayq_shards=4, delayq_zzz=1)
+    >>> unknown_settings(app)
+    ['unknown setting delayq_urll (did you mean delayq_url?)', 'unknown setting delayq_zzz']
+    >>> django = Celery(set_as_current=False)
+    >>> django.config_from_object({"CELERY_DELAYQ_SHARD": 4}, namespace="CELERY")
+    >>> unknown_settings(django)
+    ['unknown setting CELERY_DELAYQ_SHARD (did you mean CELERY_DELAYQ_SHARDS?)']
+    """
+    namespace = getattr(app, "namespace", None)
+    head = namespace.rstrip("_").lower() + "_" if isinstance(namespace, str) and namespace else ""
+    lines = []
+    for key in app.conf:  # (every key: Celery's defaults, the app's own, the namespace's)
+        if not isinstance(key, str):
+            continue
+        name = key.lower()
+        if head:
+            if not name.startswith(head):
+                continue  # a name without the namespace: Celery does not read it either
+            name = name[len(head) :]
+        if not name.startswith("delayq_") or name in DEFAULTS:
+            continue
+        # (compared without the prefix every name shares, which would make any name close)
+        close = difflib.get_close_matches(name[7:], [known[7:] for known in DEFAULTS], n=1)
+        hint = f" (did you mean {setting_name(app, 'delayq_' + close[0])}?)" if close else ""
+        lines.append(f"unknown setting {key}{hint}")
+    return sorted(lines)
+
+
+def check_settings(app: Any, warn: bool = True) -> list[str]:
+    """Name each ``delayq_*`` name of ``app``'s configuration that is not a setting
+    (:func:`unknown_settings`): with ``delayq_strict_settings`` on, raise
+    :class:`ConfigurationError` naming them all; otherwise, with ``warn``, log a warning for
+    each one not yet named for this app (once per app, whatever the number of calls).
+    Returns the lines that were not named before (with ``warn``: named now).
+
+    Called at the first read of the app's settings (:meth:`DelayQConfig.from_app`: a
+    producer's first call), and as a beat or a worker of the app starts.
+    """
+    lines = unknown_settings(app)
+    if not lines:
+        return []
+    if flag(setting_name(app, "delayq_strict_settings"), _conf_get(app, "delayq_strict_settings")):
+        raise ConfigurationError("; ".join(lines) + f" ({setting_name(app, 'delayq_strict_settings')} is on)")
+    ext = extension(app)
+    new = [line for line in lines if line not in ext.warned]
+    if warn:
+        for line in new:
+            logger.warning("delayq: %s", line)
+        ext.warned.update(new)
+    return new
+
+
+def configured(app: Any) -> bool:
+    """Whether ``app`` has a store: ``delayq_url`` set, or a ``redis://``/``rediss://`` broker
+    (its default). An app without one is plain Celery: delayq's worker steps turn themselves
+    off in its workers, and its tasks' ``apply_async`` is Celery's (docs/errors.md).
+
+    >>> from celery import Celery
+    >>> configured(Celery(broker="redis://127.0.0.1:6390/0", set_as_current=False))
+    True
+    >>> configured(Celery(broker="memory://", set_as_current=False))
+    False
+    """
+    return extension(app).part("configured", lambda: _has_store(app))
+
+
+def intercept_line(app: Any) -> str | None:
+    """With ``delayq_intercept_eta`` on, the line a beat and a worker log as they start: how
+    many of ``app``'s registered tasks it covers (their class has the mixin,
+    ``DelayQTaskMixin``) and how many of the app's own plain tasks (``celery.*`` builtins
+    aside) keep Celery's ETA path, with the fix; None when the setting is off.
+
+    >>> from celery import Celery
+    >>> from celery_delayq import DelayedTask
+    >>> app = Celery("proj", broker="redis://127.0.0.1:6390/0", set_as_current=False)
+    >>> app.conf.delayq_intercept_eta = True
+    >>> @app.task(base=DelayedTask, name="proj.remind")
+    ... def remind(): ...
+    >>> @app.task(name="proj.report")
+    ... def report(): ...
+    >>> print(intercept_line(app).replace("; ", ";\\n"))
+    delayq_intercept_eta is on: it covers 1 task;
+    1 plain task keeps Celery's ETA path (eta/countdown wait in a worker): proj.report;
+    give it base=DelayedTask or a base with DelayQTaskMixin (docs/one-off.md)
+    """
+    if not DelayQConfig.from_app(app).intercept_eta:
+        return None
+    covered, plain = [], []
+    for name, task in sorted(app.tasks.items()):
+        if hasattr(type(task), "_delayq_intercept"):  # (the mixin's method, read by name:
+            covered.append(name)  # this module imports nothing of the producer)
+        elif not name.startswith("celery."):
+            plain.append(name)
+    setting = setting_name(app, "delayq_intercept_eta")
+    line = f"{setting} is on: it covers {len(covered)} task{'' if len(covered) == 1 else 's'}"
+    if not plain:
+        return line + "; no plain task keeps Celery's ETA path"
+    shown = ", ".join(plain[:5]) + (f", ... ({len(plain) - 5} more)" if len(plain) > 5 else "")
+    one = len(plain) == 1
+    return (
+        f"{line}; {len(plain)} plain task{' keeps' if one else 's keep'} Celery's ETA path "
+        f"(eta/countdown wait in a worker): {shown}; give {'it' if one else 'them'} "
+        "base=DelayedTask or a base with DelayQTaskMixin (docs/one-off.md)"
+    )
+
+
+def _has_store(app: Any) -> bool:
+    if _conf_get(app, "delayq_url"):
+        return True
+    broker = app.conf.broker_write_url or app.conf.broker_url or ""
+    return isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss")
 
 
 def _conf_get(app: Any, name: str) -> Any:
@@ -200,18 +333,23 @@ class DelayQConfig:
     start_check: bool = True
     batch_expires: float | None = 604_800.0
     behind_warning: float | None = 10.0
+    strict_settings: bool = False
 
     @classmethod
-    def from_app(cls, app: Any) -> DelayQConfig:
+    def from_app(cls, app: Any, check: bool = True) -> DelayQConfig:
         """The validated settings of ``app``: its extension's (:func:`extension`), read once
-        and again after a settings change."""
+        and again after a settings change. The first read checks the names too
+        (:func:`check_settings`: a warning, or with ``delayq_strict_settings`` an error);
+        ``check=False`` leaves the warning to the caller (a beat: once its log is set up)."""
         ext = extension(app)
         config: DelayQConfig | None = ext.parts.get("config")
-        return config if config is not None else ext.part("config", lambda: cls._read(app))
+        return config if config is not None else ext.part("config", lambda: cls._read(app, check))
 
     @classmethod
-    def _read(cls, app: Any) -> DelayQConfig:
-        return cls.from_mapping({name: _conf_get(app, name) for name in DEFAULTS}, app=app)
+    def _read(cls, app: Any, check: bool = True) -> DelayQConfig:
+        config = cls.from_mapping({name: _conf_get(app, name) for name in DEFAULTS}, app=app)
+        check_settings(app, warn=check)
+        return config
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], app: Any = None) -> DelayQConfig:
@@ -277,6 +415,7 @@ class DelayQConfig:
             start_check=flag(n["delayq_start_check"], get["delayq_start_check"]),
             batch_expires=batch_expires(n["delayq_batch_expires"], get["delayq_batch_expires"]),
             behind_warning=optional_seconds(n["delayq_behind_warning"], get["delayq_behind_warning"]),
+            strict_settings=flag(n["delayq_strict_settings"], get["delayq_strict_settings"]),
         )
 
     @classmethod
@@ -334,7 +473,10 @@ def redact_url(url: str) -> str:
 # ``app.steps['worker']``. An app that
 # uses ``DelayedTask`` (or the mixin) is installed when its task is bound to it; any other app
 # calls ``celery_delayq.install(app)`` once, in the module the worker loads. An app never
-# installed gets no delayq receiver and no step.
+# installed gets no delayq receiver and no step. An app installed without a store
+# (:func:`configured`: no ``delayq_url`` and a broker that is not Redis; a shared task with the
+# mixin binds to every app of the process) has the steps, which turn themselves off with one
+# warning: its worker is plain Celery's.
 #
 
 T = TypeVar("T")
@@ -389,8 +531,11 @@ class DelayQApp:
         self.fingerprint = _fingerprint(app)  # (first: reading a setting may load the config)
         self.conf = app.conf  # the configuration object it was made from
         self.checked = time.monotonic()
-        #: part name -> the part ("config", "store", "state", "results")
+        #: part name -> the part ("config", "configured", "store", "state", "results")
         self.parts: dict[str, Any] = {}
+        #: the unknown-setting lines already logged for the app (:func:`check_settings`),
+        #: passed on to the extension made after a settings change
+        self.warned: set[str] = set()
 
     def part(self, name: str, make: Callable[[], T]) -> T:
         """The part ``name``, made by ``make()`` on first use (two threads may both make it:
@@ -439,6 +584,8 @@ def _rebuild(app: Any, old: DelayQApp | None) -> DelayQApp:
         if ext is not old and ext is not None:  # another thread made it meanwhile
             return ext
         ext = DelayQApp(app)
+        if old is not None:
+            ext.warned = old.warned  # (each unknown name is named once per app)
         app.__dict__[_ATTRIBUTE] = ext
     return ext
 

@@ -8,15 +8,19 @@ conftest and worker; each run is split in two shards (:data:`SHARDS`), all four 
 each against its own fresh Redis (broker, result backend and store):
 
 * **plain**: plain Celery;
-* **delayq**: every task a ``DelayedTask``, ``delayq_intercept_eta = True``, and a real
-  ``celery beat -S celery_delayq.Scheduler`` beside the suite's worker
+* **delayq**: every task a ``DelayedTask``, ``delayq_intercept_eta = True``, a
+  ``@shared_task(base=DelayedTask)`` that binds to every app of the process (the suite's second
+  apps too), and a real ``celery beat -S celery_delayq.Scheduler`` beside the suite's worker
   (:mod:`tests.celery_suite.plugin`, :mod:`tests.celery_suite.beat_app`).
 
 The selection (:data:`SELECT`) is every test of ``t/integration/test_tasks.py`` and
 ``test_canvas.py`` whose name touches what delayq intercepts (eta, countdown, retries, the
-chord countdown of Celery #7851, expiry, revocation, stamps), and ``test_inspect.py``'s
-``test_scheduled``: a plain run of the whole of both files had not finished after 10
-minutes on a loaded 2-core machine; this selection takes about 3 run whole, under 2 in shards. The
+chord countdown of Celery #7851, expiry, revocation, stamps), ``test_inspect.py``'s
+``test_scheduled``, and ``test_backend_leak_in_fixture_teardown.py`` (a worker of a second app,
+with a ``memory://`` broker and no delayq settings, started in the suite's process: it must
+start and run as on plain Celery, though the suite's tasks with the mixin bind to it): a
+plain run of the whole of both files had not finished after 10 minutes on a loaded 2-core
+machine; this selection takes about 3 run whole, under 2 in shards. The
 delayq run must fail exactly the tests the plain run fails (the suite's own setup, such as
 a test that needs RabbitMQ) plus the documented differences (:data:`DOCUMENTED`), and must
 have intercepted calls (a count the plugin keeps in the store).
@@ -49,14 +53,25 @@ CACHE = Path(tempfile.gettempdir()) / "celery-delayq-sdists"
 
 #: test_inspect.py first: its test_scheduled expects the worker to hold no other delayed task
 #: (on plain Celery, a retry left by an earlier test would be listed too).
-FILES = ["t/integration/test_inspect.py", "t/integration/test_tasks.py", "t/integration/test_canvas.py"]
-#: ``-k``: the tests of test_tasks/test_canvas about what delayq intercepts, and
-#: test_inspect's ``test_scheduled`` (a documented difference).
-SELECT = "eta or retr or countdown or delay or stamp or expire or revoke or chord_on_error or test_scheduled"
+FILES = [
+    "t/integration/test_inspect.py",
+    "t/integration/test_tasks.py",
+    "t/integration/test_canvas.py",
+    "t/integration/test_backend_leak_in_fixture_teardown.py",
+]
+#: ``-k``: the tests of test_tasks/test_canvas about what delayq intercepts, test_inspect's
+#: ``test_scheduled`` (a documented difference), and the test that starts a worker of a second
+#: app in the process (``TestApp``: a ``memory://`` broker, no delayq settings), which must
+#: start as plain Celery's (``test_fixture_teardown_releases_backend_connections``).
+SELECT = (
+    "eta or retr or countdown or delay or stamp or expire or revoke or chord_on_error or test_scheduled"
+    " or test_fixture_teardown"
+)
 
-#: The selection in two shards (``-k``) of about the same length (about 90 s each, mostly
-#: the suite's own waits), run at once in each mode, each on a Redis of its own; test_scheduled
-#: is in the first.
+#: The selection in two shards (``-k``), run at once in each mode, each on a Redis of its own;
+#: test_scheduled is in the first. Mostly the suite's own waits: on 2026-12-07 (loaded machine)
+#: the first took 211 s, 121 s of it test_fixture_teardown_releases_backend_connections (20
+#: embedded workers started in turn), the second 90 s.
 SHARDS = [f"({SELECT}) and not (revoke or expire)", f"({SELECT}) and (revoke or expire)"]
 
 #: Where the docs list the differences from plain Celery.
@@ -67,6 +82,11 @@ DOCUMENTED = {
     # No worker holds an intercepted job until it is due: `celery delayq ls` / DelayQ.pending().
     "t.integration.test_inspect.test_Inspect::test_scheduled": f"{DIFFERENCES_DOC}#{DIFFERENCES_ANCHOR}",
 }
+
+#: The test whose worker is of a second app without delayq settings (see the module docstring).
+SECOND_APP = (
+    "t.integration.test_backend_leak_in_fixture_teardown::test_fixture_teardown_releases_backend_connections"
+)
 
 #: Longest one run may take (s).
 RUN_TIMEOUT = 600
@@ -210,6 +230,7 @@ def test_celery_integration_suite_differs_from_plain_celery_only_where_documente
     delayq_logs = "\n".join(logs[f"delayq-{n}"] for n in range(len(SHARDS)))
     plain_logs = "\n".join(logs[f"plain-{n}"] for n in range(len(SHARDS)))
     assert len(plain_passed) >= 30, plain_logs  # the selection ran
+    assert SECOND_APP in plain_passed, plain_logs  # (it ran: a Redis result backend)
     # Each shard's delayq run went through delayq (at least one call each, ten in all).
     assert all(intercepted) and sum(intercepted) >= 10, f"calls through delayq {intercepted}\n{delayq_logs}"
     # Each documented difference passes on plain Celery and fails with delayq ...

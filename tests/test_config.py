@@ -251,6 +251,7 @@ ONE_BAD_VALUE: dict[str, Any] = {
     "delayq_start_ttl": 0.1,
     "delayq_start_check": "maybe",
     "delayq_batch_expires": 0,
+    "delayq_strict_settings": "maybe",
 }
 
 

@@ -11,8 +11,11 @@ number of beats may run at once. A ``beat_schedule`` entry may give its schedule
 as a cron string (``"30 2 * * *"``), which Celery's own entries cannot hold: it goes
 to Redis only.
 
-A bad ``delayq_*`` setting, or a malformed cron string, DST choice or overlap policy in
-``beat_schedule``, stops the beat as it starts with one line, ``Error: delayq: ...``
+A ``delayq_*`` name that is not a setting (a misspelling) is logged as the beat starts, with
+the closest setting (``delayq_strict_settings``: it stops the beat as below); with
+``delayq_intercept_eta`` on, one line says how many tasks it covers. A bad ``delayq_*``
+setting, or a malformed cron string, DST choice or overlap policy in ``beat_schedule``,
+stops the beat as it starts with one line, ``Error: delayq: ...``
 (:class:`BeatConfigurationError`), naming the setting as the configuration spells it
 (``CELERY_DELAYQ_URL`` under Django's ``CELERY`` namespace).
 
@@ -39,7 +42,7 @@ import click
 from celery import beat
 from kombu.exceptions import OperationalError
 
-from ..config import DelayQConfig, setting_name
+from ..config import DelayQConfig, check_settings, intercept_line, setting_name
 from ..exceptions import ConfigurationError, InvalidSchedule, ScheduleError, StoreFull
 from ..schedules.api import Schedules
 from ..schedules.rules import CronRule, Rule, check_dst, parse_rule
@@ -117,7 +120,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         try:  # before Celery prints its banner (which shows self.info) or sets up anything
-            config = DelayQConfig.from_app(app)
+            # (an unknown setting is logged in setup_schedule, once the beat's log is set up;
+            # with delayq_strict_settings it raises here)
+            config = DelayQConfig.from_app(app, check=False)
         except ConfigurationError as exc:
             raise BeatConfigurationError(f"delayq: {exc}") from None
         if config.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
@@ -164,6 +169,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             store.config.batch_size,
             store.config.reclaim_ttl,
         )
+        check_settings(self.app)  # a warning for each unknown delayq_* name (see __init__)
+        line = intercept_line(self.app)
+        if line is not None:
+            logger.info("delayq: %s", line)
         if store.config.metrics_port is not None:
             try:
                 self.metrics = serve_metrics(self.dispatcher)

@@ -68,7 +68,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from ..config import DelayQConfig
+from ..config import DelayQConfig, configured
 from ..producer.task import DelayQTaskMixin
 from ..store.connection import error_text
 from ..store.facade import get_store
@@ -458,10 +458,12 @@ def disconnect(app: Any) -> None:
 class SlotReceivers(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep of an app with delayq (:func:`celery_delayq.install` adds it): connects
     the slot receivers of the app's tasks (:func:`connect`) when the worker is built, before a
-    prefork pool forks (the children inherit them)."""
+    prefork pool forks (the children inherit them). Not in the worker of an app without a
+    store (:func:`~..config.configured`): the app's delayq worker step says so."""
 
     name = "celery_delayq.flow.slots.SlotReceivers"
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
-        connect(w.app)
+        if configured(w.app):
+            connect(w.app)

@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from ..config import DelayQConfig, install
+from ..config import DelayQConfig, configured, install
 from ..due import (
     celery_expires,
     celery_naive_as_utc,
@@ -349,7 +349,7 @@ class DelayQTaskMixin:
         else:
             gated = any(options.get(name) is not None for name in GATE_OPTIONS) or carried_gate(options)
             timed = eta is not None or bool(countdown)
-            if gated or (timed and DelayQConfig.from_app(app).intercept_eta):
+            if gated or (timed and _intercepts(app)):
                 return self._delayq_intercept(args, kwargs, task_id, options)
         return super().apply_async(args, kwargs, task_id=task_id, **options)  # type: ignore[misc]
 
@@ -456,6 +456,19 @@ class DelayQTaskMixin:
         if outcome is EnqueueOutcome.THROTTLED:
             result.due, result.created = None, False
         return result
+
+
+def _intercepts(app: Any) -> bool:
+    """Whether ``app`` sends its mixin tasks' ``apply_async(eta=/countdown=)`` through delayq.
+
+    An app without a store (no ``delayq_url``, a broker that is not Redis: a test app, or a
+    second app a shared task binds to as well) is plain Celery: False, unless it asks for
+    the interception, which then raises the settings' ``ConfigurationError`` (no store)."""
+    if configured(app):
+        return DelayQConfig.from_app(app).intercept_eta
+    if app.conf.get("delayq_intercept_eta"):
+        DelayQConfig.from_app(app)  # raises: delayq_url is not set and the broker is not Redis
+    return False
 
 
 def _refuse_debounce(options: Mapping[str, Any], name: str, method: str) -> None:

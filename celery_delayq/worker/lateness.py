@@ -45,10 +45,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import click
 from celery import bootsteps
 from celery.signals import task_prerun, worker_process_shutdown, worker_shutdown
 
-from ..config import DEFAULTS, DelayQConfig
+from ..config import DEFAULTS, DelayQConfig, configured, intercept_line, setting_name
+from ..exceptions import ConfigurationError
 from ..setting_values import flag
 from ..store.connection import error_text
 from ..store.envelope import DUE_HEADER
@@ -56,7 +58,15 @@ from ..store.facade import get_store
 from ..store.lateness import Histogram, key_for
 from . import starts
 
-__all__ = ["FLUSH_EVERY", "DelayQWorker", "LatenessRecorder", "install", "recorder_for", "uninstall"]
+__all__ = [
+    "FLUSH_EVERY",
+    "DelayQWorker",
+    "LatenessRecorder",
+    "WorkerConfigurationError",
+    "install",
+    "recorder_for",
+    "uninstall",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -219,19 +229,53 @@ def _setting(app: Any, name: str) -> bool:
     return flag(name, value)
 
 
+class WorkerConfigurationError(ConfigurationError, click.ClickException):
+    """A bad ``delayq_*`` setting (or, with ``delayq_strict_settings``, an unknown name) found
+    as a worker of the app is built. Also a :class:`click.ClickException`, so that
+    ``celery worker`` ends with one line, ``Error: delayq: <the problem>``, and exit code 1,
+    instead of a traceback (as a beat does, ``BeatConfigurationError``)."""
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+
+
 class DelayQWorker(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep of an app with delayq (:func:`celery_delayq.install` adds it, with the
     slot receivers' step, :class:`~celery_delayq.flow.slots.SlotReceivers`): when the worker
-    is built, installs the lateness recorder when ``delayq_record_lateness`` is on, and adds
+    is built, reads the app's settings (a bad one stops the worker here; an unknown name is
+    logged, :func:`~celery_delayq.config.check_settings`), logs what ``delayq_intercept_eta``
+    covers, installs the lateness recorder when ``delayq_record_lateness`` is on, and adds
     the start check (:class:`~.starts.StartCheck`) to the consumer when ``delayq_start_check``
     is on. All of it is the worker's app's only: another app in the same process gets none
-    of it."""
+    of it.
+
+    An app without a store (no ``delayq_url`` and a broker that is not Redis:
+    :func:`~celery_delayq.config.configured`), which a shared task with the mixin binds to
+    as well, gets none of it either: one warning, and its worker runs as plain Celery."""
 
     name = "celery_delayq.worker.lateness.DelayQWorker"
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
         app = w.app
+        self.recorder: LatenessRecorder | None = None
+        if not configured(app):
+            logger.warning(
+                "delayq: app %r has no delayq store (%s is not set and the broker is not Redis): "
+                "this worker runs its tasks as plain Celery (no start check, lateness or slots); "
+                "set %s to use delayq here",
+                app.main,
+                setting_name(app, "delayq_url"),
+                setting_name(app, "delayq_url"),
+            )
+            return
+        try:
+            DelayQConfig.from_app(app)  # a bad setting stops the worker here, as it starts
+        except ConfigurationError as exc:
+            raise WorkerConfigurationError(f"delayq: {exc}") from None
+        line = intercept_line(app)
+        if line is not None:
+            logger.info("delayq: %s", line)
         # (before a prefork pool forks: the children inherit the receivers)
         self.recorder = install(app) if _setting(app, "delayq_record_lateness") else None
         if _setting(app, "delayq_start_check"):

@@ -8,6 +8,11 @@ tasks take the app's task class) and ``delayq_intercept_eta`` is on, with ``dela
 suite (``tests.celery_suite.beat_app``) publishes the intercepted calls. Without it, the
 suite runs on plain Celery. The suite's own ``conftest.py`` reads the broker and result
 backend from ``TEST_BROKER`` and ``TEST_BACKEND``.
+
+With it, the plugin also defines a ``@shared_task(base=DelayedTask)``, as a code base with
+delayq would: such a task binds to every app of the process, so the apps the suite makes for
+itself (``TestApp``: a ``memory://`` broker, no delayq settings, a worker started in the
+suite's process) get delayq's worker steps too, and must start as plain Celery's (issue 52).
 """
 
 from __future__ import annotations
@@ -54,5 +59,17 @@ def _count_intercepts() -> None:
     DelayQTaskMixin._delayq_intercept = counted  # type: ignore[method-assign]
 
 
+def _share_a_delayed_task() -> None:
+    """A shared task with the mixin, bound to every app of the process when it is finalized."""
+    from celery import shared_task
+
+    from celery_delayq import DelayedTask
+
+    @shared_task(base=DelayedTask, name="celery_suite.shared_delayed")
+    def shared_delayed() -> None:
+        return None
+
+
 if os.environ.get("DELAYQ_SUITE_INTERCEPT") == "1":
     _count_intercepts()
+    _share_a_delayed_task()
