@@ -257,18 +257,14 @@ def intercept_line(app: Any) -> str | None:
     ``DelayQTaskMixin``) and how many of the app's own plain tasks (``celery.*`` builtins
     aside) keep Celery's ETA path, with the fix; None when the setting is off.
 
-    >>> from celery import Celery
-    >>> from celery_delayq import DelayedTask
-    >>> app = Celery("proj", broker="redis://127.0.0.1:6390/0", set_as_current=False)
-    >>> app.conf.delayq_intercept_eta = True
-    >>> @app.task(base=DelayedTask, name="proj.remind")
-    ... def remind(): ...
-    >>> @app.task(name="proj.report")
-    ... def report(): ...
-    >>> print(intercept_line(app).replace("; ", ";\\n"))
-    delayq_intercept_eta is on: it covers 1 task;
-    1 plain task keeps Celery's ETA path (eta/countdown wait in a worker): proj.report;
-    give it base=DelayedTask or a base with DelayQTaskMixin (docs/one-off.md)
+    An app with one ``DelayedTask`` and one plain task logs::
+
+        delayq_intercept_eta is on: it covers 1 task; 1 plain task keeps Celery's ETA path
+        (eta/countdown wait in a worker): proj.report; give it base=DelayedTask or a base with
+        DelayQTaskMixin (docs/one-off.md)
+
+    (one line). Shared tasks (``@shared_task``) bind to every app of the process, so they are
+    counted in each (``tests/test_settings_check.py`` checks the line).
     """
     if not DelayQConfig.from_app(app).intercept_eta:
         return None

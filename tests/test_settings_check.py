@@ -135,6 +135,13 @@ def test_a_typo_appears_once_in_a_producers_stderr(redis_url: str) -> None:
     assert f"delayq: {TYPO}" in done.stderr
 
 
+def _own_tasks_only(app: Celery) -> None:
+    """Unregister the shared tasks other test modules of this process bound to ``app`` (a
+    ``@shared_task`` joins every app), so the counts are the test's own."""
+    for name in [n for n in app.tasks if not n.startswith(("celery.", "typo."))]:
+        app.tasks.unregister(name)
+
+
 def test_intercept_line_counts_covered_and_plain_tasks() -> None:
     app = new_app()
     assert intercept_line(app) is None  # off: nothing to say
@@ -147,6 +154,7 @@ def test_intercept_line_counts_covered_and_plain_tasks() -> None:
         app.task(base=DelayedTask, name=f"typo.delayed{n}", shared=False)(work)
     for n in range(7):
         app.task(name=f"typo.plain{n}", shared=False)(work)
+    _own_tasks_only(app)
     line = intercept_line(app)
     assert line == (
         "delayq_intercept_eta is on: it covers 2 tasks; 7 plain tasks keep Celery's ETA path "
@@ -157,6 +165,7 @@ def test_intercept_line_counts_covered_and_plain_tasks() -> None:
     assert "celery." not in line  # Celery's builtins are not counted
     only = new_app(delayq_intercept_eta=True)
     only.task(base=DelayedTask, name="typo.one", shared=False)(work)
+    _own_tasks_only(only)
     assert intercept_line(only) == (
         "delayq_intercept_eta is on: it covers 1 task; no plain task keeps Celery's ETA path"
     )
